@@ -1,0 +1,1 @@
+"""ZeroMQ sockets, sessions, liveness, credit streams and the node loop. Imports no role."""

@@ -1,0 +1,226 @@
+"""The message envelope: a msgpack header frame, a msgpack body frame, and blob frames.
+
+Wire layout (``docs/PROTOCOL.md`` has it byte by byte)::
+
+    frame 0  header  msgpack array [1, type, session, seq, stream, zmask]
+    frame 1  body    msgpack map {field name: value} of the non-blob fields (possibly zstd)
+    frame 2+ blobs   raw bytes of each blob field, in declaration order (each possibly zstd)
+
+``zmask`` bit *i* set means payload frame *i* (frame *i + 1*) is zstd-compressed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack
+
+from sparkbus.codecs.compression import Buffer, Compression
+from sparkbus.codecs.errors import DecodeError, EncodeError
+from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
+from sparkbus.codecs.schema import from_plain, schema_of, to_plain
+
+ENVELOPE_VERSION = 1
+_HEADER_LEN = 6
+_MAX_HEADER_BYTES = 4096
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Header:
+    """What every message carries besides its body.
+
+    Attributes:
+        type: the registered message type code.
+        session: the session id of the link the message travels on (0 during the handshake).
+        seq: the sequence number of the message on its link and channel.
+        stream: the stream key, for stream messages; None otherwise.
+        zmask: bit i set when payload frame i is zstd-compressed.
+    """
+
+    type: int
+    session: int = 0
+    seq: int = 0
+    stream: str | None = None
+    zmask: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded message with its header."""
+
+    header: Header
+    message: Any
+
+
+class Registry:
+    """Message type codes to frozen dataclasses, shared by every role family."""
+
+    def __init__(self) -> None:
+        self._by_code: dict[int, type] = {}
+        self._by_cls: dict[type, int] = {}
+
+    def register(self, code: int) -> Callable[[type[T]], type[T]]:
+        """Class decorator: register ``cls`` under ``code`` (unique across the registry)."""
+
+        def wrap(cls: type[T]) -> type[T]:
+            if not 0 <= code <= 0xFFFF:
+                raise ValueError(f"message code {code:#x} out of range 0..0xffff")
+            if code in self._by_code and self._by_code[code] is not cls:
+                raise ValueError(f"message code {code:#x} is taken by {self._by_code[code].__name__}")
+            params = getattr(cls, "__dataclass_params__", None)
+            if params is None or not params.frozen:
+                raise TypeError(f"{cls.__name__} must be a frozen dataclass")
+            schema_of(cls)  # fail at import time on an unsupported field type
+            self._by_code[code] = cls
+            self._by_cls[cls] = code
+            return cls
+
+        return wrap
+
+    def code_of(self, cls: type) -> int:
+        try:
+            return self._by_cls[cls]
+        except KeyError:
+            raise EncodeError(f"{cls.__name__} is not a registered message") from None
+
+    def class_of(self, code: int) -> type | None:
+        return self._by_code.get(code)
+
+    def name_of(self, code: int) -> str:
+        cls = self._by_code.get(code)
+        return cls.__name__ if cls is not None else f"<unknown {code:#x}>"
+
+    def codes(self) -> dict[int, type]:
+        return dict(self._by_code)
+
+
+#: The registry every sparkbus message family registers into.
+REGISTRY = Registry()
+message = REGISTRY.register
+
+
+def _unpack(data: Buffer, message_type: str, part: str) -> Any:
+    def no_ext(code: int, data: bytes) -> Any:
+        raise DecodeError(message_type, part, f"msgpack extension type {code} is not allowed")
+
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=no_ext, use_list=True)
+    except DecodeError:
+        raise
+    except msgpack.ExtraData:
+        raise DecodeError(message_type, part, "trailing bytes after the msgpack value") from None
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        # msgpack raises ValueError for truncated data and several other malformed inputs.
+        raise DecodeError(message_type, part, f"malformed msgpack ({type(exc).__name__}: {exc})") from None
+
+
+class EnvelopeCodec:
+    """Encodes registered messages to frames and decodes frames back, strictly.
+
+    Args:
+        registry: where message types are looked up.
+        limits: bounds applied before anything is allocated.
+        compression: how payload frames are compressed; None sends them raw (decoding still honours
+            the zmask, bounded by ``limits.max_decompressed_bytes``).
+    """
+
+    name = "envelope"
+
+    def __init__(
+        self,
+        registry: Registry = REGISTRY,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        compression: Compression | None = None,
+    ) -> None:
+        self.registry = registry
+        self.limits = limits
+        self.compression = compression
+        self._inflate = compression or Compression(
+            enabled=False, max_decompressed=limits.max_decompressed_bytes
+        )
+
+    # -- encoding
+
+    def encode(self, msg: Any, *, session: int = 0, seq: int = 0, stream: str | None = None) -> list[Buffer]:
+        """Frames for ``msg``: header, body, then one frame per blob field."""
+        cls = type(msg)
+        code = self.registry.code_of(cls)
+        schema = schema_of(cls)
+        body = {n: to_plain(getattr(msg, n)) for n in schema.map_fields}
+        payload: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
+        payload.extend(getattr(msg, n) for n in schema.blob_fields)
+        zmask = 0
+        if self.compression is not None:
+            for i, frame in enumerate(payload):
+                packed, compressed = self.compression.compress(frame)
+                if compressed:
+                    payload[i] = packed
+                    zmask |= 1 << i
+        header = msgpack.packb([ENVELOPE_VERSION, code, session, seq, stream, zmask], use_bin_type=True)
+        return [header, *payload]
+
+    def encoded_size(self, frames: Sequence[Buffer]) -> int:
+        """Bytes on the wire for ``frames`` (what credit accounting counts)."""
+        return sum(len(f) for f in frames)
+
+    # -- decoding
+
+    def decode_header(self, frames: Sequence[Buffer]) -> Header:
+        """Check frame counts and sizes, then parse and validate frame 0."""
+        if not frames:
+            raise DecodeError("?", "<frames>", "empty message")
+        check_frames(frames, self.limits)
+        if len(frames[0]) > _MAX_HEADER_BYTES:
+            raise DecodeError("?", "<header>", f"{len(frames[0])} bytes, limit is {_MAX_HEADER_BYTES}")
+        raw = _unpack(frames[0], "?", "<header>")
+        if type(raw) is not list or len(raw) != _HEADER_LEN:
+            raise DecodeError("?", "<header>", f"expected an array of {_HEADER_LEN}")
+        version, code, session, seq, stream, zmask = raw
+        if version != ENVELOPE_VERSION:
+            raise DecodeError("?", "<header>.version", f"unsupported envelope version {version!r}")
+        for label, value in (("type", code), ("session", session), ("seq", seq), ("zmask", zmask)):
+            if type(value) is not int or value < 0:
+                raise DecodeError("?", f"<header>.{label}", f"expected a non-negative int, got {value!r}")
+        if stream is not None and type(stream) is not str:
+            raise DecodeError("?", "<header>.stream", f"expected str or nil, got {type(stream).__name__}")
+        return Header(type=code, session=session, seq=seq, stream=stream, zmask=zmask)
+
+    def decode(self, frames: Sequence[Buffer], *, copy_blobs: bool = True) -> Envelope:
+        """Decode a whole message.
+
+        Args:
+            frames: the frames as received.
+            copy_blobs: when false, blob fields hold the received buffers as they are (zero-copy;
+                they may be memoryviews).
+
+        Raises:
+            DecodeError: for an unknown type, a missing, extra or mistyped field, trailing bytes, a
+                wrong frame count, or any limit exceeded; it names the message type and the field.
+        """
+        header = self.decode_header(frames)
+        cls = self.registry.class_of(header.type)
+        if cls is None:
+            raise DecodeError(f"<type {header.type:#x}>", "<header>.type", "unknown message type")
+        name = cls.__name__
+        schema = schema_of(cls)
+        expected = 2 + len(schema.blob_fields)
+        if len(frames) != expected:
+            raise DecodeError(name, "<frames>", f"expected {expected} frames, got {len(frames)}")
+        if header.zmask >> (expected - 1):
+            raise DecodeError(name, "<header>.zmask", f"marks frames that do not exist ({header.zmask:#x})")
+        payload = [self._payload(frames[i + 1], header.zmask, i, name) for i in range(expected - 1)]
+        plain = _unpack(payload[0], name, "<body>")
+        blobs: dict[str, Any] = {}
+        for n, frame in zip(schema.blob_fields, payload[1:], strict=True):
+            blobs[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame
+        return Envelope(header, from_plain(cls, plain, name, blobs))
+
+    def _payload(self, frame: Buffer, zmask: int, i: int, name: str) -> Buffer:
+        if zmask >> i & 1:
+            return self._inflate.decompress(frame, message_type=name, part=f"<frame {i + 1}>")
+        return frame

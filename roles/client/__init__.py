@@ -1,0 +1,1 @@
+"""Thin client (IEP-90): address list, cluster identity, retries, logical connection restore."""

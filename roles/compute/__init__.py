@@ -1,0 +1,1 @@
+"""Compute control (Materialize): controller, replica, command history, dataflows."""

@@ -1,0 +1,1 @@
+"""Page exchange (Presto BinX): output buffers, BinX server and client."""

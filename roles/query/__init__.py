@@ -1,0 +1,1 @@
+"""Query execution (Hazelcast Mustang): plans, operators, initiator and participant."""

@@ -1,0 +1,1 @@
+"""Segment replication (EventQL): segment store, partition leader and follower."""

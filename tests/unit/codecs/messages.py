@@ -1,0 +1,50 @@
+"""Message classes used only by the codec tests (their own registry, so the real one stays clean)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from sparkbus.codecs import Registry, blob
+
+TEST_REGISTRY = Registry()
+
+
+class Color(enum.IntEnum):
+    RED = 1
+    GREEN = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    name: str
+    weight: float
+
+
+@TEST_REGISTRY.register(0x7001)
+@dataclass(frozen=True, kw_only=True)
+class Everything:
+    count: int
+    ratio: float
+    label: str
+    raw: bytes
+    flag: bool
+    maybe: int | None
+    items: tuple[int, ...]
+    pair: tuple[str, int]
+    table: dict[str, int]
+    color: Color
+    inner: Inner
+    tree: Any
+    data: bytes = blob()
+
+
+@TEST_REGISTRY.register(0x7002)
+@dataclass(frozen=True, kw_only=True)
+class Ping:
+    nonce: int
+
+    def __post_init__(self) -> None:
+        if self.nonce < 0:
+            raise ValueError(f"nonce must be >= 0, got {self.nonce}")

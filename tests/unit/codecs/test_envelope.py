@@ -1,0 +1,177 @@
+"""Strict decoding: each kind of wrong input names the message type and the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import pytest
+
+from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
+
+from .messages import TEST_REGISTRY, Color, Everything, Inner, Ping
+
+codec = EnvelopeCodec(TEST_REGISTRY)
+
+
+def sample(**changes: object) -> Everything:
+    fields: dict[str, object] = dict(
+        count=3,
+        ratio=0.5,
+        label="x",
+        raw=b"r",
+        flag=True,
+        maybe=None,
+        items=(1, 2),
+        pair=("a", 1),
+        table={"k": 1},
+        color=Color.RED,
+        inner=Inner(name="n", weight=1.0),
+        tree={"op": "scan"},
+        data=b"blob",
+    )
+    fields.update(changes)
+    return Everything(**fields)  # type: ignore[arg-type]
+
+
+def body_of(frames: list[bytes]) -> dict[str, object]:
+    return msgpack.unpackb(frames[1])  # type: ignore[no-any-return]
+
+
+def with_body(frames: list[bytes], body: dict[str, object]) -> list[bytes]:
+    return [frames[0], msgpack.packb(body), *frames[2:]]
+
+
+def test_header_carries_session_seq_and_stream() -> None:
+    frames = codec.encode(Ping(nonce=7), session=42, seq=9, stream="q1/e2")
+    env = codec.decode(frames)
+    assert env.header == Header(type=0x7002, session=42, seq=9, stream="q1/e2", zmask=0)
+    assert env.message == Ping(nonce=7)
+
+
+def test_unknown_type_is_named() -> None:
+    frames = codec.encode(Ping(nonce=1))
+    other = EnvelopeCodec(Registry())
+    with pytest.raises(DecodeError) as err:
+        other.decode(frames)
+    assert err.value.field == "<header>.type"
+    assert "unknown message type" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "reason"),
+    [
+        (lambda b: b.pop("count"), "count", "missing field"),
+        (lambda b: b.update(bogus=1), "bogus", "unexpected field"),
+        (lambda b: b.update(count="3"), "count", "expected int"),
+        (lambda b: b.update(count=True), "count", "expected int"),
+        (lambda b: b.update(flag=1), "flag", "expected bool"),
+        (lambda b: b.update(items=[1, "2"]), "items[1]", "expected int"),
+        (lambda b: b.update(pair=["a"]), "pair", "array of 2"),
+        (lambda b: b.update(color=9), "color", "not a valid Color"),
+        (lambda b: b.update(inner={"name": "n"}), "weight", "missing field"),
+        (lambda b: b.update(table={"k": "v"}), "table['k']", "expected int"),
+    ],
+)
+def test_wrong_field_is_named(mutate: object, field: str, reason: str) -> None:
+    frames = codec.encode(sample())
+    body = body_of(frames)
+    mutate(body)  # type: ignore[operator]
+    with pytest.raises(DecodeError) as err:
+        codec.decode(with_body(frames, body))
+    assert err.value.field == field
+    assert reason in err.value.reason
+    assert err.value.message_type.startswith("Everything")
+
+
+def test_constructor_validation_applies_to_decoded_messages() -> None:
+    frames = codec.encode(Ping(nonce=1))
+    with pytest.raises(DecodeError) as err:
+        codec.decode(with_body(frames, {"nonce": -1}))
+    assert err.value.message_type == "Ping"
+    assert err.value.field == "nonce"
+
+
+def test_trailing_bytes_are_refused() -> None:
+    frames = codec.encode(Ping(nonce=1))
+    with pytest.raises(DecodeError, match="trailing bytes"):
+        codec.decode([frames[0], bytes(frames[1]) + b"\x00"])
+    with pytest.raises(DecodeError, match="trailing bytes"):
+        codec.decode([bytes(frames[0]) + b"\xc0", frames[1]])
+
+
+def test_extension_types_are_refused() -> None:
+    frames = codec.encode(Ping(nonce=1))
+    ext = msgpack.packb({"nonce": msgpack.ExtType(5, b"x")})
+    with pytest.raises(DecodeError, match="extension"):
+        codec.decode([frames[0], ext])
+
+
+def test_wrong_header_shape_is_refused() -> None:
+    for header in (
+        [1, 2, 3],
+        [2, 0x7002, 0, 0, None, 0],
+        [1, 0x7002, -1, 0, None, 0],
+        [1, 0x7002, 0, 0, 5, 0],
+    ):
+        with pytest.raises(DecodeError, match="header"):
+            codec.decode([msgpack.packb(header), msgpack.packb({"nonce": 1})])
+
+
+def test_zmask_beyond_frames_is_refused() -> None:
+    with pytest.raises(DecodeError, match="zmask"):
+        codec.decode([msgpack.packb([1, 0x7002, 0, 0, None, 0b10]), msgpack.packb({"nonce": 1})])
+
+
+def test_blob_travels_as_its_own_frame_and_can_stay_zero_copy() -> None:
+    frames = codec.encode(sample(data=b"z" * 100_000))
+    assert len(frames) == 3 and frames[2] == b"z" * 100_000
+    view = [frames[0], frames[1], memoryview(frames[2])]
+    env = codec.decode(view, copy_blobs=False)
+    assert isinstance(env.message.data, memoryview)
+    assert codec.decode(view).message.data == b"z" * 100_000
+
+
+def test_compression_sets_the_mask_and_round_trips() -> None:
+    zc = EnvelopeCodec(TEST_REGISTRY, compression=Compression(level=3, min_size=1024))
+    frames = zc.encode(sample(data=b"a" * 50_000))
+    assert zc.decode_header(frames).zmask == 0b10  # body small and raw, blob compressed
+    assert len(frames[2]) < 1000
+    assert zc.decode(frames).message.data == b"a" * 50_000
+    # A receiver without compression configured still inflates, within its limits.
+    assert EnvelopeCodec(TEST_REGISTRY).decode(frames).message.data == b"a" * 50_000
+
+
+def test_decompression_bomb_is_refused_before_allocation() -> None:
+    zc = EnvelopeCodec(TEST_REGISTRY, compression=Compression(min_size=0))
+    frames = zc.encode(sample(data=b"\x00" * (8 << 20)))
+    assert len(frames[2]) < 2048
+    strict = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_decompressed_bytes=1 << 20))
+    with pytest.raises(DecodeError, match="limit"):
+        strict.decode(frames)
+
+
+def test_registering_twice_or_non_frozen_is_an_error() -> None:
+    reg = Registry()
+
+    @reg.register(1)
+    @dataclass(frozen=True, kw_only=True)
+    class A:
+        x: int
+
+    with pytest.raises(ValueError, match="taken"):
+
+        @reg.register(1)
+        @dataclass(frozen=True, kw_only=True)
+        class B:
+            x: int
+
+    with pytest.raises(TypeError, match="frozen"):
+
+        @reg.register(2)
+        @dataclass(kw_only=True)
+        class C:
+            x: int
+
+    with pytest.raises(EncodeError):
+        EnvelopeCodec(reg).encode(Ping(nonce=1))

@@ -1,0 +1,1 @@
+"""Topology files, the local launcher, the Spark runtime and the command line."""

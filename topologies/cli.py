@@ -1,0 +1,60 @@
+"""The ``sparkbus`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+
+def package_version() -> str:
+    try:
+        return version("sparkbus")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparkbus",
+        description=(
+            "Data-engine protocols over a ZeroMQ bus, next to Spark: a partitioned, replicated in-memory "
+            "table store that Spark loads, that answers queries in milliseconds and keeps views fresh."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"sparkbus {package_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="the main job: load a table with Spark, replicate it, query it, keep a view fresh",
+        description="The main job (arriving with the protocol families): Spark builds or reads a table, "
+        "the executor nodes load and replicate it, and queries run on sparkbus and on Spark SQL side by side.",
+    )
+    run.add_argument(
+        "topology", nargs="?", default=None, help="topology file (default: the shipped local.toml)"
+    )
+    run.add_argument("--rows", type=int, default=1_000_000, help="rows to generate (default 1,000,000)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "run":
+        print(
+            "sparkbus run: the main job is not built yet. It will start the topology on Spark local[2],\n"
+            f"load {args.rows:,} generated rows into replicated tables, run the reference queries on sparkbus\n"
+            "and on Spark SQL, check that the results agree, and report the latencies.",
+            file=sys.stderr,
+        )
+        return 2
+    parser.error(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
