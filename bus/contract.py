@@ -1,0 +1,245 @@
+"""The contract between roles and the bus: events in, actions out.
+
+A role is a state machine with no I/O. The bus (the ZeroMQ node loop, or the deterministic ``SimBus``)
+calls ``role.handle(event, now)`` and carries out the actions it returns. Time is given, never read.
+
+Routing:
+    * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class.
+    * Stream events go to the role whose ``name`` is the stream key's first ``/``-separated part: a role
+      names its streams ``f"{receiving role name}/..."``.
+    * ``TimerFired`` goes to the role that set the timer; ``LocalCall`` to the role it names.
+    * ``PeerUp`` and ``PeerLost`` go to every role.
+
+If ``handle`` raises, the node logs the error with the event, counts it, and delivers ``HandlerFailed``
+to the same role; the node keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+# ---------------------------------------------------------------- events (bus -> role)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerUp:
+    """Both directions of the link to ``peer`` completed their handshake (a new session)."""
+
+    peer: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerLost:
+    """The link to ``peer`` broke: socket disconnect, heartbeat silence, a sequence gap, or a stale session.
+
+    Every stream with that peer is gone. If the peer comes back it is a new session and a new ``PeerUp``.
+    """
+
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MessageReceived:
+    """A decoded control message from ``peer``, in the order the peer sent it."""
+
+    peer: str
+    message: Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchReceived:
+    """A stream batch from ``peer``.
+
+    Attributes:
+        stream: the stream key.
+        ordinal: the sender's batch counter on this stream, from 0.
+        last: no batch follows on this stream.
+        data: the payload (usually an Arrow IPC row batch); may be a memoryview.
+        size: bytes counted against credit.
+        remaining: the sender's credit after this batch (0 means it is starved).
+    """
+
+    peer: str
+    stream: str
+    ordinal: int
+    last: bool
+    data: bytes
+    size: int
+    remaining: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CreditChanged:
+    """Sender side: the receiver set our credit on ``stream`` (it is now ``credit`` bytes)."""
+
+    peer: str
+    stream: str
+    credit: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimerFired:
+    """A timer this role set with ``SetTimer`` came due."""
+
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalCall:
+    """A call from the node's owner (user code, the CLI, a test). Answer it with ``Reply(call_id=...)``."""
+
+    call_id: int
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HandlerFailed:
+    """This role's ``handle`` raised while handling ``event``; the actions of that call were discarded."""
+
+    event: Any
+    error: str
+
+
+Event = (
+    PeerUp
+    | PeerLost
+    | MessageReceived
+    | BatchReceived
+    | CreditChanged
+    | TimerFired
+    | LocalCall
+    | HandlerFailed
+)
+
+# ---------------------------------------------------------------- actions (role -> bus)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Send:
+    """Send a registered control message to ``peer`` (ordered per peer)."""
+
+    peer: str
+    message: Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpenStream:
+    """Sender side: open ``stream`` to ``peer`` with an initial credit in bytes, agreed out of band
+    (for example inside a start message). Batches may be sent at once."""
+
+    peer: str
+    stream: str
+    credit: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AcceptStream:
+    """Receiver side: expect ``stream`` from ``peer`` with ``credit`` bytes of initial credit, the most the
+    receiver will hold for it. Without it, a stream is accepted on its first batch with the node's default."""
+
+    peer: str
+    stream: str
+    credit: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SendBatch:
+    """Send a batch on an open stream. ``len(data)`` must not exceed the credit left (``LocalProtocolError``);
+    an empty batch is allowed only with ``last``."""
+
+    peer: str
+    stream: str
+    data: bytes
+    last: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Consumed:
+    """Receiver side: ``size`` bytes of received batches were processed and freed. The bus's grant policy
+    decides when to send flow control (by default: sender below 40 % and receiver above 40 %)."""
+
+    peer: str
+    stream: str
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GrantCredit:
+    """Receiver side: set the sender's credit on ``stream`` to exactly ``credit`` bytes now."""
+
+    peer: str
+    stream: str
+    credit: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CloseStream:
+    """Forget a stream's state on this side (after ``last``, or on cancel)."""
+
+    peer: str
+    stream: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SetTimer:
+    """Fire ``TimerFired(key)`` at time ``at`` (same clock as ``now``). Setting a key again moves it."""
+
+    key: str
+    at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CancelTimer:
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reply:
+    """Complete a ``LocalCall``: ``error`` None means success with ``result``."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+Action = (
+    Send
+    | OpenStream
+    | AcceptStream
+    | SendBatch
+    | Consumed
+    | GrantCredit
+    | CloseStream
+    | SetTimer
+    | CancelTimer
+    | Reply
+)
+
+
+@runtime_checkable
+class Role(Protocol):
+    """What a role offers the bus.
+
+    Attributes:
+        name: unique on a node, e.g. ``"query"``; also the first part of the stream keys it receives.
+        messages: the control message classes routed to this role.
+    """
+
+    name: str
+    messages: ClassVar[tuple[type, ...]]
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        """React to one event at time ``now`` (seconds, monotonic) with actions for the bus."""
+        ...
+
+
+class LocalProtocolError(Exception):
+    """The caller (a role, or user code) broke the protocol's rules."""
+
+
+class RemoteProtocolError(Exception):
+    """The peer broke the protocol's rules."""
