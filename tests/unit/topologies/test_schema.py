@@ -1,0 +1,351 @@
+"""Topology loading: the shipped files, and one test per kind of problem."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from sparkbus.topologies.schema import (
+    SHIPPED,
+    NodeSpec,
+    PortRange,
+    TopologyError,
+    load,
+    loads,
+    shipped,
+)
+
+BASE = """
+[cluster]
+name = "t"
+
+[spark]
+master = "local[2]"
+
+[[nodes]]
+name = "d"
+placement = "driver"
+services = ["echo"]
+
+[[nodes]]
+name = "s"
+placement = "executor"
+count = 2
+roles = ["replication"]
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(TopologyError) as err:
+        loads(text, "t.toml")
+    assert all(line.startswith("t.toml") for line in str(err.value).splitlines())
+    return [str(p) for p in err.value.problems]
+
+
+def only_problem(text: str) -> str:
+    found = problems(text)
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_files_load(name: str) -> None:
+    topo = load(shipped(name))
+    assert topo.source.endswith(name)
+    assert topo.node_ids()
+    pickle.loads(pickle.dumps(topo))  # shipped to Spark tasks
+
+
+def test_local_toml_is_the_embedded_default() -> None:
+    topo = load(shipped())
+    assert topo.spark is not None
+    assert topo.spark.master == "local[2]"
+    assert topo.spark.local_slots == 2
+    assert [nid for nid, _ in topo.placed("executor")] == ["store-0", "store-1"]
+    assert [nid for nid, _ in topo.placed("driver")] == ["coordinator"]
+    assert topo.bus.heartbeat == 0.25
+    assert topo.bus.batch_size == 512 * 1024
+    assert {t.name: t.replication for t in topo.tables} == {"orders": 2, "customers": 2}
+
+
+def test_processes_toml_has_no_spark() -> None:
+    topo = load(shipped("processes.toml"))
+    assert topo.spark is None
+    assert len(topo.node_ids()) == 4
+    assert all(spec.placement == "host" for spec in topo.nodes)
+
+
+def test_cluster_example_has_curve_and_a_port_range() -> None:
+    topo = load(shipped("cluster.example.toml"))
+    assert topo.bus.security.mode == "curve"
+    assert topo.bus.ports == PortRange(first=7100, last=7199)
+    assert topo.tables[1].key == ("order_id", "line_number")
+
+
+def test_defaults() -> None:
+    topo = loads(BASE)
+    assert topo.bus.transport == "tcp"
+    assert topo.bus.ports is None
+    assert topo.bus.compression.enabled is False
+    assert topo.spark is not None and topo.spark.app_name == "sparkbus-t"
+    assert topo.nodes[1] == NodeSpec(name="s", placement="executor", count=2, roles=("replication",))
+    assert topo.hosting("replication") == ["s-0", "s-1"]
+    assert topo.spec_of("s-1").name == "s"
+    with pytest.raises(KeyError, match="no node 'x'"):
+        topo.spec_of("x")
+
+
+def test_not_toml() -> None:
+    assert only_problem("[cluster\nname=1").startswith("not valid TOML: ")
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match=r"missing.toml: cannot read the file"):
+        load(tmp_path / "missing.toml")
+
+
+def test_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(BASE.replace('name = "t"', 'name = "t"\ncolour = 1'))
+    with pytest.raises(TopologyError) as err:
+        load(path)
+    assert str(err.value) == f"{path}: cluster.colour: unknown key; allowed keys: name, tag"
+
+
+def test_unknown_key_suggests_a_near_one() -> None:
+    text = BASE + '\n[bus]\nheartbeet = "1s"\n'
+    assert only_problem(text) == "bus.heartbeet: unknown key; did you mean 'heartbeat'?"
+
+
+def test_unknown_top_level_section() -> None:
+    assert only_problem(BASE + "\n[extra]\nx = 1\n").startswith("extra: unknown key")
+
+
+def test_unknown_role_lists_known_ones() -> None:
+    text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "qeury"]')
+    assert only_problem(text) == (
+        "nodes[1].roles[1]: unknown role 'qeury'; known roles: binx.client, binx.server, "
+        "compute.controller, compute.replica, query, replication"
+    )
+
+
+def test_service_listed_as_role() -> None:
+    text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "echo"]')
+    assert only_problem(text) == "nodes[1].roles[1]: 'echo' is a service; list it under services"
+
+
+def test_duplicate_role_on_a_node() -> None:
+    text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "replication"]')
+    assert only_problem(text) == "nodes[1].roles[1]: 'replication' is listed twice"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ('master = "local[2]"', 'master = "locale"', "spark.master: expected local, local[N]"),
+        ('master = "local[2]"', "master = 2", "spark.master: expected a string, got an integer (2)"),
+        ("count = 2", "count = 0", "nodes[1].count: must be at least 1, got 0"),
+        ("count = 2", "count = true", "nodes[1].count: expected an integer, got a boolean"),
+        ('placement = "driver"', 'placement = "gpu"', "nodes[0].placement: must be driver, executor or host"),
+        ('name = "t"', 'name = "-t"', "cluster.name: must be 1-63 letters"),
+        ('name = "d"', 'name = "d d"', "nodes[0].name: must be 1-63 letters"),
+        (
+            'services = ["echo"]',
+            'services = "echo"',
+            "nodes[0].services: expected a list of names, got a string",
+        ),
+        (
+            'services = ["echo"]',
+            "services = [1]",
+            "nodes[0].services[0]: expected a name (string), got an integer",
+        ),
+    ],
+)
+def test_bad_values(old: str, new: str, expected: str) -> None:
+    assert only_problem(BASE.replace(old, new)).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("bus", "expected"),
+    [
+        ('transport = "udp"', "bus.transport: must be 'tcp' or 'ipc', got 'udp'"),
+        ('heartbeat = "5"', "bus.heartbeat: '5' has no unit"),
+        ('heartbeat = "0s"', "bus.heartbeat: must be greater than zero"),
+        (
+            'heartbeat = "1s"\npeer_timeout = "1500ms"',
+            "bus.peer_timeout: must be at least twice bus.heartbeat (1s)",
+        ),
+        ('batch_size = "512kb"', "bus.batch_size: unknown size unit 'kb'"),
+        ('batch_size = "65MiB"', "bus.batch_size: must be between 1B and 64MiB"),
+        (
+            'batch_size = "1MiB"\ninitial_credit = "512KiB"',
+            "bus.initial_credit: must be at least bus.batch_size",
+        ),
+        ('ports = "7100"', "bus.ports: expected 'ephemeral' or a range"),
+        ('ports = "7200-7100"', "bus.ports: '7200-7100' is not a range within 1-65535"),
+        ('transport = "ipc"\nports = "7100-7199"', "bus.ports: has no meaning with transport = 'ipc'"),
+        ('ipc_dir = "/tmp/x"', "bus.ipc_dir: only meaningful with transport = 'ipc'"),
+        ("[bus.compression]\nlevel = 30", "bus.compression.level: zstd levels are 1-22"),
+        ('[bus.security]\nmode = "curve"', "bus.security.key_dir: missing: mode = 'curve' needs"),
+        ('[bus.security]\nmode = "tls"', "bus.security.mode: must be 'none' or 'curve'"),
+        (
+            '[bus.security]\nallow = ["db1.example.com"]',
+            "bus.security.allow[0]: 'db1.example.com' is not an IP",
+        ),
+        ('[bus.security]\nkey_dir = "/k"', "bus.security.key_dir: only meaningful with mode = 'curve'"),
+    ],
+)
+def test_bad_bus_settings(bus: str, expected: str) -> None:
+    assert only_problem(BASE + "\n[bus]\n" + bus + "\n").startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("conf", "expected"),
+    [
+        ('"sql.shuffle.partitions" = 4', 'spark.conf."sql.shuffle.partitions": Spark settings start with'),
+        (
+            '"spark.barrier.sync.timeout" = "1s"',
+            'spark.conf."spark.barrier.sync.timeout": set by sparkbus; write spark.barrier_timeout',
+        ),
+        ('"spark.dynamicAllocation.enabled" = true', "barrier stages refuse dynamic allocation"),
+        ('"spark.x" = [1]', 'spark.conf."spark.x": expected a string, number or boolean, got an array'),
+    ],
+)
+def test_bad_spark_conf(conf: str, expected: str) -> None:
+    text = BASE.replace('master = "local[2]"', f'master = "local[2]"\n[spark.conf]\n{conf}')
+    assert expected in only_problem(text)
+
+
+def test_spark_conf_values_become_spark_strings() -> None:
+    text = BASE.replace(
+        'master = "local[2]"', 'master = "local[2]"\n[spark.conf]\n"spark.a" = true\n"spark.b" = 2'
+    )
+    topo = loads(text)
+    assert topo.spark is not None and topo.spark.conf == (("spark.a", "true"), ("spark.b", "2"))
+
+
+def test_two_nodes_with_the_same_id() -> None:
+    text = BASE + '\n[[nodes]]\nname = "s-1"\nplacement = "driver"\nservices = ["echo"]\n'
+    assert only_problem(text) == "nodes[2].name: node id 's-1' is also made by nodes[1]; names must be unique"
+
+
+def test_more_executor_nodes_than_local_slots() -> None:
+    found = only_problem(BASE.replace("count = 2", "count = 3"))
+    assert found.startswith(
+        "spark.master: local[2] runs 2 task(s) at once, but the barrier stage needs all 3"
+    )
+
+
+def test_executor_placement_needs_spark() -> None:
+    text = BASE.replace('[spark]\nmaster = "local[2]"\n', "")
+    assert problems(text) == [
+        "nodes[0].placement: 'driver' needs a [spark] section; without Spark every node is a process: "
+        "use placement = 'host'",
+        "nodes[1].placement: 'executor' needs a [spark] section; without Spark every node is a process: "
+        "use placement = 'host'",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        (
+            'name = "h"\nplacement = "host"\nroles = ["query"]',
+            "nodes[2].host: missing: placement = 'host' needs",
+        ),
+        (
+            'name = "h"\nplacement = "driver"\ncount = 2\nroles = ["query"]',
+            "nodes[2].count: a driver-placed node is one node",
+        ),
+        (
+            'name = "h"\nplacement = "executor"\nhost = "x"\nroles = ["query"]',
+            "nodes[2].host: Spark chooses where",
+        ),
+        ('name = "h"\nplacement = "host"\nhost = "x"', "nodes[2]: runs nothing"),
+        ('placement = "host"\nhost = "x"\nroles = ["query"]', "nodes[2].name: missing (required)"),
+    ],
+)
+def test_bad_nodes(node: str, expected: str) -> None:
+    text = BASE.replace('master = "local[2]"', 'master = "local[3]"') + "\n[[nodes]]\n" + node + "\n"
+    assert only_problem(text).startswith(expected)
+
+
+def test_missing_sections() -> None:
+    assert problems("") == [
+        "cluster: missing (a table is required here)",
+        "cluster.name: missing (required)",
+        "nodes: missing: a topology needs at least one [[nodes]] entry",
+    ]
+
+
+def test_port_range_must_fit_the_nodes_sharing_a_machine() -> None:
+    text = BASE + '\n[bus]\nports = "7100-7104"\n'
+    assert only_problem(text) == (
+        "bus.ports: 7100-7104 holds 5 ports, but up to 3 nodes may share one machine and each binds 2 "
+        "(control and data); widen it to at least 6 ports or use 'ephemeral'"
+    )
+    assert loads(BASE + '\n[bus]\nports = "7100-7105"\n').bus.ports == PortRange(first=7100, last=7105)
+
+
+def test_ipc_needs_one_machine() -> None:
+    text = (
+        '[cluster]\nname = "p"\n[bus]\ntransport = "ipc"\n'
+        '[[nodes]]\nname = "a"\nplacement = "host"\nhost = "10.1.1.1"\nservices = ["echo"]\n'
+    )
+    assert (
+        only_problem(text)
+        == "nodes[0].host: transport 'ipc' needs every node on this machine, not '10.1.1.1'"
+    )
+    cluster = BASE.replace("local[2]", "spark://m:7077") + '\n[bus]\ntransport = "ipc"\n'
+    assert (
+        only_problem(cluster)
+        == "bus.transport: 'ipc' needs every node on one machine, but spark.master is a cluster"
+    )
+
+
+TABLE = '\n[tables.orders]\npartitions = 4\nreplication = {r}\nkey = "id"\n'
+
+
+def test_replication_above_the_nodes_hosting_replication() -> None:
+    assert loads(BASE + TABLE.format(r=2)).tables[0].replication == 2
+    assert only_problem(BASE + TABLE.format(r=3)) == (
+        "tables.orders.replication: 3 copies need 3 nodes running 'replication', but only 2 do (s-0, s-1)"
+    )
+
+
+def test_table_without_any_replication_node() -> None:
+    text = BASE.replace('roles = ["replication"]', 'roles = ["query"]') + TABLE.format(r=1)
+    assert (
+        only_problem(text)
+        == "tables.orders: no node runs the 'replication' role, so the table has nowhere to live"
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ("partitions = 0\nkey = 'id'", "tables.orders.partitions: must be greater than zero"),
+        ("key = 'id'", "tables.orders.partitions: missing (required)"),
+        ("partitions = 2", "tables.orders.key: missing"),
+        ("partitions = 2\nkey = []", "tables.orders.key: must name at least one column"),
+        ("partitions = 2\nkey = 'id'\nsorted = true", "tables.orders.sorted: unknown key"),
+    ],
+)
+def test_bad_tables(table: str, expected: str) -> None:
+    assert only_problem(BASE + "\n[tables.orders]\n" + table + "\n").startswith(expected)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = (
+        BASE.replace("count = 2", "count = 0").replace('name = "t"', 'name = ""')
+        + '\n[bus]\nheartbeat = "x"\n'
+    )
+    err = problems(text)
+    assert [p.split(":")[0] for p in err] == ["cluster.name", "bus.heartbeat", "nodes[1].count"]
+
+
+def test_shipped_refuses_unknown_names() -> None:
+    with pytest.raises(ValueError, match=r"no shipped topology 'x\.toml'"):
+        shipped("x.toml")
