@@ -1,1 +1,40 @@
-"""Page exchange (Presto BinX): output buffers, BinX server and client."""
+"""Page exchange (Presto BinX): output buffers, BinX messages, the BinX server and client roles."""
+
+from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
+from sparkbus.roles.exchange.buffers import (
+    BufferEvent,
+    BufferFullError,
+    BufferState,
+    OutputBuffer,
+    OutputBuffers,
+    PageResult,
+    Waiter,
+)
+from sparkbus.roles.exchange.client import CLIENT_ROLE, BinxClient, Source, SourceEvent, SourceState
+from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange.server import SERVER_ROLE, BinxServer, reply_for
+
+__all__ = [
+    "CLIENT_ROLE",
+    "SERVER_ROLE",
+    "BackoffPolicy",
+    "BinReply",
+    "BinRequest",
+    "BinxClient",
+    "BinxServer",
+    "BufferEvent",
+    "BufferFullError",
+    "BufferState",
+    "ErrorCode",
+    "OutputBuffer",
+    "OutputBuffers",
+    "PageResult",
+    "ReplyStatus",
+    "RequestType",
+    "RetryState",
+    "Source",
+    "SourceEvent",
+    "SourceState",
+    "Waiter",
+    "reply_for",
+]

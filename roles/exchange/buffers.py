@@ -1,0 +1,522 @@
+"""Output buffers of pages, keyed by (task id, buffer id): the serving side of every exchange.
+
+Pure data structures: no clock, no lock, no I/O. The BinX server role and the HTTP exchange
+(``sparkbus.bus.http_exchange``, which adds its own lock) read the same buffers.
+
+Token rules (Presto's ``ClientBuffer``, protocol-facts section 3.3):
+
+* Page *i* of a buffer (counting from 0 since it was created) has token *i*.
+* Reading token N acknowledges every page before N: they are freed and can never be read again.
+* Reading the same token again returns the same pages (a lost reply is simply requested again).
+* Reading a token below the acknowledged one is an error (TOKEN_GONE); a token past the last page
+  produced is an error too (TOKEN_AHEAD).
+
+Buffer states and producer/consumer events are one transition table (``_TRANSITIONS``); anything not in it
+is a ``LocalProtocolError`` naming the state, the event and the buffer.
+
+Choices where the spec is silent:
+
+* ``bufferComplete`` is set on the reply that carries the last page, not on a later empty reply, which
+  saves the consumer one round trip before its DELETE.
+* Memory is bounded per buffer and per node. A producer that would exceed a bound gets ``BufferFullError``
+  and should call ``room()`` and wait, as Presto's producers block on a full buffer. A single page larger
+  than the per-buffer bound is still admitted into an empty buffer, or the producer could never progress.
+* A deleted buffer is remembered (a bounded tombstone list): producers may keep adding pages (dropped, as
+  Presto does after a consumer has seen enough) and readers get an empty, complete answer.
+* An aborted buffer answers every read with ABORTED and frees its pages: the consumer learns of the
+  failure at once instead of retrying until its error budget runs out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from sparkbus.bus.contract import LocalProtocolError
+from sparkbus.codecs import MiB
+from sparkbus.roles.exchange.messages import MAX_REMAINING_ENTRIES, ErrorCode
+
+BufferKey = tuple[str, int]
+
+
+class BufferState(enum.Enum):
+    """Where a buffer is in its life."""
+
+    OPEN = "open"
+    NO_MORE_PAGES = "no_more_pages"
+    ABORTED = "aborted"
+    DESTROYED = "destroyed"
+
+
+class BufferEvent(enum.Enum):
+    """What can happen to a buffer (producer events and the consumer's DELETE)."""
+
+    ADD_PAGES = "add_pages"
+    NO_MORE_PAGES = "no_more_pages"
+    ABORT = "abort"
+    DELETE = "delete"
+
+
+_S, _E = BufferState, BufferEvent
+_TRANSITIONS: dict[tuple[BufferState, BufferEvent], BufferState] = {
+    (_S.OPEN, _E.ADD_PAGES): _S.OPEN,
+    (_S.OPEN, _E.NO_MORE_PAGES): _S.NO_MORE_PAGES,
+    (_S.OPEN, _E.ABORT): _S.ABORTED,
+    (_S.OPEN, _E.DELETE): _S.DESTROYED,
+    (_S.NO_MORE_PAGES, _E.NO_MORE_PAGES): _S.NO_MORE_PAGES,
+    (_S.NO_MORE_PAGES, _E.ABORT): _S.ABORTED,
+    (_S.NO_MORE_PAGES, _E.DELETE): _S.DESTROYED,
+    (_S.ABORTED, _E.ABORT): _S.ABORTED,
+    (_S.ABORTED, _E.DELETE): _S.DESTROYED,
+    # After the consumer deleted the buffer the producer may still be running: its pages are dropped.
+    (_S.DESTROYED, _E.ADD_PAGES): _S.DESTROYED,
+    (_S.DESTROYED, _E.NO_MORE_PAGES): _S.DESTROYED,
+    (_S.DESTROYED, _E.ABORT): _S.DESTROYED,
+    (_S.DESTROYED, _E.DELETE): _S.DESTROYED,
+}
+
+
+class BufferFullError(LocalProtocolError):
+    """The producer added pages beyond a memory bound; it should wait for ``room()``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PageResult:
+    """The answer to one read of a buffer.
+
+    Attributes:
+        task_id: the producing task.
+        buffer_id: the buffer within the task.
+        instance_id: the buffer's incarnation ("" for an unknown buffer).
+        token: the token of the first page (the token that was read).
+        next_token: the token to read next.
+        pages: the pages sent (empty for a size probe).
+        complete: no page will ever follow ``next_token``.
+        remaining_bytes: sizes of available pages after the ones sent (a probe: from ``token``).
+        error_code: why the read failed, or ``ErrorCode.NONE``.
+        error_message: the reason, naming the task and buffer ("" when fine).
+    """
+
+    task_id: str
+    buffer_id: int
+    instance_id: str
+    token: int
+    next_token: int
+    pages: tuple[bytes, ...] = ()
+    complete: bool = False
+    remaining_bytes: tuple[int, ...] = ()
+    error_code: ErrorCode = ErrorCode.NONE
+    error_message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.next_token - self.token != len(self.pages):
+            raise ValueError(
+                f"PageResult: tokens {self.token}..{self.next_token} but {len(self.pages)} pages"
+            )
+
+    @property
+    def answerable(self) -> bool:
+        """True when the result ends a long-poll: pages or sizes, completion, or an error."""
+        return bool(self.pages or self.remaining_bytes or self.complete or self.error_code)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Waiter:
+    """A parked long-poll read.
+
+    Attributes:
+        key: who waits (the server uses ``(peer, request sequence)``).
+        token: the token it reads.
+        max_bytes: the most page bytes it wants.
+        size_only: a size probe.
+        deadline: when to answer it empty (same clock as ``now``).
+    """
+
+    key: Hashable
+    token: int
+    max_bytes: int
+    size_only: bool
+    deadline: float
+
+
+def _error(key: BufferKey, instance_id: str, token: int, code: ErrorCode, text: str) -> PageResult:
+    task_id, buffer_id = key
+    return PageResult(
+        task_id=task_id,
+        buffer_id=buffer_id,
+        instance_id=instance_id,
+        token=token,
+        next_token=token,
+        error_code=code,
+        error_message=f"task {task_id} buffer {buffer_id}: {text}",
+    )
+
+
+class OutputBuffer:
+    """The pages one task produced for one consumer, from the oldest unacknowledged one.
+
+    Args:
+        task_id: the producing task.
+        buffer_id: the buffer within the task.
+        instance_id: the task's incarnation, reported with every read.
+        max_bytes: the most page bytes held at once (see ``BufferFullError``).
+    """
+
+    def __init__(self, task_id: str, buffer_id: int, *, instance_id: str, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+        self.key: BufferKey = (task_id, buffer_id)
+        self.instance_id = instance_id
+        self.max_bytes = max_bytes
+        self.state = BufferState.OPEN
+        self.abort_reason = ""
+        self._pages: deque[bytes] = deque()
+        self._ack_token = 0
+        self._bytes = 0
+        self._waiters: dict[Hashable, Waiter] = {}
+
+    # ------------------------------------------------------------ accounting
+
+    @property
+    def ack_token(self) -> int:
+        """Every page before this token was acknowledged and freed."""
+        return self._ack_token
+
+    @property
+    def next_token(self) -> int:
+        """The token the next added page will get."""
+        return self._ack_token + len(self._pages)
+
+    @property
+    def bytes_held(self) -> int:
+        """Page bytes held (added, not yet acknowledged)."""
+        return self._bytes
+
+    @property
+    def waiters(self) -> tuple[Waiter, ...]:
+        """The parked reads, oldest first."""
+        return tuple(self._waiters.values())
+
+    def room(self) -> int:
+        """Bytes the producer may add now without exceeding ``max_bytes``."""
+        return max(0, self.max_bytes - self._bytes)
+
+    # ------------------------------------------------------------ transitions
+
+    def _step(self, event: BufferEvent) -> None:
+        target = _TRANSITIONS.get((self.state, event))
+        if target is None:
+            raise LocalProtocolError(
+                f"task {self.key[0]} buffer {self.key[1]}: {event.value} is not allowed in state "
+                f"{self.state.value}"
+            )
+        self.state = target
+
+    def add_pages(self, pages: Sequence[bytes]) -> int:
+        """Append pages (producer). Returns the bytes accepted (0 when the buffer was deleted).
+
+        Raises:
+            BufferFullError: the pages would exceed ``max_bytes`` (nothing is added).
+            LocalProtocolError: after ``no_more_pages`` or ``abort``.
+        """
+        size = sum(len(p) for p in pages)
+        if self.state is BufferState.OPEN and self._pages and self._bytes + size > self.max_bytes:
+            raise BufferFullError(
+                f"task {self.key[0]} buffer {self.key[1]}: adding {size} bytes to {self._bytes} held "
+                f"exceeds the bound of {self.max_bytes}"
+            )
+        self._step(BufferEvent.ADD_PAGES)
+        if self.state is BufferState.DESTROYED:
+            return 0
+        self._pages.extend(bytes(p) for p in pages)
+        self._bytes += size
+        return size
+
+    def no_more_pages(self) -> None:
+        """The producer is done: once every page is read the buffer is complete."""
+        self._step(BufferEvent.NO_MORE_PAGES)
+
+    def abort(self, reason: str) -> int:
+        """The producer failed: free every page; reads answer ABORTED. Returns the bytes freed."""
+        self._step(BufferEvent.ABORT)
+        if self.state is BufferState.ABORTED and not self.abort_reason:
+            self.abort_reason = reason or "aborted by the producer"
+        return self._free_all()
+
+    def destroy(self) -> int:
+        """The consumer deleted the buffer: free every page. Returns the bytes freed."""
+        self._step(BufferEvent.DELETE)
+        return self._free_all()
+
+    def _free_all(self) -> int:
+        freed = self._bytes
+        self._ack_token = self.next_token
+        self._pages.clear()
+        self._bytes = 0
+        return freed
+
+    # ------------------------------------------------------------ reads
+
+    def acknowledge(self, token: int) -> tuple[int, ErrorCode]:
+        """Free every page before ``token``. Returns (bytes freed, error code).
+
+        An acknowledgement below the current one is a no-op (acks are best-effort and may arrive late);
+        one past the last page produced is TOKEN_AHEAD.
+        """
+        if self.state in (BufferState.ABORTED, BufferState.DESTROYED):
+            return 0, ErrorCode.NONE
+        if token > self.next_token:
+            return 0, ErrorCode.TOKEN_AHEAD
+        freed = 0
+        while self._ack_token < token:
+            freed += len(self._pages.popleft())
+            self._ack_token += 1
+        self._bytes -= freed
+        return freed, ErrorCode.NONE
+
+    def read(self, token: int, max_bytes: int, *, size_only: bool = False) -> tuple[PageResult, int]:
+        """Read from ``token`` (acknowledging every page before it). Returns (result, bytes freed).
+
+        Args:
+            token: the first page wanted.
+            max_bytes: the most page bytes to return; the first available page is returned even if
+                larger, so that a large page cannot stall the exchange.
+            size_only: return the sizes of the available pages instead of the pages.
+        """
+        if self.state is BufferState.ABORTED:
+            return _error(self.key, self.instance_id, token, ErrorCode.ABORTED, self.abort_reason), 0
+        if self.state is BufferState.DESTROYED:
+            return self._result(token, token, complete=True), 0
+        if token < self._ack_token:
+            text = f"token {token} is below the acknowledged token {self._ack_token}; its pages are gone"
+            return _error(self.key, self.instance_id, token, ErrorCode.TOKEN_GONE, text), 0
+        if token > self.next_token:
+            text = f"token {token} is past the last page produced (next token {self.next_token})"
+            return _error(self.key, self.instance_id, token, ErrorCode.TOKEN_AHEAD, text), 0
+        freed, _ = self.acknowledge(token)
+        finished = self.state is BufferState.NO_MORE_PAGES
+        if size_only:
+            sizes = tuple(len(p) for p in self._first_pages(MAX_REMAINING_ENTRIES))
+            return self._result(token, token, complete=finished and not self._pages, remaining=sizes), freed
+        taken: list[bytes] = []
+        total = 0
+        for page in self._pages:
+            if taken and total + len(page) > max_bytes:
+                break
+            taken.append(page)
+            total += len(page)
+        rest = tuple(len(p) for p in self._first_pages(MAX_REMAINING_ENTRIES, skip=len(taken)))
+        nxt = token + len(taken)
+        result = self._result(
+            token, nxt, pages=tuple(taken), complete=finished and nxt == self.next_token, remaining=rest
+        )
+        return result, freed
+
+    def _first_pages(self, n: int, skip: int = 0) -> Iterable[bytes]:
+        for i, page in enumerate(self._pages):
+            if i >= skip + n:
+                break
+            if i >= skip:
+                yield page
+
+    def _result(
+        self,
+        token: int,
+        nxt: int,
+        *,
+        pages: tuple[bytes, ...] = (),
+        complete: bool = False,
+        remaining: tuple[int, ...] = (),
+    ) -> PageResult:
+        return PageResult(
+            task_id=self.key[0],
+            buffer_id=self.key[1],
+            instance_id=self.instance_id,
+            token=token,
+            next_token=nxt,
+            pages=pages,
+            complete=complete,
+            remaining_bytes=remaining,
+        )
+
+    # ------------------------------------------------------------ long-poll waiters
+
+    def wait(self, waiter: Waiter) -> None:
+        """Park a read until data, completion, an error, or its deadline.
+
+        Raises:
+            LocalProtocolError: a waiter with the same key is already parked here.
+        """
+        if waiter.key in self._waiters:
+            raise LocalProtocolError(f"task {self.key[0]} buffer {self.key[1]}: {waiter.key!r} already waits")
+        self._waiters[waiter.key] = waiter
+
+    def cancel_wait(self, key: Hashable) -> Waiter | None:
+        """Forget a parked read (its peer went away). Returns it, or None if it was not parked."""
+        return self._waiters.pop(key, None)
+
+    def take_ready(self, now: float) -> tuple[list[tuple[Waiter, PageResult, bool]], int]:
+        """Answer every parked read that can be answered at ``now``, and forget them.
+
+        Returns:
+            ((waiter, result, timed_out) for each answered waiter, oldest first; bytes freed).
+        """
+        ready: list[tuple[Waiter, PageResult, bool]] = []
+        freed = 0
+        for key, waiter in list(self._waiters.items()):
+            result, n = self.read(waiter.token, waiter.max_bytes, size_only=waiter.size_only)
+            freed += n
+            if result.answerable or waiter.deadline <= now:
+                del self._waiters[key]
+                ready.append((waiter, result, not result.answerable))
+        return ready, freed
+
+
+class OutputBuffers:
+    """Every output buffer of a node, with a node-wide memory bound.
+
+    Args:
+        instance_id: the node's incarnation, stamped on buffers created without their own.
+        max_buffer_bytes: default per-buffer bound (Presto's ``sink.max-buffer-size`` is 32 MB).
+        max_total_bytes: bound on the page bytes held by all buffers together.
+        max_tombstones: how many deleted buffers are remembered.
+    """
+
+    def __init__(
+        self,
+        *,
+        instance_id: str = "0",
+        max_buffer_bytes: int = 32 * MiB,
+        max_total_bytes: int = 512 * MiB,
+        max_tombstones: int = 4096,
+    ) -> None:
+        if max_total_bytes <= 0 or max_tombstones < 0:
+            raise ValueError("max_total_bytes must be positive and max_tombstones >= 0")
+        self.instance_id = instance_id
+        self.max_buffer_bytes = max_buffer_bytes
+        self.max_total_bytes = max_total_bytes
+        self.max_tombstones = max_tombstones
+        self._buffers: dict[BufferKey, OutputBuffer] = {}
+        self._tombstones: OrderedDict[BufferKey, OutputBuffer] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def bytes_held(self) -> int:
+        """Page bytes held by all live buffers."""
+        return self._bytes
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._buffers
+
+    def get(self, task_id: str, buffer_id: int) -> OutputBuffer | None:
+        """The live or deleted buffer under this key, or None."""
+        key = (task_id, buffer_id)
+        return self._buffers.get(key) or self._tombstones.get(key)
+
+    def keys(self) -> list[BufferKey]:
+        """Keys of the live buffers."""
+        return list(self._buffers)
+
+    # ------------------------------------------------------------ producer API
+
+    def create(
+        self, task_id: str, buffer_id: int, *, instance_id: str | None = None, max_bytes: int | None = None
+    ) -> OutputBuffer:
+        """Create an empty buffer.
+
+        Raises:
+            LocalProtocolError: a live buffer with this key exists.
+        """
+        key = (task_id, buffer_id)
+        if key in self._buffers:
+            raise LocalProtocolError(f"task {task_id} buffer {buffer_id} already exists")
+        self._tombstones.pop(key, None)
+        buf = OutputBuffer(
+            task_id,
+            buffer_id,
+            instance_id=self.instance_id if instance_id is None else instance_id,
+            max_bytes=max_bytes or self.max_buffer_bytes,
+        )
+        self._buffers[key] = buf
+        return buf
+
+    def _producer_target(self, task_id: str, buffer_id: int) -> OutputBuffer:
+        buf = self.get(task_id, buffer_id)
+        if buf is None:
+            raise LocalProtocolError(f"task {task_id} buffer {buffer_id} does not exist")
+        return buf
+
+    def room(self, task_id: str, buffer_id: int) -> int:
+        """Bytes the producer may add to this buffer now."""
+        buf = self._producer_target(task_id, buffer_id)
+        return min(buf.room(), max(0, self.max_total_bytes - self._bytes))
+
+    def add_pages(self, task_id: str, buffer_id: int, pages: Sequence[bytes]) -> int:
+        """Append pages to a buffer. Returns the bytes accepted (0 after the consumer deleted it).
+
+        Raises:
+            BufferFullError: the buffer's or the node's bound would be exceeded (nothing is added).
+            LocalProtocolError: unknown buffer, or pages after ``no_more_pages`` / ``abort``.
+        """
+        buf = self._producer_target(task_id, buffer_id)
+        size = sum(len(p) for p in pages)
+        if buf.state is BufferState.OPEN and self._bytes and self._bytes + size > self.max_total_bytes:
+            raise BufferFullError(
+                f"task {task_id} buffer {buffer_id}: adding {size} bytes exceeds the node bound of "
+                f"{self.max_total_bytes} ({self._bytes} held)"
+            )
+        added = buf.add_pages(pages)
+        self._bytes += added
+        return added
+
+    def no_more_pages(self, task_id: str, buffer_id: int) -> None:
+        """The producer finished this buffer."""
+        self._producer_target(task_id, buffer_id).no_more_pages()
+
+    def abort(self, task_id: str, buffer_id: int, reason: str) -> None:
+        """The producer failed: readers get ABORTED with ``reason``."""
+        self._bytes -= self._producer_target(task_id, buffer_id).abort(reason)
+
+    # ------------------------------------------------------------ consumer API
+
+    def read(
+        self, task_id: str, buffer_id: int, token: int, max_bytes: int, *, size_only: bool = False
+    ) -> PageResult:
+        """Read a buffer (see ``OutputBuffer.read``); an unknown buffer answers UNKNOWN_BUFFER."""
+        buf = self.get(task_id, buffer_id)
+        if buf is None:
+            return _error((task_id, buffer_id), "", token, ErrorCode.UNKNOWN_BUFFER, "no such buffer")
+        result, freed = buf.read(token, max_bytes, size_only=size_only)
+        self._bytes -= freed
+        return result
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> ErrorCode:
+        """Free the pages before ``token``; unknown buffers are ignored (acks are best-effort)."""
+        buf = self.get(task_id, buffer_id)
+        if buf is None:
+            return ErrorCode.NONE
+        freed, code = buf.acknowledge(token)
+        self._bytes -= freed
+        return code
+
+    def delete(self, task_id: str, buffer_id: int) -> None:
+        """Destroy a buffer and free its pages; deleting twice, or an unknown buffer, is fine."""
+        key = (task_id, buffer_id)
+        buf = self._buffers.pop(key, None)
+        if buf is None:
+            return
+        self._bytes -= buf.destroy()
+        self._tombstones[key] = buf
+        while len(self._tombstones) > self.max_tombstones:
+            self._tombstones.popitem(last=False)
+
+    def take_ready(self, task_id: str, buffer_id: int, now: float) -> list[tuple[Waiter, PageResult, bool]]:
+        """Answer the parked reads of one buffer that can be answered at ``now``."""
+        buf = self.get(task_id, buffer_id)
+        if buf is None:
+            return []
+        ready, freed = buf.take_ready(now)
+        self._bytes -= freed
+        return ready

@@ -1,0 +1,191 @@
+"""BinX protocol data units (RFC-0009): one request type and one reply type, codes 0x0200-0x0201.
+
+The RFC fixes the fields but not the bytes. Ours (``docs/EXCHANGE.md`` has them byte by byte): each PDU is
+one sparkbus envelope; the body is one msgpack map holding the RFC's fields under the RFC's own names, plus
+an explicit request sequence number (the RFC's client dispatcher keys its promises by one) and, on replies,
+the task instance id and a structured error. Page data travels as one blob frame: the pages of a reply
+concatenated, split again by ``pageSizes``. The field names are camelCase on purpose: they *are* the wire
+names of the RFC.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from sparkbus.codecs import blob, message
+
+U64_MAX = (1 << 64) - 1
+#: The longest task id accepted (Presto's are ``queryId.stage.partition.attempt``, well under this).
+MAX_TASK_ID_LENGTH = 1024
+#: The most page sizes a reply lists in ``remainingBytes`` (bounds reply and header sizes).
+MAX_REMAINING_ENTRIES = 1024
+
+
+class RequestType(enum.IntEnum):
+    """What a request asks for; the reply repeats it as ``replyType``."""
+
+    DATA = 0
+    ACK = 1
+    DELETE = 2
+
+
+class ReplyStatus(enum.IntEnum):
+    """The outcome of a request (RFC-0009).
+
+    OK: the reply carries pages, or page sizes for a size probe, or acknowledges an ACK or DELETE.
+    NODATA: nothing to send and nothing to wait for (``maxWait`` 0, or the buffer is complete).
+    SERVER_ERROR: the request failed; ``errorCode`` says why and whether a retry can help.
+    TIMEOUT: the long-poll expired before any page arrived.
+    """
+
+    OK = 0
+    NODATA = 1
+    SERVER_ERROR = 2
+    TIMEOUT = 3
+
+
+class ErrorCode(enum.IntEnum):
+    """Why a request failed (our addition: the RFC's SERVER_ERROR carries no reason).
+
+    UNKNOWN_BUFFER and OVERLOADED are retryable (the producer may not have created its buffer yet; the
+    server may free waiters); the others are final, because a retry would get the same answer.
+    """
+
+    NONE = 0
+    UNKNOWN_BUFFER = 1
+    ABORTED = 2
+    TOKEN_GONE = 3
+    TOKEN_AHEAD = 4
+    BAD_REQUEST = 5
+    OVERLOADED = 6
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same request may succeed later."""
+        return self in (ErrorCode.UNKNOWN_BUFFER, ErrorCode.OVERLOADED)
+
+
+def _check_u64(owner: str, **values: int) -> None:
+    for name, value in values.items():
+        if not 0 <= value <= U64_MAX:
+            raise ValueError(f"{owner}.{name} must be a u64, got {value}")
+
+
+@message(0x0200)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BinRequest:
+    """A BinX request (DATA, ACK or DELETE), RFC-0009 ``BinRequest``.
+
+    Attributes:
+        sequence: the client's request sequence number; the reply carries it back.
+        requestType: DATA, ACK or DELETE.
+        getDataSize: DATA only: ask for the sizes of the available pages instead of the pages.
+        maxSizeOctets: DATA only: the most page bytes wanted (the first page is sent even if larger).
+        maxWaitMicroSeconds: DATA only: how long the server may hold the request when no page is ready.
+        taskId: the producing task.
+        bufferId: the output buffer within the task.
+        pageToken: DATA: the first page wanted (acknowledges every page before it); ACK: acknowledge
+            every page before it; DELETE: ignored, 0 by convention.
+    """
+
+    sequence: int
+    requestType: RequestType
+    getDataSize: bool
+    maxSizeOctets: int
+    maxWaitMicroSeconds: int
+    taskId: str
+    bufferId: int
+    pageToken: int
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            "BinRequest",
+            sequence=self.sequence,
+            maxSizeOctets=self.maxSizeOctets,
+            maxWaitMicroSeconds=self.maxWaitMicroSeconds,
+            bufferId=self.bufferId,
+            pageToken=self.pageToken,
+        )
+        if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH:
+            raise ValueError(f"BinRequest.taskId must have 1..{MAX_TASK_ID_LENGTH} characters")
+        if self.requestType is RequestType.DATA:
+            if not self.getDataSize and self.maxSizeOctets == 0:
+                raise ValueError(
+                    "BinRequest.maxSizeOctets must be > 0 for a DATA request (or set getDataSize)"
+                )
+        elif self.getDataSize or self.maxSizeOctets or self.maxWaitMicroSeconds:
+            # The RFC: ACK and DELETE set getDataSize false and both limits 0.
+            raise ValueError(
+                f"BinRequest.getDataSize/maxSizeOctets/maxWaitMicroSeconds must be false/0 "
+                f"for {self.requestType.name}"
+            )
+
+
+@message(0x0201)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BinReply:
+    """A BinX reply, RFC-0009 ``BinReply``.
+
+    Attributes:
+        sequence: the ``sequence`` of the request this answers.
+        replyType: the request's type.
+        status: OK, NODATA, SERVER_ERROR or TIMEOUT.
+        bufferComplete: every page of the buffer has now been sent (no page follows ``pageNextToken``).
+        pageToken: the token of the first page in the reply (the requested token).
+        pageNextToken: the token to ask for next (``pageToken`` plus the number of pages sent).
+        remainingBytes: sizes of the pages available after the ones sent (for a size probe: from
+            ``pageToken``), at most ``MAX_REMAINING_ENTRIES`` of them.
+        pageSizes: the size of each page in ``data``, in order (ours: splits the blob).
+        instanceId: the incarnation of the producing task; a change means the tokens restarted.
+        errorCode: why a SERVER_ERROR happened (NONE otherwise).
+        errorMessage: a human-readable reason naming the task and buffer ("" unless SERVER_ERROR).
+        data: the pages, concatenated (one blob frame).
+    """
+
+    sequence: int
+    replyType: RequestType
+    status: ReplyStatus
+    bufferComplete: bool
+    pageToken: int
+    pageNextToken: int
+    remainingBytes: tuple[int, ...]
+    pageSizes: tuple[int, ...]
+    instanceId: str
+    errorCode: ErrorCode = ErrorCode.NONE
+    errorMessage: str = ""
+    data: bytes = blob(default=b"")
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            "BinReply", sequence=self.sequence, pageToken=self.pageToken, pageNextToken=self.pageNextToken
+        )
+        if self.pageNextToken < self.pageToken:
+            raise ValueError(
+                f"BinReply.pageNextToken {self.pageNextToken} is below pageToken {self.pageToken}"
+            )
+        if self.pageNextToken - self.pageToken != len(self.pageSizes):
+            raise ValueError(
+                f"BinReply.pageSizes lists {len(self.pageSizes)} pages but the tokens span "
+                f"{self.pageNextToken - self.pageToken}"
+            )
+        if any(s < 0 for s in self.pageSizes) or sum(self.pageSizes) != len(self.data):
+            raise ValueError(f"BinReply.pageSizes must be >= 0 and sum to len(data) = {len(self.data)}")
+        if len(self.remainingBytes) > MAX_REMAINING_ENTRIES or any(n < 0 for n in self.remainingBytes):
+            raise ValueError(f"BinReply.remainingBytes must hold at most {MAX_REMAINING_ENTRIES} sizes >= 0")
+        if (self.status is ReplyStatus.SERVER_ERROR) != (self.errorCode is not ErrorCode.NONE):
+            raise ValueError("BinReply.errorCode must be set exactly when status is SERVER_ERROR")
+        if self.pageSizes and self.status is not ReplyStatus.OK:
+            raise ValueError(f"BinReply.status must be OK when pages are sent, got {self.status.name}")
+        if self.pageSizes and self.replyType is not RequestType.DATA:
+            raise ValueError(f"BinReply.pageSizes must be empty for a {self.replyType.name} reply")
+
+    def pages(self) -> list[memoryview]:
+        """The pages of ``data``, as views (no copy)."""
+        view = memoryview(self.data)
+        out: list[memoryview] = []
+        at = 0
+        for size in self.pageSizes:
+            out.append(view[at : at + size])
+            at += size
+        return out

@@ -1,0 +1,276 @@
+"""The BinX server role ("binx.server"): answers DATA, ACK and DELETE requests from its output buffers.
+
+DATA requests that find no page long-poll up to their ``maxWaitMicroSeconds`` (capped by the server): the
+request is parked on its buffer and a timer is set for its deadline. A parked request is answered as soon
+as a page, completion, an abort or a DELETE makes it answerable, or with TIMEOUT when its timer fires.
+Parked requests of a peer that is lost are dropped (there is nobody to answer).
+
+Producers on the node use the methods ``create_buffer``, ``add_pages``, ``no_more_pages`` and
+``abort_buffer`` (each returns the actions that answer parked requests), or the same operations as
+``LocalCall`` names: ``create``, ``add_pages``, ``no_more_pages``, ``abort``, ``room``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from sparkbus.bus.contract import (
+    Action,
+    CancelTimer,
+    Event,
+    LocalCall,
+    LocalProtocolError,
+    MessageReceived,
+    PeerLost,
+    Reply,
+    Send,
+    SetTimer,
+    TimerFired,
+)
+from sparkbus.codecs import MiB
+from sparkbus.roles.exchange.buffers import BufferKey, OutputBuffers, PageResult, Waiter
+from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+
+#: Name of the role on a node.
+SERVER_ROLE = "binx.server"
+
+
+def reply_for(request: BinRequest, result: PageResult, *, timed_out: bool = False) -> BinReply:
+    """The reply to a DATA request from a buffer read.
+
+    Status: SERVER_ERROR for an error; OK with pages (or with sizes, for a size probe); otherwise TIMEOUT
+    when a long-poll expired, else NODATA (nothing to wait for: complete, or no wait was asked).
+    """
+    if result.error_code is not ErrorCode.NONE:
+        status = ReplyStatus.SERVER_ERROR
+    elif result.pages or (request.getDataSize and result.remaining_bytes):
+        status = ReplyStatus.OK
+    elif timed_out:
+        status = ReplyStatus.TIMEOUT
+    else:
+        status = ReplyStatus.NODATA
+    return BinReply(
+        sequence=request.sequence,
+        replyType=RequestType.DATA,
+        status=status,
+        bufferComplete=result.complete,
+        pageToken=result.token,
+        pageNextToken=result.next_token,
+        remainingBytes=result.remaining_bytes,
+        pageSizes=tuple(len(p) for p in result.pages),
+        instanceId=result.instance_id,
+        errorCode=result.error_code,
+        errorMessage=result.error_message,
+        data=b"".join(result.pages),
+    )
+
+
+def _simple_reply(
+    request: BinRequest, instance_id: str, code: ErrorCode = ErrorCode.NONE, text: str = ""
+) -> BinReply:
+    return BinReply(
+        sequence=request.sequence,
+        replyType=request.requestType,
+        status=ReplyStatus.OK if code is ErrorCode.NONE else ReplyStatus.SERVER_ERROR,
+        bufferComplete=request.requestType is RequestType.DELETE,
+        pageToken=request.pageToken,
+        pageNextToken=request.pageToken,
+        remainingBytes=(),
+        pageSizes=(),
+        instanceId=instance_id,
+        errorCode=code,
+        errorMessage=text,
+    )
+
+
+class BinxServer:
+    """Serves a node's output buffers over BinX.
+
+    Args:
+        buffers: the node's output buffers (shared with producers and possibly the HTTP exchange).
+        max_wait: the longest long-poll honoured, in seconds (longer requests are capped).
+        max_reply_bytes: cap on ``maxSizeOctets`` (a single page larger than this is still sent whole).
+        max_waiters: the most parked requests on the node; beyond it DATA requests that would park are
+            answered SERVER_ERROR / OVERLOADED (retryable), so no peer can make the server hold
+            unbounded state.
+    """
+
+    name = SERVER_ROLE
+    messages: ClassVar[tuple[type, ...]] = (BinRequest,)
+
+    def __init__(
+        self,
+        buffers: OutputBuffers | None = None,
+        *,
+        max_wait: float = 30.0,
+        max_reply_bytes: int = 32 * MiB,
+        max_waiters: int = 10_000,
+    ) -> None:
+        self.buffers = buffers if buffers is not None else OutputBuffers()
+        self.max_wait = max_wait
+        self.max_reply_bytes = max_reply_bytes
+        self.max_waiters = max_waiters
+        # (peer, sequence) -> (buffer key, request) for every parked request.
+        self._parked: dict[tuple[str, int], tuple[BufferKey, BinRequest]] = {}
+        self.counters: dict[str, int] = {
+            "requests": 0,
+            "timeouts": 0,
+            "bad_requests": 0,
+            "dropped_waiters": 0,
+        }
+
+    # ------------------------------------------------------------ role interface
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        """React to one bus event."""
+        if isinstance(event, MessageReceived) and isinstance(event.message, BinRequest):
+            return self._on_request(event.peer, event.message, now)
+        if isinstance(event, TimerFired):
+            return self._on_timer(event.key, now)
+        if isinstance(event, PeerLost):
+            return self._on_peer_lost(event.peer)
+        if isinstance(event, LocalCall):
+            return self._on_call(event, now)
+        return []
+
+    # ------------------------------------------------------------ producer API
+
+    def create_buffer(self, task_id: str, buffer_id: int, *, max_bytes: int | None = None) -> list[Action]:
+        """Create an empty output buffer (see ``OutputBuffers.create``)."""
+        self.buffers.create(task_id, buffer_id, max_bytes=max_bytes)
+        return []
+
+    def add_pages(self, task_id: str, buffer_id: int, pages: Sequence[bytes], now: float) -> list[Action]:
+        """Append pages and answer the requests that were waiting for them."""
+        self.buffers.add_pages(task_id, buffer_id, pages)
+        return self._answer_ready((task_id, buffer_id), now)
+
+    def no_more_pages(self, task_id: str, buffer_id: int, now: float) -> list[Action]:
+        """Finish a buffer and answer waiting requests with completion."""
+        self.buffers.no_more_pages(task_id, buffer_id)
+        return self._answer_ready((task_id, buffer_id), now)
+
+    def abort_buffer(self, task_id: str, buffer_id: int, reason: str, now: float) -> list[Action]:
+        """Abort a buffer: waiting and later requests get SERVER_ERROR / ABORTED."""
+        self.buffers.abort(task_id, buffer_id, reason)
+        return self._answer_ready((task_id, buffer_id), now)
+
+    # ------------------------------------------------------------ requests
+
+    def _on_request(self, peer: str, req: BinRequest, now: float) -> list[Action]:
+        self.counters["requests"] += 1
+        key = (req.taskId, req.bufferId)
+        if req.requestType is RequestType.ACK:
+            code = self.buffers.acknowledge(req.taskId, req.bufferId, req.pageToken)
+            text = (
+                "" if code is ErrorCode.NONE else f"task {req.taskId} buffer {req.bufferId}: ack past the end"
+            )
+            return [Send(peer=peer, message=_simple_reply(req, self._instance(key), code, text))]
+        if req.requestType is RequestType.DELETE:
+            instance = self._instance(key)
+            self.buffers.delete(req.taskId, req.bufferId)
+            return [*self._answer_ready(key, now), Send(peer=peer, message=_simple_reply(req, instance))]
+        if (peer, req.sequence) in self._parked:
+            self.counters["bad_requests"] += 1
+            text = f"task {req.taskId} buffer {req.bufferId}: request {req.sequence} is already pending"
+            return [Send(peer=peer, message=_simple_reply(req, "", ErrorCode.BAD_REQUEST, text))]
+        max_bytes = min(req.maxSizeOctets, self.max_reply_bytes)
+        result = self.buffers.read(
+            req.taskId, req.bufferId, req.pageToken, max_bytes, size_only=req.getDataSize
+        )
+        wait = min(req.maxWaitMicroSeconds / 1e6, self.max_wait)
+        if result.answerable or result.error_code is not ErrorCode.NONE or wait <= 0:
+            return [Send(peer=peer, message=reply_for(req, result))]
+        buf = self.buffers.get(req.taskId, req.bufferId)
+        if buf is None or len(self._parked) >= self.max_waiters:
+            text = f"task {req.taskId} buffer {req.bufferId}: server has {len(self._parked)} parked requests"
+            return [
+                Send(peer=peer, message=_simple_reply(req, result.instance_id, ErrorCode.OVERLOADED, text))
+            ]
+        deadline = now + wait
+        buf.wait(
+            Waiter(
+                key=(peer, req.sequence),
+                token=req.pageToken,
+                max_bytes=max_bytes,
+                size_only=req.getDataSize,
+                deadline=deadline,
+            )
+        )
+        self._parked[(peer, req.sequence)] = (key, req)
+        return [SetTimer(key=_timer_key(peer, req.sequence), at=deadline)]
+
+    def _instance(self, key: BufferKey) -> str:
+        buf = self.buffers.get(*key)
+        return buf.instance_id if buf is not None else ""
+
+    def _answer_ready(self, key: BufferKey, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for waiter, result, timed_out in self.buffers.take_ready(key[0], key[1], now):
+            assert isinstance(waiter.key, tuple)
+            peer, sequence = waiter.key
+            entry = self._parked.pop((peer, sequence), None)
+            if entry is None:
+                continue
+            if timed_out:
+                self.counters["timeouts"] += 1
+            else:
+                actions.append(CancelTimer(key=_timer_key(peer, sequence)))
+            actions.append(Send(peer=peer, message=reply_for(entry[1], result, timed_out=timed_out)))
+        return actions
+
+    def _on_timer(self, timer: str, now: float) -> list[Action]:
+        parsed = _parse_timer_key(timer)
+        entry = self._parked.get(parsed) if parsed is not None else None
+        if entry is None:
+            return []
+        return self._answer_ready(entry[0], now)
+
+    def _on_peer_lost(self, peer: str) -> list[Action]:
+        actions: list[Action] = []
+        for (p, sequence), (key, _) in list(self._parked.items()):
+            if p != peer:
+                continue
+            del self._parked[(p, sequence)]
+            buf = self.buffers.get(*key)
+            if buf is not None:
+                buf.cancel_wait((p, sequence))
+            self.counters["dropped_waiters"] += 1
+            actions.append(CancelTimer(key=_timer_key(p, sequence)))
+        return actions
+
+    # ------------------------------------------------------------ local calls
+
+    def _on_call(self, call: LocalCall, now: float) -> list[Action]:
+        args: dict[str, Any] = call.args
+        try:
+            task_id, buffer_id = str(args["task_id"]), int(args["buffer_id"])
+            if call.name == "create":
+                actions = self.create_buffer(task_id, buffer_id, max_bytes=args.get("max_bytes"))
+            elif call.name == "add_pages":
+                actions = self.add_pages(task_id, buffer_id, list(args["pages"]), now)
+            elif call.name == "no_more_pages":
+                actions = self.no_more_pages(task_id, buffer_id, now)
+            elif call.name == "abort":
+                actions = self.abort_buffer(task_id, buffer_id, str(args.get("reason", "")), now)
+            elif call.name == "room":
+                return [Reply(call_id=call.call_id, result=self.buffers.room(task_id, buffer_id))]
+            else:
+                raise LocalProtocolError(f"{SERVER_ROLE} has no call named {call.name!r}")
+        except (LocalProtocolError, KeyError, TypeError, ValueError) as exc:
+            return [Reply(call_id=call.call_id, error=f"{type(exc).__name__}: {exc}")]
+        return [*actions, Reply(call_id=call.call_id, result=None)]
+
+
+def _timer_key(peer: str, sequence: int) -> str:
+    # The sequence comes first so that a peer name containing "/" cannot confuse the parse.
+    return f"wait/{sequence}/{peer}"
+
+
+def _parse_timer_key(key: str) -> tuple[str, int] | None:
+    kind, _, rest = key.partition("/")
+    sequence, _, peer = rest.partition("/")
+    if kind != "wait" or not sequence.isdigit():
+        return None
+    return peer, int(sequence)

@@ -1,0 +1,242 @@
+"""Output buffers: tokens, acknowledgement, memory bounds, producer events, long-poll waiters."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkbus.bus.contract import LocalProtocolError
+from sparkbus.roles.exchange import (
+    BufferEvent,
+    BufferFullError,
+    BufferState,
+    ErrorCode,
+    OutputBuffer,
+    OutputBuffers,
+    Waiter,
+)
+from sparkbus.roles.exchange.buffers import _TRANSITIONS
+
+T, B = "q1.1.0.0", 0
+
+
+def filled(*pages: bytes, **kw: int) -> OutputBuffers:
+    bufs = OutputBuffers(instance_id="inst", **kw)
+    bufs.create(T, B)
+    if pages:
+        bufs.add_pages(T, B, list(pages))
+    return bufs
+
+
+def test_read_returns_pages_from_the_token_within_max_bytes() -> None:
+    bufs = filled(b"aa", b"bbb", b"c")
+    r = bufs.read(T, B, 0, 5)
+    assert r.pages == (b"aa", b"bbb") and (r.token, r.next_token) == (0, 2)
+    assert r.remaining_bytes == (1,) and not r.complete and r.instance_id == "inst"
+
+
+def test_first_page_is_sent_even_when_larger_than_max_bytes() -> None:
+    r = filled(b"x" * 100, b"y").read(T, B, 0, 10)
+    assert r.pages == (b"x" * 100,)
+
+
+def test_repeated_token_resends_the_same_pages() -> None:
+    bufs = filled(b"a", b"b", b"c")
+    assert bufs.read(T, B, 1, 1).pages == bufs.read(T, B, 1, 1).pages == (b"b",)
+
+
+def test_reading_token_n_acknowledges_everything_before_n() -> None:
+    bufs = filled(b"a", b"bb", b"ccc")
+    assert bufs.bytes_held == 6
+    bufs.read(T, B, 2, 10)
+    assert bufs.bytes_held == 3
+    buf = bufs.get(T, B)
+    assert buf is not None and buf.ack_token == 2 and buf.next_token == 3
+
+
+def test_token_below_the_ack_is_gone() -> None:
+    bufs = filled(b"a", b"b")
+    bufs.read(T, B, 2, 10)
+    r = bufs.read(T, B, 1, 10)
+    assert r.error_code is ErrorCode.TOKEN_GONE and not r.pages
+    assert T in r.error_message and "below the acknowledged token 2" in r.error_message
+
+
+def test_token_past_the_end_is_refused() -> None:
+    r = filled(b"a").read(T, B, 5, 10)
+    assert r.error_code is ErrorCode.TOKEN_AHEAD
+    assert filled(b"a").acknowledge(T, B, 5) is ErrorCode.TOKEN_AHEAD
+
+
+def test_explicit_ack_frees_and_late_acks_are_harmless() -> None:
+    bufs = filled(b"a", b"bb")
+    assert bufs.acknowledge(T, B, 1) is ErrorCode.NONE
+    assert bufs.bytes_held == 2
+    assert bufs.acknowledge(T, B, 0) is ErrorCode.NONE
+    assert bufs.acknowledge("nope", 1, 0) is ErrorCode.NONE
+
+
+def test_completion_is_reported_with_the_last_page() -> None:
+    bufs = filled(b"a", b"b")
+    bufs.no_more_pages(T, B)
+    assert not bufs.read(T, B, 0, 1).complete
+    last = bufs.read(T, B, 1, 1)
+    assert last.pages == (b"b",) and last.complete
+    assert bufs.read(T, B, 2, 1).complete
+
+
+def test_size_probe_lists_sizes_and_acknowledges() -> None:
+    bufs = filled(b"a", b"bb", b"ccc")
+    r = bufs.read(T, B, 1, 0, size_only=True)
+    assert r.pages == () and r.remaining_bytes == (2, 3) and r.next_token == 1
+    assert bufs.bytes_held == 5
+
+
+def test_unknown_buffer() -> None:
+    r = OutputBuffers().read("ghost", 9, 0, 10)
+    assert r.error_code is ErrorCode.UNKNOWN_BUFFER and "ghost" in r.error_message
+
+
+def test_memory_bound_per_buffer_and_per_node() -> None:
+    bufs = filled(b"x" * 8, max_buffer_bytes=10, max_total_bytes=15)
+    assert bufs.room(T, B) == 2
+    with pytest.raises(BufferFullError, match="bound of 10"):
+        bufs.add_pages(T, B, [b"yyy"])
+    assert bufs.bytes_held == 8
+    bufs.create(T, 1)
+    with pytest.raises(BufferFullError, match="node bound"):
+        bufs.add_pages(T, 1, [b"z" * 8])
+    bufs.read(T, B, 1, 1)  # frees the first buffer
+    bufs.add_pages(T, 1, [b"z" * 8])
+    assert bufs.bytes_held == 8
+
+
+def test_a_page_larger_than_the_bound_enters_an_empty_buffer() -> None:
+    bufs = filled(max_buffer_bytes=4)
+    bufs.add_pages(T, B, [b"x" * 10])
+    assert bufs.bytes_held == 10
+
+
+def test_producer_abort_frees_pages_and_answers_aborted() -> None:
+    bufs = filled(b"a", b"b")
+    bufs.abort(T, B, "division by zero")
+    assert bufs.bytes_held == 0
+    r = bufs.read(T, B, 0, 10)
+    assert r.error_code is ErrorCode.ABORTED and "division by zero" in r.error_message
+    with pytest.raises(LocalProtocolError, match="add_pages is not allowed in state aborted"):
+        bufs.add_pages(T, B, [b"c"])
+
+
+def test_delete_frees_and_leaves_a_tombstone() -> None:
+    bufs = filled(b"a", b"b")
+    bufs.delete(T, B)
+    bufs.delete(T, B)
+    assert bufs.bytes_held == 0 and (T, B) not in bufs
+    r = bufs.read(T, B, 0, 10)
+    assert r.complete and not r.pages and r.error_code is ErrorCode.NONE
+    assert bufs.add_pages(T, B, [b"late"]) == 0  # the producer may still run: dropped
+    bufs.no_more_pages(T, B)
+    assert bufs.bytes_held == 0
+
+
+def test_tombstones_are_bounded() -> None:
+    bufs = OutputBuffers(max_tombstones=2)
+    for i in range(4):
+        bufs.create(T, i)
+        bufs.delete(T, i)
+    assert bufs.get(T, 0) is None and bufs.get(T, 3) is not None
+
+
+def test_no_pages_after_no_more_pages_and_no_double_create() -> None:
+    bufs = filled(b"a")
+    bufs.no_more_pages(T, B)
+    with pytest.raises(LocalProtocolError, match="add_pages is not allowed in state no_more_pages"):
+        bufs.add_pages(T, B, [b"b"])
+    with pytest.raises(LocalProtocolError, match="already exists"):
+        bufs.create(T, B)
+    with pytest.raises(LocalProtocolError, match="does not exist"):
+        bufs.add_pages("other", 0, [b"x"])
+
+
+@given(state=st.sampled_from(BufferState), event=st.sampled_from(BufferEvent))
+def test_every_state_event_pair_is_in_the_table_or_names_both(state: BufferState, event: BufferEvent) -> None:
+    buf = OutputBuffer(T, B, instance_id="i", max_bytes=100)
+    buf.state = state
+    calls = {
+        BufferEvent.ADD_PAGES: lambda: buf.add_pages([b"p"]),
+        BufferEvent.NO_MORE_PAGES: buf.no_more_pages,
+        BufferEvent.ABORT: lambda: buf.abort("r"),
+        BufferEvent.DELETE: buf.destroy,
+    }
+    if (state, event) in _TRANSITIONS:
+        calls[event]()
+        assert buf.state is _TRANSITIONS[(state, event)]
+    else:
+        with pytest.raises(LocalProtocolError) as err:
+            calls[event]()
+        assert state.value in str(err.value) and event.value in str(err.value) and T in str(err.value)
+
+
+def test_waiters_are_answered_by_pages_and_by_deadline() -> None:
+    bufs = filled()
+    buf = bufs.get(T, B)
+    assert buf is not None
+    buf.wait(Waiter(key="w1", token=0, max_bytes=10, size_only=False, deadline=5.0))
+    buf.wait(Waiter(key="w2", token=0, max_bytes=10, size_only=True, deadline=2.0))
+    with pytest.raises(LocalProtocolError, match="already waits"):
+        buf.wait(Waiter(key="w1", token=0, max_bytes=10, size_only=False, deadline=5.0))
+    assert bufs.take_ready(T, B, now=1.0) == []
+    [(w, r, timed_out)] = bufs.take_ready(T, B, now=2.0)
+    assert w.key == "w2" and timed_out and not r.remaining_bytes
+    bufs.add_pages(T, B, [b"abc"])
+    [(w, r, timed_out)] = bufs.take_ready(T, B, now=3.0)
+    assert w.key == "w1" and not timed_out and r.pages == (b"abc",)
+    assert buf.waiters == ()
+
+
+def test_waiters_are_answered_by_completion_abort_and_delete() -> None:
+    for finish in ("no_more_pages", "abort", "delete"):
+        bufs = filled()
+        buf = bufs.get(T, B)
+        assert buf is not None
+        buf.wait(Waiter(key="w", token=0, max_bytes=10, size_only=False, deadline=99.0))
+        if finish == "no_more_pages":
+            bufs.no_more_pages(T, B)
+        elif finish == "abort":
+            bufs.abort(T, B, "boom")
+        else:
+            bufs.delete(T, B)
+        [(_, r, timed_out)] = bufs.take_ready(T, B, now=0.0)
+        assert not timed_out
+        assert r.complete or r.error_code is ErrorCode.ABORTED
+    assert bufs.take_ready("ghost", 1, now=0.0) == []
+
+
+def test_cancel_wait() -> None:
+    buf = OutputBuffer(T, B, instance_id="i", max_bytes=10)
+    buf.wait(Waiter(key="w", token=0, max_bytes=10, size_only=False, deadline=1.0))
+    assert buf.cancel_wait("w") is not None and buf.cancel_wait("w") is None
+
+
+@given(
+    sizes=st.lists(st.integers(0, 40), max_size=30),
+    reads=st.lists(st.tuples(st.integers(0, 35), st.integers(1, 100)), max_size=30),
+)
+def test_accounting_matches_unacknowledged_pages(sizes: list[int], reads: list[tuple[int, int]]) -> None:
+    bufs = OutputBuffers(max_buffer_bytes=10_000, max_total_bytes=10_000)
+    bufs.create(T, B)
+    pages = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
+    bufs.add_pages(T, B, pages)
+    acked = 0
+    for token, max_bytes in reads:
+        r = bufs.read(T, B, token, max_bytes)
+        if token < acked:
+            assert r.error_code is ErrorCode.TOKEN_GONE
+        elif token > len(pages):
+            assert r.error_code is ErrorCode.TOKEN_AHEAD
+        else:
+            acked = token
+            assert r.pages == tuple(pages[token : r.next_token])
+            assert r.next_token == len(pages) or r.pages or token == len(pages)
+        assert bufs.bytes_held == sum(sizes[acked:])

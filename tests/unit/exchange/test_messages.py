@@ -1,0 +1,170 @@
+"""BinX PDUs: round trips through the envelope, strict decoding, constructor rules."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkbus.codecs import DecodeError, EnvelopeCodec
+from sparkbus.roles.exchange import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange.messages import MAX_REMAINING_ENTRIES, U64_MAX
+
+codec = EnvelopeCodec()
+
+
+def data_request(**kw: object) -> BinRequest:
+    fields: dict[str, object] = {
+        "sequence": 1,
+        "requestType": RequestType.DATA,
+        "getDataSize": False,
+        "maxSizeOctets": 1024,
+        "maxWaitMicroSeconds": 2_000_000,
+        "taskId": "q1.0.0.0",
+        "bufferId": 3,
+        "pageToken": 7,
+    }
+    fields.update(kw)
+    return BinRequest(**fields)  # type: ignore[arg-type]
+
+
+def reply(**kw: object) -> BinReply:
+    fields: dict[str, object] = {
+        "sequence": 1,
+        "replyType": RequestType.DATA,
+        "status": ReplyStatus.OK,
+        "bufferComplete": False,
+        "pageToken": 7,
+        "pageNextToken": 9,
+        "remainingBytes": (5,),
+        "pageSizes": (3, 2),
+        "instanceId": "i1",
+        "data": b"abcde",
+    }
+    fields.update(kw)
+    return BinReply(**fields)  # type: ignore[arg-type]
+
+
+def test_request_body_uses_the_rfc_field_names() -> None:
+    frames = codec.encode(data_request())
+    assert len(frames) == 2
+    body = msgpack.unpackb(frames[1])
+    assert set(body) == {
+        "sequence",
+        "requestType",
+        "getDataSize",
+        "maxSizeOctets",
+        "maxWaitMicroSeconds",
+        "taskId",
+        "bufferId",
+        "pageToken",
+    }
+    assert msgpack.unpackb(frames[0])[1] == 0x0200
+
+
+def test_reply_pages_travel_as_one_blob_frame() -> None:
+    frames = codec.encode(reply())
+    assert len(frames) == 3 and frames[2] == b"abcde"
+    decoded = codec.decode(frames).message
+    assert decoded == reply()
+    assert [bytes(p) for p in decoded.pages()] == [b"abc", b"de"]
+    assert msgpack.unpackb(frames[0])[1] == 0x0201
+
+
+def test_reply_decodes_zero_copy() -> None:
+    frames = codec.encode(reply())
+    view = [frames[0], frames[1], memoryview(frames[2])]
+    decoded = codec.decode(view, copy_blobs=False).message
+    assert [bytes(p) for p in decoded.pages()] == [b"abc", b"de"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"sequence": -1}, "sequence"),
+        ({"pageToken": U64_MAX + 1}, "pageToken"),
+        ({"taskId": ""}, "taskId"),
+        ({"maxSizeOctets": 0}, "maxSizeOctets"),
+        ({"requestType": RequestType.ACK}, "getDataSize"),
+        ({"requestType": RequestType.DELETE, "maxSizeOctets": 0, "maxWaitMicroSeconds": 5}, "getDataSize"),
+    ],
+)
+def test_bad_requests_are_refused_on_construction_and_decode(kw: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        data_request(**kw)
+    if kw.get("pageToken") == U64_MAX + 1:
+        return  # msgpack itself cannot carry it
+    body = msgpack.unpackb(codec.encode(data_request())[1])
+    body.update({k: int(v) if isinstance(v, int) else v for k, v in kw.items()})
+    header = codec.encode(data_request())[0]
+    with pytest.raises(DecodeError) as err:
+        codec.decode([header, msgpack.packb(body)])
+    assert err.value.message_type == "BinRequest"
+
+
+def test_size_probe_needs_no_max_size() -> None:
+    probe = data_request(getDataSize=True, maxSizeOctets=0)
+    assert codec.decode(codec.encode(probe)).message == probe
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"pageNextToken": 6, "pageSizes": (), "data": b""}, "below pageToken"),
+        ({"pageSizes": (3,)}, "pageSizes lists 1"),
+        ({"pageSizes": (3, 3)}, "sum to len"),
+        ({"remainingBytes": (1,) * (MAX_REMAINING_ENTRIES + 1)}, "remainingBytes"),
+        ({"status": ReplyStatus.SERVER_ERROR}, "errorCode"),
+        ({"errorCode": ErrorCode.ABORTED}, "errorCode"),
+        ({"status": ReplyStatus.NODATA}, "must be OK"),
+        ({"replyType": RequestType.ACK}, "must be empty"),
+    ],
+)
+def test_inconsistent_replies_are_refused(kw: dict[str, object], text: str) -> None:
+    with pytest.raises(ValueError, match=text):
+        reply(**kw)
+
+
+def test_wrong_field_type_is_named() -> None:
+    frames = codec.encode(reply())
+    body = msgpack.unpackb(frames[1])
+    body["status"] = 9
+    with pytest.raises(DecodeError) as err:
+        codec.decode([frames[0], msgpack.packb(body), frames[2]])
+    assert err.value.field == "status"
+    body["status"] = 0
+    del body["pageSizes"]
+    with pytest.raises(DecodeError) as err:
+        codec.decode([frames[0], msgpack.packb(body), frames[2]])
+    assert err.value.field == "pageSizes"
+
+
+def test_missing_blob_frame_is_refused() -> None:
+    frames = codec.encode(reply())
+    with pytest.raises(DecodeError, match="frames"):
+        codec.decode(frames[:2])
+
+
+@given(
+    pages=st.lists(st.binary(max_size=50), max_size=8),
+    token=st.integers(0, U64_MAX - 8),
+    complete=st.booleans(),
+    remaining=st.lists(st.integers(0, U64_MAX), max_size=5),
+)
+def test_reply_round_trip(pages: list[bytes], token: int, complete: bool, remaining: list[int]) -> None:
+    msg = BinReply(
+        sequence=token,
+        replyType=RequestType.DATA,
+        status=ReplyStatus.OK if pages else ReplyStatus.NODATA,
+        bufferComplete=complete,
+        pageToken=token,
+        pageNextToken=token + len(pages),
+        remainingBytes=tuple(remaining),
+        pageSizes=tuple(len(p) for p in pages),
+        instanceId="x",
+        data=b"".join(pages),
+    )
+    back = codec.decode(codec.encode(msg)).message
+    assert back == msg
+    assert [bytes(p) for p in back.pages()] == pages

@@ -1,0 +1,217 @@
+"""The BinX server role on its own: every request type and status, long-poll, DELETE, peer loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkbus.bus.contract import (
+    CancelTimer,
+    LocalCall,
+    MessageReceived,
+    PeerLost,
+    Reply,
+    Send,
+    SetTimer,
+    TimerFired,
+)
+from sparkbus.roles.exchange import (
+    BinReply,
+    BinRequest,
+    BinxServer,
+    ErrorCode,
+    OutputBuffers,
+    ReplyStatus,
+    RequestType,
+)
+
+T, B, P = "q2.1.0.0", 1, "peer-a"
+_seq = iter(range(1, 1_000_000))
+
+
+def request(
+    kind: RequestType = RequestType.DATA, *, token: int = 0, wait_us: int = 0, **kw: Any
+) -> BinRequest:
+    data = kind is RequestType.DATA
+    fields: dict[str, Any] = {
+        "sequence": next(_seq),
+        "requestType": kind,
+        "getDataSize": False,
+        "maxSizeOctets": 1 << 20 if data else 0,
+        "maxWaitMicroSeconds": wait_us,
+        "taskId": T,
+        "bufferId": B,
+        "pageToken": token,
+    }
+    fields.update(kw)
+    return BinRequest(**fields)
+
+
+def server_with(*pages: bytes, **kw: Any) -> BinxServer:
+    srv = BinxServer(OutputBuffers(instance_id="i7"), **kw)
+    srv.create_buffer(T, B)
+    if pages:
+        srv.add_pages(T, B, list(pages), now=0.0)
+    return srv
+
+
+def send(srv: BinxServer, req: BinRequest, now: float = 0.0, peer: str = P) -> list[Any]:
+    return list(srv.handle(MessageReceived(peer=peer, message=req), now))
+
+
+def only_reply(actions: list[Any]) -> BinReply:
+    sends = [a for a in actions if isinstance(a, Send)]
+    assert len(sends) == 1, actions
+    assert isinstance(sends[0].message, BinReply)
+    return sends[0].message
+
+
+def test_data_ok() -> None:
+    srv = server_with(b"ab", b"c")
+    req = request()
+    rep = only_reply(send(srv, req))
+    assert rep.sequence == req.sequence and rep.status is ReplyStatus.OK and rep.replyType is RequestType.DATA
+    assert [bytes(p) for p in rep.pages()] == [b"ab", b"c"]
+    assert (rep.pageToken, rep.pageNextToken, rep.instanceId) == (0, 2, "i7")
+
+
+def test_data_nodata_without_wait() -> None:
+    rep = only_reply(send(server_with(), request()))
+    assert rep.status is ReplyStatus.NODATA and not rep.bufferComplete
+
+
+def test_data_long_poll_expires_with_timeout() -> None:
+    srv = server_with()
+    actions = send(srv, request(wait_us=500_000), now=1.0)
+    [timer] = actions
+    assert isinstance(timer, SetTimer) and timer.at == 1.5
+    assert list(srv.handle(TimerFired(key="wait/999/nobody"), 1.5)) == []
+    rep = only_reply(list(srv.handle(TimerFired(key=timer.key), 1.5)))
+    assert rep.status is ReplyStatus.TIMEOUT and rep.pageNextToken == 0
+    assert srv.counters["timeouts"] == 1
+
+
+def test_long_poll_is_answered_by_new_pages() -> None:
+    srv = server_with()
+    [timer] = send(srv, request(wait_us=2_000_000))
+    actions = srv.add_pages(T, B, [b"late"], now=0.3)
+    assert CancelTimer(key=timer.key) in actions
+    rep = only_reply(actions)
+    assert rep.status is ReplyStatus.OK and bytes(rep.data) == b"late"
+
+
+def test_long_poll_is_answered_by_completion() -> None:
+    srv = server_with()
+    send(srv, request(wait_us=2_000_000))
+    rep = only_reply(srv.no_more_pages(T, B, now=0.1))
+    assert rep.status is ReplyStatus.NODATA and rep.bufferComplete
+
+
+def test_max_wait_is_capped_by_the_server() -> None:
+    srv = server_with(max_wait=1.0)
+    [timer] = send(srv, request(wait_us=3_600_000_000))
+    assert isinstance(timer, SetTimer) and timer.at == 1.0
+
+
+def test_size_probe_long_polls_then_reports_sizes() -> None:
+    srv = server_with()
+    probe = request(getDataSize=True, maxSizeOctets=0, wait_us=1_000_000)
+    assert isinstance(send(srv, probe)[0], SetTimer)
+    rep = only_reply(srv.add_pages(T, B, [b"xyz", b"q"], now=0.2))
+    assert rep.status is ReplyStatus.OK and rep.remainingBytes == (3, 1) and rep.data == b""
+    assert rep.pageNextToken == rep.pageToken == 0
+
+
+def test_size_probe_timeout_and_nodata() -> None:
+    srv = server_with()
+    probe = request(getDataSize=True, maxSizeOctets=0)
+    assert only_reply(send(srv, probe)).status is ReplyStatus.NODATA
+
+
+def test_ack_frees_and_is_answered_ok() -> None:
+    srv = server_with(b"a", b"b")
+    rep = only_reply(send(srv, request(RequestType.ACK, token=1)))
+    assert rep.replyType is RequestType.ACK and rep.status is ReplyStatus.OK
+    assert srv.buffers.bytes_held == 1
+    bad = only_reply(send(srv, request(RequestType.ACK, token=9)))
+    assert bad.status is ReplyStatus.SERVER_ERROR and bad.errorCode is ErrorCode.TOKEN_AHEAD
+
+
+def test_delete_is_acknowledged_idempotent_and_answers_waiters() -> None:
+    srv = server_with(b"a")
+    send(srv, request(token=1, wait_us=1_000_000), peer="other")
+    actions = send(srv, request(RequestType.DELETE))
+    replies = [a.message for a in actions if isinstance(a, Send)]
+    by_peer = {a.peer: a.message for a in actions if isinstance(a, Send)}
+    assert len(replies) == 2
+    assert by_peer["other"].bufferComplete and by_peer["other"].status is ReplyStatus.NODATA
+    assert by_peer[P].replyType is RequestType.DELETE and by_peer[P].status is ReplyStatus.OK
+    assert srv.buffers.bytes_held == 0
+    again = only_reply(send(srv, request(RequestType.DELETE)))
+    assert again.status is ReplyStatus.OK
+    after = only_reply(send(srv, request()))
+    assert after.status is ReplyStatus.NODATA and after.bufferComplete
+
+
+def test_server_error_codes() -> None:
+    srv = server_with(b"a", b"b")
+    send(srv, request(token=2))
+    gone = only_reply(send(srv, request(token=0)))
+    assert gone.status is ReplyStatus.SERVER_ERROR and gone.errorCode is ErrorCode.TOKEN_GONE
+    ahead = only_reply(send(srv, request(token=7)))
+    assert ahead.errorCode is ErrorCode.TOKEN_AHEAD
+    unknown = only_reply(send(srv, request(taskId="ghost")))
+    assert unknown.errorCode is ErrorCode.UNKNOWN_BUFFER and "ghost" in unknown.errorMessage
+    srv.abort_buffer(T, B, "out of memory", now=0.0)
+    aborted = only_reply(send(srv, request(token=2)))
+    assert aborted.errorCode is ErrorCode.ABORTED and "out of memory" in aborted.errorMessage
+
+
+def test_abort_answers_parked_requests() -> None:
+    srv = server_with()
+    send(srv, request(wait_us=1_000_000))
+    rep = only_reply(srv.abort_buffer(T, B, "killed", now=0.1))
+    assert rep.status is ReplyStatus.SERVER_ERROR and rep.errorCode is ErrorCode.ABORTED
+
+
+def test_parked_requests_are_bounded() -> None:
+    srv = server_with(max_waiters=1)
+    send(srv, request(wait_us=1_000_000))
+    rep = only_reply(send(srv, request(wait_us=1_000_000)))
+    assert rep.errorCode is ErrorCode.OVERLOADED and rep.errorCode.retryable
+
+
+def test_duplicate_pending_sequence_is_a_bad_request() -> None:
+    srv = server_with()
+    req = request(wait_us=1_000_000)
+    send(srv, req)
+    rep = only_reply(send(srv, req))
+    assert rep.errorCode is ErrorCode.BAD_REQUEST and not rep.errorCode.retryable
+
+
+def test_peer_lost_drops_its_parked_requests() -> None:
+    srv = server_with()
+    [timer] = send(srv, request(wait_us=1_000_000))
+    send(srv, request(wait_us=1_000_000), peer="other")
+    actions = list(srv.handle(PeerLost(peer=P, reason="gone"), 0.1))
+    assert actions == [CancelTimer(key=timer.key)]
+    rep = only_reply(srv.add_pages(T, B, [b"x"], now=0.2))
+    assert srv.counters["dropped_waiters"] == 1 and rep.status is ReplyStatus.OK
+
+
+def test_local_calls_drive_the_producer_api() -> None:
+    srv = BinxServer()
+
+    def call(name: str, **args: Any) -> Reply:
+        [*_, reply] = srv.handle(LocalCall(call_id=1, name=name, args=args), 0.0)
+        assert isinstance(reply, Reply)
+        return reply
+
+    assert call("create", task_id=T, buffer_id=B).error is None
+    assert call("add_pages", task_id=T, buffer_id=B, pages=[b"a"]).error is None
+    assert call("room", task_id=T, buffer_id=B).result == 32 * 1024 * 1024 - 1
+    assert call("no_more_pages", task_id=T, buffer_id=B).error is None
+    err = call("add_pages", task_id=T, buffer_id=B, pages=[b"b"]).error
+    assert err is not None and "LocalProtocolError" in err
+    assert call("abort", task_id=T, buffer_id=B, reason="x").error is None
+    assert "no call named" in (call("bogus", task_id=T, buffer_id=B).error or "")
+    assert "KeyError" in (call("create").error or "")
