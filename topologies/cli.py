@@ -7,12 +7,28 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from rich.console import Console
+
+from sparkbus.topologies.schema import TopologyError, load
+from sparkbus.topologies.summary import print_summary
+
 
 def package_version() -> str:
     try:
         return version("sparkbus")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "0+unknown"
+
+
+def validate_command(path: str) -> int:
+    """``sparkbus validate FILE``: 0 and a summary when valid, 1 and every problem when not."""
+    try:
+        topo = load(path)
+    except TopologyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print_summary(topo, Console(soft_wrap=True))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         "topology", nargs="?", default=None, help="topology file (default: the shipped local.toml)"
     )
     run.add_argument("--rows", type=int, default=1_000_000, help="rows to generate (default 1,000,000)")
+    validate = sub.add_parser(
+        "validate",
+        help="check a topology file and summarise it",
+        description="Load and validate a topology file. Prints its nodes, roles and tables, or every problem "
+        "found (file, key path, reason) and exits with status 1.",
+    )
+    validate.add_argument("topology", help="the topology file (shipped ones: see docs/TOPOLOGIES.md)")
     return parser
 
 
@@ -45,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "validate":
+        return validate_command(args.topology)
     if args.command == "run":
         print(
             "sparkbus run: the main job is not built yet. It will start the topology on Spark local[2],\n"

@@ -1,0 +1,75 @@
+"""``sparkbus validate FILE``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkbus.topologies import cli
+from sparkbus.topologies.schema import SHIPPED, shipped
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_valid_files_print_a_summary(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(shipped(name))]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    assert f"{name}: valid topology" in out.out
+    assert "coordinator" in out.out
+    assert "nodes" in out.out
+
+
+def test_summary_content(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(shipped("local.toml"))]) == 0
+    out = capsys.readouterr().out
+    assert "runs on: Spark local[2], application sparkbus-local" in out
+    assert "heartbeat 250ms, peer timeout 2s; batches 512KiB, initial credit 4MiB" in out
+    assert "store-0, store-1" in out
+    assert "orders" in out and "customers" in out
+    # echo is installed; the protocol families are flagged until they land
+    assert "echo*" not in out
+    assert "2 tables" in out
+
+
+def test_processes_summary_escapes_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(shipped("processes.toml"))]) == 0
+    out = capsys.readouterr().out
+    assert "runs on: plain processes (no [spark] section)" in out
+    assert "1 table\n" in out
+
+
+def test_invalid_file_prints_every_problem_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[cluster]\nname = "x"\n[bus]\nheartbeet = "1s"\n')
+    assert cli.main(["validate", str(bad)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == [
+        f"{bad}: invalid topology (2 problems)",
+        f"{bad}: bus.heartbeet: unknown key; did you mean 'heartbeat'?",
+        f"{bad}: nodes: missing: a topology needs at least one [[nodes]] entry",
+    ]
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(tmp_path / "nope.toml")]) == 1
+    assert "nope.toml: cannot read the file" in capsys.readouterr().err
+
+
+def test_exit_status_from_a_real_process(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cluster\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkbus.topologies.cli", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "not valid TOML" in done.stderr
