@@ -1,0 +1,192 @@
+"""Replication messages (codes 0x0120..0x013f, docs/PROTOCOL.md section 3).
+
+The spec's five opcodes (section 4.1) and the two metadata operations this family needs:
+
+* SEGMENT_OFFER 0x0120: offer a segment (its list entry, size and checksum) to one replica placement.
+* SEGMENT_ACCEPT 0x0121: start transmitting on ``stream`` with ``credit`` bytes of initial credit.
+* SEGMENT_DECLINE 0x0122: not now, with one of the spec's reasons.
+* SEGMENT_TRANSIT 0x0123: the sender's end-of-transit summary (bytes and chunks it sent). The chunks
+  themselves travel as batches on the credit stream ``replication/{partition}/{segment_id}``; each
+  chunk is confirmed by the credit the receiver returns (the spec's per-TRANSIT confirmation).
+* SEGMENT_ACK 0x0124: the receiver stored the whole segment durably and fast-forwarded or merged it
+  (``ok``), or failed to (``error``: the sender aborts and retries later).
+* JOIN_FINALIZE 0x0125 and SPLIT_FINALIZE 0x0126: the metadata operations of spec 3.7 and 3.8, sent by
+  a partition leader to every replica of the partition (there is no separate coordination service).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from sparkbus.codecs import message
+from sparkbus.roles.replication.layout import SplitTarget
+
+_MAX_ID = 256
+
+
+class DeclineReason(enum.IntEnum):
+    """Why a receiver declined an offer (spec 4.1)."""
+
+    SEGMENT_EXISTS = 1
+    OVERLOADED = 2
+    INVALID = 3
+    INFLIGHT = 4
+    OUT_OF_ORDER = 5
+
+
+def _check_partition(value: str) -> None:
+    if not value or len(value) > _MAX_ID:
+        raise ValueError(f"partition must be 1..{_MAX_ID} characters, got {value!r}")
+
+
+def _check_segment(value: str) -> None:
+    if not value or len(value) > _MAX_ID or "/" in value:
+        raise ValueError(f"segment_id must be 1..{_MAX_ID} characters without '/', got {value!r}")
+
+
+@message(0x0120)
+@dataclass(frozen=True, kw_only=True)
+class SegmentOffered:
+    """SEGMENT_OFFER: ``sender`` (placement) offers segment ``segment_id`` of ``partition`` to ``target``.
+
+    ``target`` is the placement id the sender believes the receiver holds; a receiver whose placement
+    differs declines INVALID (a re-assigned replica must not be taken for its previous placement).
+    """
+
+    partition: str
+    segment_id: str
+    base_id: str | None
+    included: tuple[str, ...]
+    major: bool
+    rows: int
+    max_lsn: int
+    size: int
+    checksum: bytes
+    sender: int
+    target: int
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_segment(self.segment_id)
+        if self.base_id is None and not self.major:
+            raise ValueError(f"segment {self.segment_id}: base_id None requires major")
+        for name in ("rows", "max_lsn", "size", "sender", "target"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if len(self.included) > 4096:
+            raise ValueError(f"included lists {len(self.included)} ids, limit is 4096")
+
+
+@message(0x0121)
+@dataclass(frozen=True, kw_only=True)
+class SegmentAccepted:
+    """SEGMENT_ACCEPT: send the segment on ``stream``; ``credit`` is the initial credit in bytes."""
+
+    partition: str
+    segment_id: str
+    stream: str
+    credit: int
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_segment(self.segment_id)
+        if self.credit < 1:
+            raise ValueError(f"credit must be >= 1, got {self.credit}")
+        if self.stream != stream_key(self.partition, self.segment_id):
+            raise ValueError(
+                f"stream must be {stream_key(self.partition, self.segment_id)!r}, got {self.stream!r}"
+            )
+
+
+@message(0x0122)
+@dataclass(frozen=True, kw_only=True)
+class SegmentDeclined:
+    """SEGMENT_DECLINE with a reason."""
+
+    partition: str
+    segment_id: str
+    reason: DeclineReason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_segment(self.segment_id)
+
+
+@message(0x0123)
+@dataclass(frozen=True, kw_only=True)
+class SegmentTransited:
+    """SEGMENT_TRANSIT summary: the sender sent ``size`` bytes in ``chunks`` batches on the stream."""
+
+    partition: str
+    segment_id: str
+    size: int
+    chunks: int
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_segment(self.segment_id)
+        if self.size < 0 or self.chunks < 1:
+            raise ValueError(f"size must be >= 0 and chunks >= 1, got {self.size}, {self.chunks}")
+
+
+@message(0x0124)
+@dataclass(frozen=True, kw_only=True)
+class SegmentAcked:
+    """SEGMENT_ACK: ``placement`` stored the segment (``ok``), or failed to (``error`` says why)."""
+
+    partition: str
+    segment_id: str
+    placement: int
+    ok: bool
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_segment(self.segment_id)
+        if self.ok == bool(self.error):
+            raise ValueError("an ACK has either ok=True and no error, or ok=False and an error")
+
+
+@message(0x0125)
+@dataclass(frozen=True, kw_only=True)
+class JoinFinalized:
+    """JOIN_FINALIZE: the joining replica ``placement`` of ``partition`` holds the latest segment."""
+
+    partition: str
+    placement: int
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+
+
+@message(0x0126)
+@dataclass(frozen=True, kw_only=True)
+class SplitFinalized:
+    """SPLIT_FINALIZE: ``partition`` split into ``targets``; it moves to UNLOAD, the targets to SERVE."""
+
+    partition: str
+    targets: tuple[SplitTarget, ...]
+    async_split: bool = False
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        if not self.targets:
+            raise ValueError("targets must not be empty")
+
+
+def stream_key(partition: str, segment_id: str) -> str:
+    """The credit stream a segment travels on (routed to the receiving ``replication`` role)."""
+    return f"replication/{partition}/{segment_id}"
+
+
+MESSAGES: tuple[type, ...] = (
+    SegmentOffered,
+    SegmentAccepted,
+    SegmentDeclined,
+    SegmentTransited,
+    SegmentAcked,
+    JoinFinalized,
+    SplitFinalized,
+)

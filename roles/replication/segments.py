@@ -1,0 +1,362 @@
+"""Segment list entries, the segment file format, and the chain walks of spec section 3.5.
+
+A segment file is immutable::
+
+    magic     8 bytes  b"SBSEG\\x01\\x00\\x00"
+    hlen      u32 big-endian
+    header    msgpack map {segment_id, base_id, included, major, rows, partition}
+    body      one Arrow IPC stream (buffers compressed with zstd), any number of record batches
+    trailer   b"SBSEGEND", u64 big-endian length of everything before the trailer, 16-byte BLAKE2b of it
+
+The trailer makes a half-written file recognisable without parsing it, and the same checksum travels in
+the SEGMENT_OFFER so a receiver verifies the bytes it assembled before it keeps them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+
+from sparkbus.roles.replication.storage import FileWriter, SimulatedCrash, Storage
+
+MAGIC = b"SBSEG\x01\x00\x00"
+TRAILER_MAGIC = b"SBSEGEND"
+DIGEST_BYTES = 16
+TRAILER_BYTES = len(TRAILER_MAGIC) + 8 + DIGEST_BYTES
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+class SegmentCorrupt(Exception):
+    """A segment file (or assembled transit) failed its checks; carries the segment file name."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"segment {name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SegmentEntry:
+    """One entry of a partition's segment list (spec section 3).
+
+    Attributes:
+        segment_id: unique id of the segment file.
+        base_id: the root segment id when the segment was created (None for the first segment).
+        included: ids folded into this segment by compaction (at most MAX_SEGMENT_HISTORY).
+        major: a major segment holds the whole partition up to itself.
+        acked: placement ids (section 3.6) of the replicas that acknowledged the segment.
+        rows: row count, for status and planning.
+        max_lsn: the highest row version inside (keeps the Lamport clock right without reading rows).
+        size: bytes of the file, checksum: its BLAKE2b digest (both offered to receivers).
+    """
+
+    segment_id: str
+    base_id: str | None
+    included: tuple[str, ...] = ()
+    major: bool = False
+    acked: frozenset[int] = field(default_factory=frozenset)
+    rows: int = 0
+    max_lsn: int = 0
+    size: int = 0
+    checksum: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not self.segment_id:
+            raise ValueError("segment_id must not be empty")
+        if self.base_id is None and not self.major:
+            raise ValueError(f"segment {self.segment_id}: the first segment (based on NULL) must be major")
+
+    def with_acked(self, acked: frozenset[int]) -> SegmentEntry:
+        return SegmentEntry(
+            segment_id=self.segment_id,
+            base_id=self.base_id,
+            included=self.included,
+            major=self.major,
+            acked=acked,
+            rows=self.rows,
+            max_lsn=self.max_lsn,
+            size=self.size,
+            checksum=self.checksum,
+        )
+
+    def to_plain(self) -> dict[str, Any]:
+        return {
+            "segment_id": self.segment_id,
+            "base_id": self.base_id,
+            "included": list(self.included),
+            "major": self.major,
+            "acked": sorted(self.acked),
+            "rows": self.rows,
+            "max_lsn": self.max_lsn,
+            "size": self.size,
+            "checksum": self.checksum,
+        }
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> SegmentEntry:
+        return cls(
+            segment_id=plain["segment_id"],
+            base_id=plain["base_id"],
+            included=tuple(plain["included"]),
+            major=plain["major"],
+            acked=frozenset(plain["acked"]),
+            rows=plain["rows"],
+            max_lsn=plain["max_lsn"],
+            size=plain["size"],
+            checksum=plain["checksum"],
+        )
+
+
+# ---------------------------------------------------------------- chain walks (spec 3.5)
+
+
+def is_referenced(entries: Sequence[SegmentEntry], root: str | None, search: str) -> bool:
+    """Spec 3.5 ``is_referenced``: is ``search`` part of the chain that ends at ``root``?
+
+    ``entries`` is the segment list from old to new; the walk goes new to old following base ids, and
+    stops (false) at the first entry that is not the next link of the chain.
+    """
+    next_id = root
+    for entry in reversed(entries):
+        if entry.segment_id != next_id:
+            return False
+        if search in entry.included or entry.segment_id == search:
+            return True
+        next_id = entry.base_id
+    return False
+
+
+def is_reference_weak(entries: Sequence[SegmentEntry], root: str | None, search: str) -> bool:
+    """Spec 3.5 ``is_reference_weak``: may ``search`` be deleted because something newer holds its rows?
+
+    True when ``search`` is folded into an entry (``included``), when a major segment is passed before
+    ``search`` is reached, or when the chain breaks; false when ``search`` itself is reached first.
+    """
+    next_id = root
+    for entry in reversed(entries):
+        if entry.segment_id != next_id:
+            return True
+        if search in entry.included:
+            return True
+        if entry.segment_id == search:
+            return False
+        if entry.major:
+            return True
+        next_id = entry.base_id
+    return True
+
+
+def latest_major_index(entries: Sequence[SegmentEntry], root: str | None) -> int | None:
+    """Index (in ``entries``) of the most recent major segment on the chain from ``root``, if any."""
+    next_id = root
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
+        if entry.segment_id != next_id:
+            return None
+        if entry.major:
+            return i
+        next_id = entry.base_id
+    return None
+
+
+def chain(entries: Sequence[SegmentEntry], root: str | None) -> list[SegmentEntry]:
+    """The entries from the most recent major segment up to ``root``, old to new (the live rows)."""
+    out: list[SegmentEntry] = []
+    by_id = {e.segment_id: e for e in entries}
+    next_id = root
+    while next_id is not None and next_id in by_id:
+        entry = by_id[next_id]
+        out.append(entry)
+        if entry.major:
+            break
+        next_id = entry.base_id
+    out.reverse()
+    return out
+
+
+# ---------------------------------------------------------------- file format
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SegmentHeader:
+    """What a segment file says about itself."""
+
+    segment_id: str
+    base_id: str | None
+    included: tuple[str, ...]
+    major: bool
+    rows: int
+    max_lsn: int
+    partition: str
+
+    def to_bytes(self) -> bytes:
+        return bytes(
+            msgpack.packb(
+                {
+                    "segment_id": self.segment_id,
+                    "base_id": self.base_id,
+                    "included": list(self.included),
+                    "major": self.major,
+                    "rows": self.rows,
+                    "max_lsn": self.max_lsn,
+                    "partition": self.partition,
+                },
+                use_bin_type=True,
+            )
+        )
+
+
+class _HashingSink:
+    """A write-only file object that forwards to a ``FileWriter`` and hashes what passes."""
+
+    def __init__(self, writer: FileWriter, digest: Any) -> None:
+        self.writer = writer
+        self.digest = digest
+        self.written = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self.writer.append(chunk)
+        self.digest.update(chunk)
+        self.written += len(chunk)
+        return len(chunk)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def write_segment(
+    storage: Storage, name: str, header: SegmentHeader, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+) -> tuple[int, bytes]:
+    """Write a whole segment file atomically; returns (size, checksum)."""
+    writer = storage.create(name)
+    try:
+        digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        sink = _HashingSink(writer, digest)
+        head = header.to_bytes()
+        sink.write(MAGIC + struct.pack(">I", len(head)) + head)
+        with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema, options=_IPC_OPTIONS) as ipc:
+            for batch in batches:
+                ipc.write_batch(batch)
+        checksum = digest.digest()
+        writer.append(TRAILER_MAGIC + struct.pack(">Q", sink.written) + checksum)
+    except SimulatedCrash:
+        raise
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    return sink.written + TRAILER_BYTES, checksum
+
+
+def parse_header(head: bytes, name: str) -> tuple[SegmentHeader, int]:
+    """The header and the offset of the IPC body, from the first bytes of a segment file."""
+    if len(head) < 12 or head[:8] != MAGIC:
+        raise SegmentCorrupt(name, "bad magic")
+    (hlen,) = struct.unpack(">I", head[8:12])
+    if len(head) < 12 + hlen:
+        raise SegmentCorrupt(name, "truncated header")
+    try:
+        plain = msgpack.unpackb(head[12 : 12 + hlen], raw=False)
+        header = SegmentHeader(
+            segment_id=str(plain["segment_id"]),
+            base_id=plain["base_id"],
+            included=tuple(plain["included"]),
+            major=bool(plain["major"]),
+            rows=int(plain["rows"]),
+            max_lsn=int(plain["max_lsn"]),
+            partition=str(plain["partition"]),
+        )
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise SegmentCorrupt(name, f"bad header ({exc})") from None
+    return header, 12 + hlen
+
+
+def read_header(storage: Storage, name: str) -> tuple[SegmentHeader, int]:
+    """Parse the header of a stored segment file."""
+    first = storage.read(name, 0, 12)
+    if len(first) < 12:
+        raise SegmentCorrupt(name, "truncated header")
+    (hlen,) = struct.unpack(">I", first[8:12])
+    return parse_header(first + storage.read(name, 12, hlen), name)
+
+
+class TrailerCheck:
+    """Incremental verification of segment bytes: feed chunks, then ``finish`` checks the trailer.
+
+    Keeps only the last ``TRAILER_BYTES`` in memory, so a large segment streams through.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self._tail = b""
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        data = self._tail + chunk
+        keep = min(TRAILER_BYTES, len(data))
+        self._digest.update(data[: len(data) - keep])
+        self._tail = data[len(data) - keep :]
+
+    def finish(self) -> bytes:
+        """The verified checksum. Raises ``SegmentCorrupt`` for a partial or altered file."""
+        if len(self._tail) < TRAILER_BYTES or self._tail[:8] != TRAILER_MAGIC:
+            raise SegmentCorrupt(self.name, "missing trailer (partial file)")
+        (length,) = struct.unpack(">Q", self._tail[8:16])
+        checksum = self._tail[16:]
+        if length != self.total - TRAILER_BYTES:
+            raise SegmentCorrupt(self.name, f"trailer length {length} != {self.total - TRAILER_BYTES}")
+        if self._digest.digest() != checksum:
+            raise SegmentCorrupt(self.name, "checksum mismatch")
+        return checksum
+
+
+def verify_segment(storage: Storage, name: str, chunk: int = 1 << 20) -> bytes:
+    """Stream a stored segment through ``TrailerCheck``; returns its checksum."""
+    check = TrailerCheck(name)
+    size = storage.size(name)
+    offset = 0
+    while offset < size:
+        data = storage.read(name, offset, chunk)
+        check.feed(data)
+        offset += len(data)
+    return check.finish()
+
+
+def iter_batches(storage: Storage, name: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of a stored segment, one at a time (the file is never read whole)."""
+    _, body = read_header(storage, name)
+    f = storage.open(name)
+    try:
+        f.seek(body)
+        reader = pa.ipc.open_stream(pa.PythonFile(f, mode="r"))
+        yield from reader
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
+    finally:
+        f.close()
+
+
+def read_table(storage: Storage, name: str) -> pa.Table:
+    """All rows of a stored segment as one table."""
+    _, body = read_header(storage, name)
+    f = storage.open(name)
+    try:
+        f.seek(body)
+        return pa.ipc.open_stream(pa.PythonFile(f, mode="r")).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
+    finally:
+        f.close()

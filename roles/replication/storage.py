@@ -1,0 +1,309 @@
+"""Where a partition replica keeps its bytes: a small Storage interface, on disk and in memory.
+
+The store above it needs only a handful of operations: create a file by appending chunks and commit it
+atomically (write to a temporary name, fsync, rename, fsync the directory), append durably to a log,
+read byte ranges, list and delete. ``DiskStorage`` does exactly that with real files. ``MemoryStorage``
+keeps bytes in dictionaries for tests and the simulator and can simulate a crash: whatever was not
+committed or synced is lost, and a crash can be armed to strike in the middle of the n-th mutation.
+
+This module is the only one in the replication family that touches the file system.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+_TMP_SUFFIX = ".tmp"
+
+
+class SimulatedCrash(Exception):
+    """Raised by ``MemoryStorage`` when an armed crash strikes; the process is considered dead."""
+
+
+class FileWriter(Protocol):
+    """A file being created: append chunks, then ``commit`` (atomic and durable) or ``abort``."""
+
+    def append(self, data: bytes) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Storage(Protocol):
+    """The operations a partition store performs on its files (names are flat, ``/``-free strings)."""
+
+    def create(self, name: str) -> FileWriter:
+        """Start a new file ``name``; it becomes visible, whole and durable only on ``commit``."""
+        ...
+
+    def append_durable(self, name: str, data: bytes) -> None:
+        """Append ``data`` to ``name`` (created if missing) and fsync before returning."""
+        ...
+
+    def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+        """``size`` bytes of ``name`` from ``offset`` (all remaining bytes for -1)."""
+        ...
+
+    def open(self, name: str) -> BinaryIO:
+        """A readable binary file object (for streaming readers such as Arrow IPC)."""
+        ...
+
+    def size(self, name: str) -> int: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def delete(self, name: str) -> None:
+        """Remove ``name`` durably; a missing file is not an error."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically and durably give committed file ``src`` the name ``dst`` (replacing it)."""
+        ...
+
+    def names(self) -> list[str]:
+        """Committed files, sorted. Leftover temporary files are removed by ``discard_partial``."""
+        ...
+
+    def discard_partial(self) -> int:
+        """Remove files a crash left half-written (temporaries); returns how many were removed."""
+        ...
+
+
+# ---------------------------------------------------------------- disk
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DiskWriter:
+    def __init__(self, root: Path, name: str) -> None:
+        self._final = root / name
+        self._tmp = root / (name + _TMP_SUFFIX)
+        self._root = root
+        self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
+
+    def append(self, data: bytes) -> None:
+        if self._file is None:
+            raise ValueError(f"{self._final.name}: append after commit or abort")
+        self._file.write(data)
+
+    def commit(self) -> None:
+        if self._file is None:
+            raise ValueError(f"{self._final.name}: already committed or aborted")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self._final)
+        _fsync_dir(self._root)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._tmp.unlink(missing_ok=True)
+
+
+class DiskStorage:
+    """Files in one directory; commits are write-temp, fsync, rename, fsync-directory.
+
+    Args:
+        root: the replica's directory (created if missing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, name: str) -> Path:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"bad file name {name!r}")
+        return self.root / name
+
+    def create(self, name: str) -> FileWriter:
+        self._path(name)
+        return _DiskWriter(self.root, name)
+
+    def append_durable(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        fresh = not path.exists()
+        with open(path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if fresh:
+            _fsync_dir(self.root)
+
+    def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+        with open(self._path(name), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def open(self, name: str) -> BinaryIO:
+        return open(self._path(name), "rb")
+
+    def size(self, name: str) -> int:
+        return self._path(name).stat().st_size
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        if path.exists():
+            path.unlink()
+            _fsync_dir(self.root)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(self._path(src), self._path(dst))
+        _fsync_dir(self.root)
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_file() and not p.name.endswith(_TMP_SUFFIX))
+
+    def discard_partial(self) -> int:
+        partial = [p for p in self.root.iterdir() if p.name.endswith(_TMP_SUFFIX)]
+        for p in partial:
+            p.unlink()
+        if partial:
+            _fsync_dir(self.root)
+        return len(partial)
+
+
+# ---------------------------------------------------------------- memory
+
+
+class _MemoryWriter:
+    def __init__(self, storage: MemoryStorage, name: str) -> None:
+        self._storage = storage
+        self._name = name
+        self._buf = io.BytesIO()
+        self._open = True
+        storage._temps[name] = self._buf
+
+    def append(self, data: bytes) -> None:
+        if not self._open:
+            raise ValueError(f"{self._name}: append after commit or abort")
+        self._storage._tick()
+        self._buf.write(data)
+
+    def commit(self) -> None:
+        if not self._open:
+            raise ValueError(f"{self._name}: already committed or aborted")
+        self._storage._tick()
+        self._open = False
+        self._storage._files[self._name] = self._buf.getvalue()
+        self._storage._temps.pop(self._name, None)
+
+    def abort(self) -> None:
+        self._open = False
+        self._storage._temps.pop(self._name, None)
+
+
+class MemoryStorage:
+    """Files in memory, with crash simulation.
+
+    A crash keeps what was committed or durably appended and loses the rest; temporary files survive as
+    partial files, as they would on disk, until ``discard_partial``. ``arm_crash(n)`` makes the n-th
+    following mutation raise ``SimulatedCrash``; a durable append struck this way leaves half its bytes
+    (a torn write), everything else leaves the state as it was before the mutation.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[str, bytes] = {}
+        self._temps: dict[str, io.BytesIO] = {}
+        self._countdown: int | None = None
+        self.mutations = 0
+
+    def arm_crash(self, after: int) -> None:
+        """Crash on the ``after``-th mutation from now (1 = the next one)."""
+        if after < 1:
+            raise ValueError(f"after must be >= 1, got {after}")
+        self._countdown = after
+
+    def disarm(self) -> None:
+        self._countdown = None
+
+    def _tick(self, torn: tuple[str, bytes] | None = None) -> None:
+        self.mutations += 1
+        if self._countdown is None:
+            return
+        self._countdown -= 1
+        if self._countdown == 0:
+            self._countdown = None
+            if torn is not None:
+                name, data = torn
+                self._files[name] = self._files.get(name, b"") + data[: len(data) // 2]
+            raise SimulatedCrash(f"simulated crash at mutation {self.mutations}")
+
+    def crashed(self) -> MemoryStorage:
+        """The storage as a restarted process finds it: committed files and partial temporaries."""
+        after = MemoryStorage()
+        after._files = dict(self._files)
+        after._temps = {n: io.BytesIO(b.getvalue()) for n, b in self._temps.items()}
+        after.mutations = self.mutations
+        return after
+
+    def create(self, name: str) -> FileWriter:
+        return _MemoryWriter(self, name)
+
+    def append_durable(self, name: str, data: bytes) -> None:
+        self._tick(torn=(name, data))
+        self._files[name] = self._files.get(name, b"") + data
+
+    def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+        data = self._files[name]
+        return data[offset:] if size < 0 else data[offset : offset + size]
+
+    def open(self, name: str) -> BinaryIO:
+        return io.BytesIO(self._files[name])
+
+    def size(self, name: str) -> int:
+        return len(self._files[name])
+
+    def exists(self, name: str) -> bool:
+        return name in self._files
+
+    def delete(self, name: str) -> None:
+        if name in self._files:
+            self._tick()
+            del self._files[name]
+
+    def rename(self, src: str, dst: str) -> None:
+        self._tick()
+        self._files[dst] = self._files.pop(src)
+
+    def names(self) -> list[str]:
+        return sorted(self._files)
+
+    def discard_partial(self) -> int:
+        n = len(self._temps)
+        self._temps.clear()
+        return n
+
+    def total_bytes(self) -> int:
+        return sum(len(b) for b in self._files.values())
+
+
+def write_whole(storage: Storage, name: str, chunks: Iterable[bytes]) -> None:
+    """Create ``name`` from ``chunks`` and commit it atomically."""
+    writer = storage.create(name)
+    try:
+        for chunk in chunks:
+            writer.append(chunk)
+    except SimulatedCrash:
+        raise  # a dead process aborts nothing: the temporary stays behind, as on disk
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()

@@ -1,0 +1,468 @@
+"""The segment store of one partition replica: write-ahead log, memtable, segment list, compaction.
+
+Rows are Arrow tables with primary key columns. Two hidden columns version every row: ``_sb_lsn``, a
+Lamport clock (a write gets one more than the highest version the replica has seen, in its own writes,
+in segments it fast-forwarded, or in rows it merged), and ``_sb_origin``, the placement id of the
+replica that accepted the write. An upsert keeps, per key, the row with the highest (lsn, origin).
+So merging the same rows twice changes nothing, and merging an old segment (a replica that was
+offline, a stale fork) never overwrites a newer value. The spec says only that repeated identical
+writes are idempotent; ordering conflicting versions is our choice, the one a user of a replicated
+store expects: the later acknowledged write wins.
+
+Durability: ``write`` appends the rows to the log with fsync before it returns, so the caller may
+acknowledge. A flush writes a segment file, then the manifest (segment list, root id, the log
+sequence it covers) atomically, then drops the log. ``open`` recovers: it removes partial files,
+verifies every listed segment's checksum, deletes files the manifest does not list, and replays log
+records the manifest does not cover (a torn last record is discarded by its CRC).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.codecs import decode_batch, encode_batch
+from sparkbus.roles.replication.segments import (
+    SegmentCorrupt,
+    SegmentEntry,
+    SegmentHeader,
+    chain,
+    iter_batches,
+    read_table,
+    verify_segment,
+    write_segment,
+)
+from sparkbus.roles.replication.storage import Storage, write_whole
+
+LSN = "_sb_lsn"
+ORIGIN = "_sb_origin"
+HIDDEN = (LSN, ORIGIN)
+MANIFEST = "MANIFEST"
+WAL = "WAL"
+_MANIFEST_MAGIC = b"SBMAN\x01\x00\x00"
+_WAL_HEAD = struct.Struct(">II")
+
+
+class StoreError(Exception):
+    """A store operation was refused (bad rows from the caller, or corrupt files); names the partition."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreConfig:
+    """Thresholds of one partition store.
+
+    Attributes:
+        key: primary key column names.
+        flush_rows / flush_bytes / flush_age: flush the memtable when it holds this many rows, this many
+            bytes, or its oldest row is this many seconds old (age is checked on ``tick``).
+        max_segment_history: MAX_SEGMENT_HISTORY, the most ids a major segment lists as included.
+        compact_minors: compact when the chain holds this many minor segments after its major.
+        batch_rows: rows per record batch inside a segment file (the unit a reader holds in memory).
+        verify_on_open: verify each listed segment's checksum when opening.
+    """
+
+    key: tuple[str, ...] = ("key",)
+    flush_rows: int = 65_536
+    flush_bytes: int = 64 << 20
+    flush_age: float = 60.0
+    max_segment_history: int = 64
+    compact_minors: int = 8
+    batch_rows: int = 65_536
+    verify_on_open: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("key must name at least one column")
+        for name in ("flush_rows", "flush_bytes", "max_segment_history", "compact_minors", "batch_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.flush_age <= 0:
+            raise ValueError(f"flush_age must be > 0, got {self.flush_age}")
+
+
+def segment_file(segment_id: str) -> str:
+    return f"seg-{segment_id}"
+
+
+def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Keep, per key, the row with the highest (lsn, origin); identical rows collapse to one."""
+    if table.num_rows <= 1:
+        return table
+    order = [(k, "ascending") for k in key] + [(LSN, "descending"), (ORIGIN, "descending")]
+    ordered = table.sort_by(order)
+    n = ordered.num_rows
+    changed: pa.Array | None = None
+    for k in key:
+        col = ordered.column(k).combine_chunks()
+        differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
+        changed = differs if changed is None else pc.or_(changed, differs)
+    assert changed is not None
+    return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
+
+
+class PartitionStore:
+    """Segments, memtable and log of one partition replica. No networking; file I/O only via ``Storage``.
+
+    Use ``PartitionStore.open`` (it recovers whatever a crash left behind).
+    """
+
+    def __init__(self, storage: Storage, partition: str, placement: int, config: StoreConfig) -> None:
+        self.storage = storage
+        self.partition = partition
+        self.placement = placement
+        self.config = config
+        self.entries: list[SegmentEntry] = []
+        self.root: str | None = None
+        self.lamport = 0
+        self.meta: dict[str, Any] = {}
+        self.schema: pa.Schema | None = None
+        self._memtable: list[pa.Table] = []
+        self._mem_rows = 0
+        self._mem_bytes = 0
+        self._mem_since: float | None = None
+        self._wal_seq = 0
+        self._wal_flushed = 0
+        self._next_segment = 0
+        self.recovered_partial = 0
+        self.recovered_log_records = 0
+
+    # ------------------------------------------------------------ open / recovery
+
+    @classmethod
+    def open(
+        cls, storage: Storage, partition: str, placement: int, config: StoreConfig, now: float = 0.0
+    ) -> PartitionStore:
+        """Open (and recover) the store in ``storage``.
+
+        Raises:
+            SegmentCorrupt: a segment the manifest lists fails its checksum (the disk lost data).
+        """
+        store = cls(storage, partition, placement, config)
+        store.recovered_partial = storage.discard_partial()
+        if storage.exists(MANIFEST):
+            store._load_manifest()
+        listed = {segment_file(e.segment_id) for e in store.entries}
+        for name in storage.names():
+            if name.startswith(("seg-", "in-", "split-")) and name not in listed:
+                storage.delete(name)
+        if config.verify_on_open:
+            for entry in store.entries:
+                if verify_segment(storage, segment_file(entry.segment_id)) != entry.checksum:
+                    raise SegmentCorrupt(segment_file(entry.segment_id), "checksum differs from the manifest")
+        if store.schema is None and store.entries:
+            store.schema = read_table(storage, segment_file(store.entries[-1].segment_id)).schema
+        if store._wal_flushed == 1 << 62:
+            store._wal_flushed = store._wal_seq = 0
+            storage.delete(WAL)
+            store.save_manifest()
+        store._replay_log(now)
+        return store
+
+    def _load_manifest(self) -> None:
+        data = self.storage.read(MANIFEST)
+        if data[:8] != _MANIFEST_MAGIC or len(data) < 12:
+            raise StoreError(f"{self.partition}: manifest has a bad magic")
+        (crc,) = struct.unpack(">I", data[8:12])
+        if zlib.crc32(data[12:]) != crc:
+            raise StoreError(f"{self.partition}: manifest checksum mismatch")
+        plain = msgpack.unpackb(data[12:], raw=False)
+        self.entries = [SegmentEntry.from_plain(p) for p in plain["entries"]]
+        self.root = plain["root"]
+        self.lamport = plain["lamport"]
+        self._wal_flushed = plain["wal_flushed"]
+        self._wal_seq = self._wal_flushed
+        self._next_segment = plain["next_segment"]
+        self.meta = plain["meta"]
+        if plain["placement"] != self.placement:
+            # A new placement starts empty (spec 3.6): the old placement's files are not ours any more.
+            self.entries, self.root, self.meta = [], None, {}
+            self._wal_flushed = self._wal_seq = 1 << 62
+
+    def _replay_log(self, now: float) -> None:
+        if not self.storage.exists(WAL):
+            return
+        data = self.storage.read(WAL)
+        pos = 0
+        while pos + _WAL_HEAD.size <= len(data):
+            length, crc = _WAL_HEAD.unpack_from(data, pos)
+            body = data[pos + _WAL_HEAD.size : pos + _WAL_HEAD.size + length]
+            if len(body) < length or zlib.crc32(body) != crc:
+                break  # a torn last record: the write was never acknowledged
+            pos += _WAL_HEAD.size + length
+            record = msgpack.unpackb(body, raw=False)
+            self._wal_seq = max(self._wal_seq, record["seq"])
+            if record["seq"] <= self._wal_flushed:
+                continue
+            table = pa.Table.from_batches([decode_batch(record["rows"])])
+            self._to_memtable(table, now)
+            self.recovered_log_records += 1
+
+    def save_manifest(self) -> None:
+        """Persist the segment list, root id, clock and role metadata atomically."""
+        body = msgpack.packb(
+            {
+                "partition": self.partition,
+                "placement": self.placement,
+                "root": self.root,
+                "entries": [e.to_plain() for e in self.entries],
+                "lamport": self.lamport,
+                "wal_flushed": self._wal_flushed,
+                "next_segment": self._next_segment,
+                "meta": self.meta,
+            },
+            use_bin_type=True,
+        )
+        write_whole(self.storage, MANIFEST, [_MANIFEST_MAGIC + struct.pack(">I", zlib.crc32(body)), body])
+
+    # ------------------------------------------------------------ writes
+
+    def _check_schema(self, table: pa.Table) -> pa.Table:
+        user = pa.schema([f for f in table.schema if f.name not in HIDDEN])
+        if self.schema is not None and not user.equals(self._user_schema()):
+            raise StoreError(
+                f"{self.partition}: rows have schema {user}, the partition has {self._user_schema()}"
+            )
+        missing = [k for k in self.config.key if k not in user.names]
+        if missing:
+            raise StoreError(f"{self.partition}: rows lack key column(s) {missing}")
+        for k in self.config.key:
+            if table.column(k).null_count:
+                raise StoreError(f"{self.partition}: key column {k!r} has nulls")
+        return table
+
+    def _user_schema(self) -> pa.Schema:
+        assert self.schema is not None
+        return pa.schema([f for f in self.schema if f.name not in HIDDEN])
+
+    def write(self, rows: pa.Table, now: float) -> int:
+        """Version ``rows``, log them durably and add them to the memtable. Returns the log sequence.
+
+        Raises:
+            StoreError: wrong schema, missing key columns, or null keys.
+        """
+        self._check_schema(rows)
+        rows = rows.select([f.name for f in rows.schema if f.name not in HIDDEN])
+        n = rows.num_rows
+        self.lamport += 1
+        rows = rows.append_column(LSN, pa.repeat(pa.scalar(self.lamport, pa.int64()), n))
+        rows = rows.append_column(ORIGIN, pa.repeat(pa.scalar(self.placement, pa.int64()), n))
+        return self._log_and_apply(rows, now)
+
+    def merge(self, rows: pa.Table, now: float) -> int:
+        """Insert versioned rows (from another replica's segment) like new writes, keeping versions."""
+        self._check_schema(rows)
+        if LSN not in rows.schema.names or ORIGIN not in rows.schema.names:
+            raise StoreError(f"{self.partition}: merged rows lack the version columns")
+        if rows.num_rows:
+            self.lamport = max(self.lamport, int(pc.max(rows.column(LSN)).as_py()))
+        return self._log_and_apply(rows, now)
+
+    def merge_segment_file(self, name: str, now: float) -> int:
+        """Merge every row of a stored segment file, one record batch at a time."""
+        rows = 0
+        for batch in iter_batches(self.storage, name):
+            self.merge(pa.Table.from_batches([batch]), now)
+            rows += batch.num_rows
+        return rows
+
+    def _log_and_apply(self, rows: pa.Table, now: float) -> int:
+        if rows.num_rows == 0:
+            return self._wal_seq
+        self._wal_seq += 1
+        combined = rows.combine_chunks()
+        body = msgpack.packb(
+            {"seq": self._wal_seq, "rows": bytes(encode_batch(combined.to_batches()[0]))}, use_bin_type=True
+        )
+        self.storage.append_durable(WAL, _WAL_HEAD.pack(len(body), zlib.crc32(body)) + body)
+        self._to_memtable(combined, now)
+        return self._wal_seq
+
+    def _to_memtable(self, rows: pa.Table, now: float) -> None:
+        if self.schema is None:
+            self.schema = rows.schema
+        self.lamport = max(self.lamport, int(pc.max(rows.column(LSN)).as_py()) if rows.num_rows else 0)
+        self._memtable.append(rows.cast(self.schema))
+        self._mem_rows += rows.num_rows
+        self._mem_bytes += rows.nbytes
+        if self._mem_since is None:
+            self._mem_since = now
+
+    @property
+    def memtable_rows(self) -> int:
+        return self._mem_rows
+
+    def should_flush(self, now: float) -> bool:
+        """True when a threshold is reached: rows, bytes, or age (measured with ``now``)."""
+        if not self._mem_rows:
+            return False
+        if self._mem_rows >= self.config.flush_rows or self._mem_bytes >= self.config.flush_bytes:
+            return True
+        return self._mem_since is not None and now - self._mem_since >= self.config.flush_age
+
+    # ------------------------------------------------------------ segments
+
+    def _new_id(self) -> str:
+        self._next_segment += 1
+        return f"{self.placement:x}.{self._next_segment}"
+
+    def _write(
+        self, segment_id: str, base: str | None, included: tuple[str, ...], major: bool, table: pa.Table
+    ) -> SegmentEntry:
+        max_lsn = int(pc.max(table.column(LSN)).as_py()) if table.num_rows else 0
+        header = SegmentHeader(
+            segment_id=segment_id,
+            base_id=base,
+            included=included,
+            major=major,
+            rows=table.num_rows,
+            max_lsn=max_lsn,
+            partition=self.partition,
+        )
+        assert self.schema is not None
+        batches = iter(table.to_batches(max_chunksize=self.config.batch_rows))
+        size, checksum = write_segment(self.storage, segment_file(segment_id), header, self.schema, batches)
+        return SegmentEntry(
+            segment_id=segment_id,
+            base_id=base,
+            included=included,
+            major=major,
+            rows=table.num_rows,
+            max_lsn=max_lsn,
+            size=size,
+            checksum=checksum,
+        )
+
+    def flush(self) -> SegmentEntry | None:
+        """Write the memtable out as a new segment based on the root; the first one is major."""
+        if not self._mem_rows:
+            return None
+        table = upsert(pa.concat_tables(self._memtable), self.config.key)
+        entry = self._write(self._new_id(), self.root, (), self.root is None, table)
+        self.entries.append(entry)
+        self.root = entry.segment_id
+        self._wal_flushed = self._wal_seq
+        self.save_manifest()
+        self.storage.delete(WAL)
+        self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
+        return entry
+
+    def minors_since_major(self) -> int:
+        return sum(1 for e in chain(self.entries, self.root) if not e.major)
+
+    def compact(self) -> SegmentEntry | None:
+        """Fold the chain (latest major and the minors after it) into a new major segment (spec 3.1)."""
+        live = chain(self.entries, self.root)
+        if not any(not e.major for e in live):
+            return None
+        table = self._chain_table(live)
+        history: list[str] = []
+        for e in reversed(live):
+            history.append(e.segment_id)
+            history.extend(e.included)
+        included = tuple(dict.fromkeys(history))[: self.config.max_segment_history]
+        entry = self._write(self._new_id(), self.root, included, True, table)
+        self.entries.append(entry)
+        self.root = entry.segment_id
+        self.save_manifest()
+        return entry
+
+    def _chain_table(self, live: Sequence[SegmentEntry]) -> pa.Table:
+        if not live:
+            assert self.schema is not None
+            return self.schema.empty_table()
+        tables = [read_table(self.storage, segment_file(e.segment_id)) for e in live]
+        return upsert(pa.concat_tables(tables), self.config.key)
+
+    def add_segment(self, entry: SegmentEntry) -> None:
+        """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root."""
+        if self.schema is None:
+            self.schema = read_table(self.storage, segment_file(entry.segment_id)).schema
+        self.entries.append(entry)
+        self.root = entry.segment_id
+        self.lamport = max(self.lamport, entry.max_lsn)
+        self.save_manifest()
+
+    def delete_segment(self, segment_id: str) -> None:
+        """Drop a segment from the list (persisted first) and then its file."""
+        self.entries = [e for e in self.entries if e.segment_id != segment_id]
+        self.save_manifest()
+        self.storage.delete(segment_file(segment_id))
+
+    def rewrite_for_range(
+        self, entry: SegmentEntry, target: str, low: int | str | None, high: int | str | None
+    ) -> tuple[str, int, bytes, int]:
+        """Write segment ``entry`` restricted to ``low <= key < high`` for split target ``target``.
+
+        The copy keeps the segment id, base id, included ids and major flag (spec 3.8). Returns
+        (file name, size, checksum, rows); the caller deletes the file when the transfer ends.
+        """
+        table = read_table(self.storage, segment_file(entry.segment_id))
+        column = table.column(self.config.key[0])
+        mask = pc.is_valid(column)  # keys are never null: an all-true mask of the right shape
+        if low is not None:
+            mask = pc.and_(mask, pc.greater_equal(column, low))
+        if high is not None:
+            mask = pc.and_(mask, pc.less(column, high))
+        part = table.filter(mask)
+        name = f"split-{target.replace('/', '~')}-{entry.segment_id}"
+        header = SegmentHeader(
+            segment_id=entry.segment_id,
+            base_id=entry.base_id,
+            included=entry.included,
+            major=entry.major,
+            rows=part.num_rows,
+            max_lsn=entry.max_lsn,
+            partition=target,
+        )
+        batches = iter(part.to_batches(max_chunksize=self.config.batch_rows))
+        size, checksum = write_segment(self.storage, name, header, table.schema, batches)
+        return name, size, checksum, part.num_rows
+
+    def set_acked(self, segment_id: str, acked: frozenset[int]) -> None:
+        self.entries = [e.with_acked(acked) if e.segment_id == segment_id else e for e in self.entries]
+        self.save_manifest()
+
+    def entry(self, segment_id: str) -> SegmentEntry | None:
+        for e in self.entries:
+            if e.segment_id == segment_id:
+                return e
+        return None
+
+    def reset(self) -> None:
+        """Forget every segment, the memtable and the log (a new, empty placement)."""
+        for e in self.entries:
+            self.storage.delete(segment_file(e.segment_id))
+        self.entries, self.root = [], None
+        self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
+        self._wal_flushed = self._wal_seq
+        self.save_manifest()
+        self.storage.delete(WAL)
+
+    # ------------------------------------------------------------ reads
+
+    def versioned_rows(self) -> pa.Table:
+        """The live rows with their version columns (chain plus memtable, upserted)."""
+        parts = [self._chain_table(chain(self.entries, self.root)), *self._memtable]
+        if self.schema is None:
+            return pa.table({})
+        return upsert(pa.concat_tables([p.cast(self.schema) for p in parts]), self.config.key)
+
+    def rows(self) -> pa.Table:
+        """The live rows, sorted by key, without version columns."""
+        table = self.versioned_rows()
+        if self.schema is None:
+            return table
+        return table.drop_columns(list(HIDDEN)).sort_by([(k, "ascending") for k in self.config.key])
+
+    def segment_table(self, segment_id: str) -> pa.Table:
+        return read_table(self.storage, segment_file(segment_id))
+
+    def iter_segment(self, segment_id: str) -> Iterator[pa.RecordBatch]:
+        return iter_batches(self.storage, segment_file(segment_id))
