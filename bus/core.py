@@ -1,0 +1,503 @@
+"""The node core: sessions, liveness, credit streams, timers and role dispatch, with no I/O.
+
+One ``NodeCore`` per node. Its drivers (the ZeroMQ node loop in ``bus/node.py`` and the simulator in
+``bus/sim.py``) feed it what arrives on each socket and the current time, and carry out the
+``Transmit`` outputs it produces. Because the core never touches a socket or a clock, the simulator runs
+exactly the code that production runs.
+
+Channels, one ZeroMQ pipe each per pair of nodes and direction (DESIGN.md section 4):
+
+* ``ctl``: our DEALER to the peer's ROUTER. Our HELLO, then our sequenced control messages.
+* ``reply``: our ROUTER back to a routing id. WELCOME / REJECT / ERROR answers on the same pipe; for a thin
+  client (which binds nothing) every message to it.
+* ``data``: our PUSH to the peer's PULL. Sequenced stream batches.
+
+A peer is *up* when both directions have a session (for a client: when its session exists). A gap in a
+sequence, a stale session, a socket disconnect, or silence past ``peer_timeout`` breaks the link: roles get
+``PeerLost`` at once, every stream with the peer is dropped, and a new handshake starts (a new session and,
+when it completes, a new ``PeerUp``). Nothing resumes silently.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.config import BusConfig
+from sparkbus.bus.credit import CreditSender
+from sparkbus.bus.links import LinkLayer
+from sparkbus.bus.messages import (
+    Bye,
+    Error,
+    ErrorCode,
+    FlowControl,
+    Heartbeat,
+    Hello,
+    Reject,
+    StreamBatch,
+    Welcome,
+    features_to_bits,
+)
+from sparkbus.bus.state import Completed, Output, Transmit, _Inbound, _Outbound, _Peer
+from sparkbus.bus.streams import StreamLayer
+from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Header
+
+log = logging.getLogger("sparkbus.bus")
+
+_HANDSHAKE_TYPES = frozenset({REGISTRY.code_of(Hello)})
+
+
+class NodeCore(LinkLayer, StreamLayer):
+    """Sessions, liveness, streams and role dispatch for one node.
+
+    Args:
+        node_id: this node's id (also its DEALER routing id).
+        config: bus settings.
+        roles: the roles this node runs (names unique).
+        entropy: ``entropy(bits)`` returns a random non-negative int; ``secrets.randbits`` in production,
+            a seeded generator in the simulator.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        config: BusConfig,
+        roles: Sequence[c.Role],
+        entropy: Callable[[int], int],
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.codec = EnvelopeCodec(REGISTRY, limits=config.limits, compression=config.compression)
+        self.roles: dict[str, c.Role] = {}
+        self._by_message: dict[type, c.Role] = {}
+        for role in roles:
+            if role.name in self.roles:
+                raise ValueError(f"two roles named {role.name!r} on node {node_id}")
+            self.roles[role.name] = role
+            for cls in role.messages:
+                if cls in self._by_message:
+                    raise ValueError(
+                        f"{cls.__name__} is routed to both {self._by_message[cls].name} and {role.name}"
+                    )
+                self._by_message[cls] = role
+        self._entropy = entropy
+        self._features = features_to_bits(config.features)
+        self._outbound: dict[str, _Outbound] = {}
+        self._inbound: dict[str, _Inbound] = {}
+        self._by_rid: dict[bytes, _Inbound] = {}
+        self._by_session: dict[int, _Inbound] = {}
+        self._peers: dict[str, _Peer] = {}
+        self._timers: dict[tuple[str, str], float] = {}
+        self._timer_heap: list[tuple[float, str, str]] = []
+        self._local: deque[tuple[c.Role, c.Event]] = deque()
+        self._next_call = 1
+        self.out: list[Output] = []
+        self.counters: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()
+        self.stopped = False
+
+    # ------------------------------------------------------------------ driver API
+
+    def add_peer(self, peer: str, now: float) -> None:
+        """A node this one links to (from the topology): start the handshake towards it."""
+        if peer == self.node_id or peer in self._outbound:
+            return
+        self._outbound[peer] = _Outbound(peer=peer)
+        self._peers.setdefault(peer, _Peer())
+        self._send_hello(self._outbound[peer], now)
+
+    def peers_up(self) -> list[str]:
+        return sorted(p for p, st in self._peers.items() if st.up)
+
+    def is_up(self, peer: str) -> bool:
+        st = self._peers.get(peer)
+        return st is not None and st.up
+
+    def refused(self) -> dict[str, str]:
+        """Peers whose handshake was refused for good, with the reason."""
+        return {p: o.refused for p, o in self._outbound.items() if o.state == "refused"}
+
+    def on_control(self, rid: bytes, frames: Sequence[Buffer], now: float) -> None:
+        """Frames that arrived on our ROUTER from routing id ``rid``."""
+        self.counters["ctl_in"] += 1
+        self.counters["bytes_in"] += sum(len(f) for f in frames)
+        try:
+            header = self.codec.decode_header(frames)
+        except DecodeError as exc:
+            self._refuse_rid(rid, ErrorCode.MALFORMED, str(exc), now)
+            return
+        inbound = self._by_rid.get(rid)
+        if header.type in _HANDSHAKE_TYPES:
+            self._on_hello(rid, frames, now)
+            return
+        if inbound is None:
+            self._refuse_rid(rid, ErrorCode.HANDSHAKE_HEADER, "expected HELLO before any other message", now)
+            return
+        if header.session != inbound.session:
+            self._reply(
+                rid,
+                Reject(
+                    code=ErrorCode.STALE_SESSION,
+                    message=f"unknown session {header.session}",
+                    version=self.config.versions[0],
+                ),
+                now,
+            )
+            self._refusal(ErrorCode.STALE_SESSION)
+            return
+        if header.seq != inbound.seq + 1:
+            reason = (
+                f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {header.seq}"
+            )
+            self._reply(
+                rid, Reject(code=ErrorCode.SEQUENCE_GAP, message=reason, version=self.config.versions[0]), now
+            )
+            self._refusal(ErrorCode.SEQUENCE_GAP)
+            self._link_lost(inbound.peer, reason, now)
+            return
+        inbound.seq = header.seq
+        inbound.last_recv = now
+        try:
+            env = self.codec.decode(frames)
+        except DecodeError as exc:
+            self._error_to(
+                inbound,
+                ErrorCode.MALFORMED if header.type in REGISTRY.codes() else ErrorCode.UNKNOWN_MESSAGE,
+                str(exc),
+                header.type,
+                now,
+            )
+            return
+        self._on_session_message(inbound, env.header, env.message, now)
+        self._drain_local(now)
+
+    def on_reply(self, peer: str, frames: Sequence[Buffer], now: float) -> None:
+        """Frames that arrived on our DEALER towards ``peer`` (answers to our HELLO, errors)."""
+        self.counters["reply_in"] += 1
+        out = self._outbound.get(peer)
+        if out is None:
+            self.counters["dropped_unknown_peer"] += 1
+            return
+        try:
+            env = self.codec.decode(frames)
+        except DecodeError as exc:
+            # A peer that answers garbage is not ours: stop talking to it.
+            self._refuse_outbound(out, f"malformed answer from {peer}: {exc}", now)
+            return
+        msg = env.message
+        if isinstance(msg, Welcome):
+            self._on_welcome(out, msg, now)
+        elif isinstance(msg, Reject):
+            self._on_reject(out, msg, now)
+        elif isinstance(msg, Error):
+            self.counters["errors_from_peers"] += 1
+            log.warning(
+                "node %s: peer %s refused a message: %s (%s)", self.node_id, peer, msg.message, msg.code.name
+            )
+        else:
+            self.counters["dropped_out_of_state"] += 1
+        self._drain_local(now)
+
+    def on_data(self, frames: Sequence[Buffer], now: float) -> None:
+        """Frames that arrived on our PULL."""
+        self.counters["data_in"] += 1
+        self.counters["bytes_in"] += sum(len(f) for f in frames)
+        try:
+            env = self.codec.decode(frames, copy_blobs=False)
+        except DecodeError as exc:
+            self._refusal(ErrorCode.MALFORMED)
+            log.info("node %s: dropped malformed data message: %s", self.node_id, exc)
+            return
+        header, msg = env.header, env.message
+        inbound = self._by_session.get(header.session)
+        if inbound is None or not isinstance(msg, StreamBatch) or header.stream is None:
+            self._refusal(ErrorCode.STALE_SESSION if inbound is None else ErrorCode.UNKNOWN_MESSAGE)
+            return
+        if header.seq != inbound.data_seq + 1:
+            reason = (
+                f"sequence gap on data from {inbound.peer}: expected {inbound.data_seq + 1}, got {header.seq}"
+            )
+            self._refusal(ErrorCode.SEQUENCE_GAP)
+            self._link_lost(inbound.peer, reason, now)
+            return
+        inbound.data_seq = header.seq
+        inbound.last_recv = now
+        self._on_batch(inbound.peer, header.stream, msg, now)
+        self._drain_local(now)
+
+    def on_transport_down(self, peer: str, now: float, reason: str = "disconnected") -> None:
+        """The socket towards ``peer`` reported a disconnect (fail-fast, no waiting for a timeout)."""
+        st = self._peers.get(peer)
+        out = self._outbound.get(peer)
+        if (st is not None and st.up) or (out is not None and out.state == "established"):
+            self._link_lost(peer, reason, now)
+            self._drain_local(now)
+
+    def tick(self, now: float) -> None:
+        """Heartbeats, liveness, handshake retries and role timers due at ``now``."""
+        cfg = self.config
+        for out in self._outbound.values():
+            if out.state == "established" and now >= out.last_sent + cfg.heartbeat_interval:
+                self._send_ctl(out, Heartbeat(), now)
+                self.counters["heartbeats_out"] += 1
+            elif out.state in ("idle", "hello_sent") and now >= out.hello_at + cfg.handshake_timeout:
+                self._send_hello(out, now)
+        for inbound in list(self._inbound.values()):
+            if now >= inbound.last_recv + cfg.peer_timeout:
+                self._link_lost(
+                    inbound.peer,
+                    f"silent for {now - inbound.last_recv:.3f} s (timeout {cfg.peer_timeout} s)",
+                    now,
+                )
+        while self._timer_heap and self._timer_heap[0][0] <= now:
+            at, role_name, key = heapq.heappop(self._timer_heap)
+            if self._timers.get((role_name, key)) != at:
+                continue  # moved or cancelled
+            del self._timers[(role_name, key)]
+            role = self.roles.get(role_name)
+            if role is not None:
+                self._dispatch(role, c.TimerFired(key=key), now)
+        self._drain_local(now)
+
+    def next_deadline(self) -> float | None:
+        """When ``tick`` next has something to do (for the loop's poll timeout)."""
+        cands: list[float] = []
+        cfg = self.config
+        for out in self._outbound.values():
+            if out.state == "established":
+                cands.append(out.last_sent + cfg.heartbeat_interval)
+            elif out.state in ("idle", "hello_sent"):
+                cands.append(out.hello_at + cfg.handshake_timeout)
+        cands.extend(i.last_recv + cfg.peer_timeout for i in self._inbound.values())
+        while (
+            self._timer_heap
+            and self._timers.get((self._timer_heap[0][1], self._timer_heap[0][2])) != self._timer_heap[0][0]
+        ):
+            heapq.heappop(self._timer_heap)
+        if self._timer_heap:
+            cands.append(self._timer_heap[0][0])
+        return min(cands) if cands else None
+
+    def call(self, role: str, name: str, args: dict[str, Any], now: float) -> int:
+        """Deliver a ``LocalCall``; the answer appears as a ``Completed`` output."""
+        call_id = self._next_call
+        self._next_call += 1
+        target = self.roles.get(role)
+        if target is None:
+            self.out.append(
+                Completed(
+                    call_id, None, f"node {self.node_id} runs no role {role!r} (it runs {sorted(self.roles)})"
+                )
+            )
+            return call_id
+        self._dispatch(target, c.LocalCall(call_id=call_id, name=name, args=args), now)
+        self._drain_local(now)
+        return call_id
+
+    def stop(self, now: float) -> None:
+        """Say BYE on every established direction so peers report us lost at once."""
+        for out in self._outbound.values():
+            if out.state == "established":
+                self._send_ctl(out, Bye(reason="node stopping"), now)
+        self.stopped = True
+
+    def take(self) -> list[Output]:
+        out, self.out = self.out, []
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """Peers, sessions, streams and counters, for ``sparkbus status``."""
+        return {
+            "node": self.node_id,
+            "peers": {
+                p: {
+                    "up": st.up,
+                    "outbound": self._outbound[p].state if p in self._outbound else None,
+                    "inbound_session": p in self._inbound,
+                    "streams_out": len(st.senders),
+                    "streams_in": len(st.receivers),
+                }
+                for p, st in sorted(self._peers.items())
+            },
+            "refused": self.refused(),
+            "counters": dict(self.counters),
+            "refusals": dict(self.refusals),
+        }
+
+    # ------------------------------------------------------------------ handshake
+
+    # ------------------------------------------------------------------ sessions
+
+    def _on_session_message(self, inbound: _Inbound, header: Header, msg: Any, now: float) -> None:
+        peer = inbound.peer
+        if isinstance(msg, Heartbeat):
+            self.counters["heartbeats_in"] += 1
+            return
+        if isinstance(msg, Bye):
+            self._link_lost(
+                peer, f"peer said goodbye: {msg.reason}" if msg.reason else "peer said goodbye", now
+            )
+            return
+        if isinstance(msg, FlowControl):
+            self._on_flow_control(inbound, header, msg, now)
+            return
+        if isinstance(msg, Hello | Welcome | Reject | Error | StreamBatch):
+            self._error_to(
+                inbound,
+                ErrorCode.OUT_OF_STATE,
+                f"{type(msg).__name__} is not valid on an open control session",
+                REGISTRY.code_of(type(msg)),
+                now,
+            )
+            return
+        role = self._by_message.get(type(msg))
+        if role is None:
+            self._error_to(
+                inbound,
+                ErrorCode.NO_ROLE,
+                f"node {self.node_id} runs no role for {type(msg).__name__}",
+                REGISTRY.code_of(type(msg)),
+                now,
+            )
+            return
+        if not self._peers[peer].up:
+            self._hold_early(
+                inbound, lambda: self._on_session_message(inbound, header, msg, now), type(msg), now
+            )
+            return
+        self.counters["messages_in"] += 1
+        self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
+
+    def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
+        self._refusal(code)
+        log.info("node %s: refused a message from %s: %s", self.node_id, inbound.peer, text)
+        self._reply(inbound.rid, Error(code=code, message=text, ref_type=ref_type), now)
+
+    def _refuse_rid(self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0) -> None:
+        self._refusal(code)
+        log.info("node %s: refused routing id %s: %s", self.node_id, rid.hex(), text)
+        self._reply(
+            rid, Reject(code=code, message=text, version=self.config.versions[0], attempt=attempt), now
+        )
+
+    def _refusal(self, code: ErrorCode) -> None:
+        self.counters["refused"] += 1
+        self.refusals[code.name] += 1
+
+    def _reply(self, rid: bytes, msg: Any, now: float) -> None:
+        self._emit("reply", rid, self.codec.encode(msg))
+
+    def _send_ctl(self, out: _Outbound, msg: Any, now: float, stream: str | None = None) -> None:
+        out.seq += 1
+        out.last_sent = now
+        self._emit("ctl", out.peer, self.codec.encode(msg, session=out.session, seq=out.seq, stream=stream))
+
+    def _emit(self, channel: str, to: str | bytes, frames: list[Buffer]) -> None:
+        self.counters[f"{channel}_out"] += 1
+        self.counters["bytes_out"] += sum(len(f) for f in frames)
+        self.out.append(Transmit(channel, to, frames))
+
+    # ------------------------------------------------------------------ streams
+
+    # ------------------------------------------------------------------ roles
+
+    def _dispatch(self, role: c.Role, event: c.Event, now: float) -> None:
+        try:
+            actions = list(role.handle(event, now))
+        except Exception as exc:
+            self._role_failed(role, event, exc, now)
+            return
+        for action in actions:
+            try:
+                self._act(role, action, now)
+            except Exception as exc:
+                self._role_failed(role, action, exc, now)
+
+    def _role_failed(self, role: c.Role, event: Any, exc: Exception, now: float) -> None:
+        self.counters["role_errors"] += 1
+        text = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "node %s: role %s failed on %r: %s",
+            self.node_id,
+            role.name,
+            event,
+            text,
+            exc_info=not isinstance(exc, c.LocalProtocolError | c.RemoteProtocolError),
+        )
+        if isinstance(event, c.HandlerFailed):
+            return  # failing while told of a failure: logged, not looped
+        self._dispatch(role, c.HandlerFailed(event=event, error=text), now)
+
+    def _act(self, role: c.Role, action: c.Action, now: float) -> None:
+        if isinstance(action, c.Send):
+            self._act_send(action, now)
+        elif isinstance(action, c.SendBatch):
+            self._act_batch(role, action, now)
+        elif isinstance(action, c.OpenStream):
+            st = self._stream_peer(action.peer, action.stream)
+            if action.stream in st.senders:
+                raise c.LocalProtocolError(f"stream {action.stream} to {action.peer} is already open")
+            if len(st.senders) >= self.config.max_streams:
+                raise c.LocalProtocolError(
+                    f"stream {action.stream}: {self.config.max_streams} streams open to {action.peer}"
+                )
+            st.senders[action.stream] = (role.name, CreditSender(action.stream, action.credit))
+        elif isinstance(action, c.AcceptStream):
+            st = self._stream_peer(action.peer, action.stream)
+            if action.stream not in st.receivers:
+                st.accepted[action.stream] = action.credit
+        elif isinstance(action, c.Consumed):
+            self._act_consumed(action, now)
+        elif isinstance(action, c.GrantCredit):
+            recv = self._receiver(action.peer, action.stream)
+            self._send_flow_control(action.peer, action.stream, *recv.grant(action.credit), now)
+        elif isinstance(action, c.CloseStream):
+            known = self._peers.get(action.peer)
+            if known is not None:
+                known.senders.pop(action.stream, None)
+                known.receivers.pop(action.stream, None)
+                known.accepted.pop(action.stream, None)
+        elif isinstance(action, c.SetTimer):
+            self._timers[(role.name, action.key)] = action.at
+            heapq.heappush(self._timer_heap, (action.at, role.name, action.key))
+        elif isinstance(action, c.CancelTimer):
+            self._timers.pop((role.name, action.key), None)
+        elif isinstance(action, c.Reply):
+            self.out.append(Completed(action.call_id, action.result, action.error))
+        else:
+            raise c.LocalProtocolError(f"unknown action {action!r}")
+
+    def _act_send(self, action: c.Send, now: float) -> None:
+        if action.peer == self.node_id:
+            role = self._by_message.get(type(action.message))
+            if role is None:
+                raise c.LocalProtocolError(f"no role on {self.node_id} takes {type(action.message).__name__}")
+            self._local.append((role, c.MessageReceived(peer=self.node_id, message=action.message)))
+            return
+        if not self.is_up(action.peer):
+            raise c.LocalProtocolError(
+                f"cannot send {type(action.message).__name__}: peer {action.peer} is not connected"
+            )
+        self.counters["messages_out"] += 1
+        self._send_to_peer(action.peer, action.message, now)
+
+    def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
+        inbound = self._inbound[peer]
+        if inbound.kind == "client":
+            inbound.reply_seq += 1
+            self._emit(
+                "reply",
+                inbound.rid,
+                self.codec.encode(msg, session=inbound.session, seq=inbound.reply_seq, stream=stream),
+            )
+        else:
+            self._send_ctl(self._outbound[peer], msg, now, stream)
+
+    def _drain_local(self, now: float) -> None:
+        while self._local:
+            role, event = self._local.popleft()
+            self._dispatch(role, event, now)

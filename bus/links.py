@@ -1,0 +1,233 @@
+"""Links: the IEP-90 / IEP-76 handshake on each direction, peer up and peer lost."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.messages import (
+    FINAL_CODES,
+    MAGIC,
+    ErrorCode,
+    Hello,
+    Reject,
+    Welcome,
+    and_features,
+)
+from sparkbus.bus.state import NodeState, _Inbound, _Outbound, _Peer
+from sparkbus.codecs import Buffer, DecodeError
+
+log = logging.getLogger("sparkbus.bus")
+
+
+class LinkLayer(NodeState):
+    """Handshakes and link loss; mixed into ``NodeCore``."""
+
+    def _send_hello(self, out: _Outbound, now: float) -> None:
+        out.attempt += 1
+        out.state = "hello_sent"
+        out.hello_at = now
+        version = out.offered or self.config.versions[out.version_index]
+        hello = Hello(
+            magic=MAGIC,
+            version=version,
+            features=self._features,
+            cluster_tag=self.config.cluster_tag,
+            node_id=self.node_id,
+            kind="node",
+            attempt=out.attempt,
+        )
+        self._emit("ctl", out.peer, self.codec.encode(hello))
+        self.counters["hellos_out"] += 1
+
+    def _on_hello(self, rid: bytes, frames: Sequence[Buffer], now: float) -> None:
+        cfg = self.config
+        try:
+            hello = self.codec.decode(frames).message
+        except DecodeError as exc:
+            code = ErrorCode.HANDSHAKE_HEADER if exc.field in ("magic", "<body>") else ErrorCode.MALFORMED
+            self._refuse_rid(rid, code, f"bad HELLO: {exc}", now)
+            return
+        assert isinstance(hello, Hello)
+        if hello.magic != MAGIC:
+            self._refuse_rid(
+                rid,
+                ErrorCode.HANDSHAKE_HEADER,
+                f"expected magic {MAGIC!r}, got {hello.magic!r}",
+                now,
+                hello.attempt,
+            )
+            return
+        if hello.version not in cfg.versions:
+            v = ".".join(map(str, hello.version))
+            self._refuse_rid(
+                rid, ErrorCode.PROTOCOL_COMPATIBILITY, f"unsupported version {v}", now, hello.attempt
+            )
+            return
+        if hello.cluster_tag != cfg.cluster_tag:
+            self._refuse_rid(
+                rid,
+                ErrorCode.CLUSTER_ID_MISMATCH,
+                f"cluster mismatch: this node is in {cfg.cluster_tag!r}, the peer in {hello.cluster_tag!r}",
+                now,
+                hello.attempt,
+            )
+            return
+        if hello.kind == "node":
+            if hello.node_id.encode() != rid:
+                self._refuse_rid(
+                    rid,
+                    ErrorCode.PROTOCOL,
+                    f"node id {hello.node_id!r} does not match its routing id",
+                    now,
+                    hello.attempt,
+                )
+                return
+            if hello.node_id not in self._outbound:
+                self._refuse_rid(
+                    rid,
+                    ErrorCode.RESOURCE_NOT_FOUND,
+                    f"node {hello.node_id!r} is not a peer of {self.node_id!r} in this topology",
+                    now,
+                    hello.attempt,
+                )
+                return
+            peer = hello.node_id
+        else:
+            peer = f"client:{rid.hex()}"
+        old = self._inbound.get(peer)
+        if old is None and len(self._inbound) >= cfg.max_peers:
+            self._refuse_rid(
+                rid,
+                ErrorCode.TOO_MANY_PEERS,
+                f"this node already has {cfg.max_peers} sessions",
+                now,
+                hello.attempt,
+            )
+            return
+        if old is not None:
+            # A new HELLO from a peer with a session means its side restarted or reconnected.
+            self._link_lost(peer, "peer opened a new session", now)
+        session = self._new_session_id()
+        inbound = _Inbound(
+            peer=peer,
+            rid=rid,
+            kind=hello.kind,
+            session=session,
+            connection_id=f"{self._entropy(128):032x}",
+            last_recv=now,
+            version=hello.version,
+            features=and_features(hello.features, self._features),
+        )
+        self._inbound[peer] = inbound
+        self._by_rid[rid] = inbound
+        self._by_session[session] = inbound
+        self._peers.setdefault(peer, _Peer())
+        welcome = Welcome(
+            version=hello.version,
+            features=inbound.features,
+            session=session,
+            connection_id=inbound.connection_id,
+            idle_timeout_ms=int(cfg.peer_timeout * 1000),
+            node_id=self.node_id,
+            cluster_tag=cfg.cluster_tag,
+            attempt=hello.attempt,
+        )
+        self._emit("reply", rid, self.codec.encode(welcome))
+        self.counters["sessions_accepted"] += 1
+        self._maybe_up(peer, now)
+
+    def _new_session_id(self) -> int:
+        while True:
+            sid = self._entropy(63)
+            if sid and sid not in self._by_session:
+                return sid
+
+    def _on_welcome(self, out: _Outbound, msg: Welcome, now: float) -> None:
+        if out.state != "hello_sent" or msg.attempt != out.attempt:
+            self.counters["dropped_stale_welcome"] += 1
+            return
+        if msg.cluster_tag != self.config.cluster_tag:
+            self._refuse_outbound(
+                out, f"cluster mismatch: expected {self.config.cluster_tag!r}, got {msg.cluster_tag!r}", now
+            )
+            return
+        out.state = "established"
+        out.session = msg.session
+        out.seq = 0
+        out.data_seq = 0
+        out.last_sent = now
+        out.features = msg.features
+        self.counters["sessions_opened"] += 1
+        self._maybe_up(out.peer, now)
+
+    def _on_reject(self, out: _Outbound, msg: Reject, now: float) -> None:
+        self.counters[f"rejected_{msg.code.name.lower()}"] += 1
+        if msg.code in FINAL_CODES:
+            self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
+            return
+        if (
+            msg.code == ErrorCode.PROTOCOL_COMPATIBILITY
+            and out.state == "hello_sent"
+            and msg.attempt == out.attempt
+        ):
+            if msg.version in self.config.versions and msg.version != out.offered:
+                out.offered = msg.version  # IEP-90: retry with the server's version when we speak it
+                self._send_hello(out, now)
+            else:
+                self._refuse_outbound(out, f"no common protocol version: {msg.message}", now)
+            return
+        if out.state == "established" and msg.code in (ErrorCode.STALE_SESSION, ErrorCode.SEQUENCE_GAP):
+            self._link_lost(out.peer, f"peer ended our session: {msg.message}", now)
+            return
+        if out.state == "hello_sent" and msg.attempt == out.attempt:
+            log.warning("node %s: %s refused our HELLO: %s", self.node_id, out.peer, msg.message)
+
+    def _refuse_outbound(self, out: _Outbound, reason: str, now: float) -> None:
+        log.error("node %s: link to %s refused for good: %s", self.node_id, out.peer, reason)
+        was_up = self._peers.get(out.peer, _Peer()).up
+        out.state = "refused"
+        out.refused = reason
+        if was_up:
+            self._link_lost(out.peer, reason, now)
+
+    def _maybe_up(self, peer: str, now: float) -> None:
+        st = self._peers[peer]
+        inbound = self._inbound.get(peer)
+        if st.up or inbound is None:
+            return
+        if inbound.kind == "node":
+            out = self._outbound.get(peer)
+            if out is None or out.state != "established":
+                return
+        st.up = True
+        self.counters["peers_up"] += 1
+        for role in self.roles.values():
+            self._dispatch(role, c.PeerUp(peer=peer), now)
+        while st.early and st.up:
+            st.early.popleft()()
+
+    def _link_lost(self, peer: str, reason: str, now: float) -> None:
+        st = self._peers.get(peer)
+        inbound = self._inbound.pop(peer, None)
+        if inbound is not None:
+            self._by_rid.pop(inbound.rid, None)
+            self._by_session.pop(inbound.session, None)
+        out = self._outbound.get(peer)
+        if out is not None and out.state == "established":
+            out.state = "idle"
+            out.hello_at = now - self.config.handshake_timeout  # re-handshake on the next tick
+            out.session = 0
+        if st is None:
+            return
+        st.senders.clear()
+        st.receivers.clear()
+        st.accepted.clear()
+        st.early.clear()
+        if st.up:
+            st.up = False
+            self.counters["peers_lost"] += 1
+            log.warning("node %s: peer %s lost: %s", self.node_id, peer, reason)
+            for role in self.roles.values():
+                self._dispatch(role, c.PeerLost(peer=peer, reason=reason), now)

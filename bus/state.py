@@ -1,0 +1,127 @@
+"""The state a node core keeps per link and per peer, shared by its layers (links, streams, dispatch)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.config import BusConfig
+from sparkbus.bus.credit import CreditReceiver, CreditSender
+from sparkbus.bus.messages import ErrorCode
+from sparkbus.codecs import Buffer, EnvelopeCodec
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """Send ``frames`` on ``channel`` to ``to`` (a peer id, or a routing id for ``reply``)."""
+
+    channel: str
+    to: str | bytes
+    frames: list[Buffer]
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A local call finished."""
+
+    call_id: int
+    result: Any
+    error: str | None
+
+
+Output = Transmit | Completed
+
+
+@dataclass(slots=True)
+class _Outbound:
+    """Our direction towards a peer: the session the peer gave us."""
+
+    peer: str
+    state: str = "idle"  # idle -> hello_sent -> established; or refused (final)
+    attempt: int = 0
+    version_index: int = 0
+    offered: tuple[int, int, int] | None = None
+    session: int = 0
+    seq: int = 0
+    data_seq: int = 0
+    last_sent: float = 0.0
+    hello_at: float = 0.0
+    refused: str = ""
+    features: bytes = b""
+
+
+@dataclass(slots=True)
+class _Inbound:
+    """The peer's direction towards us: the session we gave it."""
+
+    peer: str
+    rid: bytes
+    kind: str
+    session: int
+    connection_id: str
+    seq: int = 0
+    data_seq: int = 0
+    reply_seq: int = 0
+    last_recv: float = 0.0
+    version: tuple[int, int, int] = (0, 0, 0)
+    features: bytes = b""
+
+
+@dataclass(slots=True)
+class _Peer:
+    up: bool = False
+    senders: dict[str, tuple[str, CreditSender]] = field(default_factory=dict)  # stream -> (role, credit)
+    receivers: dict[str, CreditReceiver] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)  # stream -> credit, before its first batch
+    # Messages that arrived on our inbound session before our outbound one was welcomed: the peer already
+    # saw both directions open. Replayed, in order, right after PeerUp.
+    early: deque[Callable[[], None]] = field(default_factory=deque)
+
+
+class NodeState:
+    """Attributes and hooks the layers of ``NodeCore`` share (the core defines the hooks)."""
+
+    node_id: str
+    config: BusConfig
+    codec: EnvelopeCodec
+    roles: dict[str, c.Role]
+    counters: Counter[str]
+    out: list[Output]
+    _entropy: Callable[[int], int]
+    _features: bytes
+    _outbound: dict[str, _Outbound]
+    _inbound: dict[str, _Inbound]
+    _by_rid: dict[bytes, _Inbound]
+    _by_session: dict[int, _Inbound]
+    _peers: dict[str, _Peer]
+    _local: deque[tuple[c.Role, c.Event]]
+
+    def is_up(self, peer: str) -> bool:
+        raise NotImplementedError
+
+    def _dispatch(self, role: c.Role, event: c.Event, now: float) -> None:
+        raise NotImplementedError
+
+    def _emit(self, channel: str, to: str | bytes, frames: list[Buffer]) -> None:
+        raise NotImplementedError
+
+    def _reply(self, rid: bytes, msg: Any, now: float) -> None:
+        raise NotImplementedError
+
+    def _refuse_rid(self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0) -> None:
+        raise NotImplementedError
+
+    def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
+        raise NotImplementedError
+
+    def _send_ctl(self, out: _Outbound, msg: Any, now: float, stream: str | None = None) -> None:
+        raise NotImplementedError
+
+    def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
+        raise NotImplementedError
+
+    def _link_lost(self, peer: str, reason: str, now: float) -> None:
+        raise NotImplementedError

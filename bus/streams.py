@@ -1,0 +1,206 @@
+"""Credit streams on the node: batches out on PUSH, batches in from PULL, flow control on the control link."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.credit import CreditReceiver
+from sparkbus.bus.messages import ErrorCode, FlowControl, StreamBatch
+from sparkbus.bus.state import NodeState, _Inbound, _Peer
+from sparkbus.codecs import REGISTRY, Header
+
+
+class StreamLayer(NodeState):
+    """Stream state and credit accounting per peer; mixed into ``NodeCore``."""
+
+    def _hold_early(self, inbound: _Inbound, replay: Callable[[], None], cls: type, now: float) -> None:
+        st = self._peers[inbound.peer]
+        if len(st.early) >= self.config.max_streams:
+            self._error_to(
+                inbound,
+                ErrorCode.LIMIT_EXCEEDED,
+                "too many messages before the link was open",
+                REGISTRY.code_of(cls),
+                now,
+            )
+            return
+        self.counters["held_early"] += 1
+        st.early.append(replay)
+
+    def _on_batch(self, peer: str, stream: str, msg: StreamBatch, now: float) -> None:
+        st = self._peers[peer]
+        role = self.roles.get(stream.split("/", 1)[0])
+        inbound = self._inbound[peer]
+        if not st.up:
+            self._hold_early(inbound, lambda: self._on_batch(peer, stream, msg, now), StreamBatch, now)
+            return
+        if role is None:
+            self._error_to(
+                inbound,
+                ErrorCode.NO_ROLE,
+                f"stream {stream}: node {self.node_id} runs no such role",
+                REGISTRY.code_of(StreamBatch),
+                now,
+            )
+            return
+        recv = st.receivers.get(stream)
+        if recv is None:
+            if len(st.receivers) >= self.config.max_streams:
+                self._error_to(
+                    inbound,
+                    ErrorCode.TOO_MANY_STREAMS,
+                    f"stream {stream}: {self.config.max_streams} open already",
+                    REGISTRY.code_of(StreamBatch),
+                    now,
+                )
+                return
+            credit = st.accepted.pop(stream, self.config.initial_credit)
+            recv = st.receivers[stream] = CreditReceiver(stream, credit, self.config.low_watermark)
+        size = len(msg.data)
+        try:
+            recv.received(msg.ordinal, size, msg.remaining, msg.last)
+        except c.RemoteProtocolError as exc:
+            st.receivers.pop(stream, None)
+            self._error_to(inbound, ErrorCode.STREAM_VIOLATION, str(exc), REGISTRY.code_of(StreamBatch), now)
+            self._link_lost(peer, f"stream violation: {exc}", now)
+            return
+        self.counters["batches_in"] += 1
+        self.counters["stream_bytes_in"] += size
+        self._dispatch(
+            role,
+            c.BatchReceived(
+                peer=peer,
+                stream=stream,
+                ordinal=msg.ordinal,
+                last=msg.last,
+                data=msg.data,
+                size=size,
+                remaining=msg.remaining,
+            ),
+            now,
+        )
+
+    def _on_flow_control(self, inbound: _Inbound, header: Header, msg: FlowControl, now: float) -> None:
+        st = self._peers[inbound.peer]
+        entry = st.senders.get(header.stream or "")
+        if entry is None:
+            self.counters["dropped_flow_control_unknown_stream"] += 1  # the stream ended or was closed
+            return
+        role_name, sender = entry
+        try:
+            applied = sender.grant(msg.ordinal, msg.credit, msg.acked)
+        except c.RemoteProtocolError as exc:
+            self._error_to(inbound, ErrorCode.STREAM_VIOLATION, str(exc), REGISTRY.code_of(FlowControl), now)
+            return
+        if not applied:
+            self.counters["dropped_stale_flow_control"] += 1
+            return
+        self.counters["flow_control_in"] += 1
+        role = self.roles.get(role_name)
+        if role is not None:
+            self._dispatch(
+                role, c.CreditChanged(peer=inbound.peer, stream=sender.stream, credit=sender.credit), now
+            )
+
+    def _stream_peer(self, peer: str, stream: str) -> _Peer:
+        if peer == self.node_id:
+            return self._peers.setdefault(peer, _Peer(up=True))
+        st = self._peers.get(peer)
+        if st is None or not st.up:
+            raise c.LocalProtocolError(f"stream {stream}: peer {peer} is not connected")
+        return st
+
+    def _receiver(self, peer: str, stream: str) -> CreditReceiver:
+        st = self._peers.get(peer)
+        recv = st.receivers.get(stream) if st is not None else None
+        if recv is None:
+            raise c.LocalProtocolError(f"stream {stream} from {peer} is not open")
+        return recv
+
+    def _act_batch(self, role: c.Role, action: c.SendBatch, now: float) -> None:
+        st = self._stream_peer(action.peer, action.stream)
+        entry = st.senders.get(action.stream)
+        if entry is None:
+            raise c.LocalProtocolError(
+                f"stream {action.stream} to {action.peer} is not open (OpenStream first)"
+            )
+        sender = entry[1]
+        size = len(action.data)
+        ordinal, remaining = sender.spend(size, action.last)
+        if action.last:
+            del st.senders[action.stream]
+        self.counters["batches_out"] += 1
+        self.counters["stream_bytes_out"] += size
+        batch = StreamBatch(ordinal=ordinal, last=action.last, remaining=remaining, data=action.data)
+        if action.peer == self.node_id:
+            self._local_batch(action.stream, batch, now)
+            return
+        inbound = self._inbound[action.peer]
+        if inbound.kind == "client":
+            self._send_to_peer(action.peer, batch, now, action.stream)
+            return
+        out = self._outbound[action.peer]
+        out.data_seq += 1
+        self._emit(
+            "data",
+            action.peer,
+            self.codec.encode(batch, session=out.session, seq=out.data_seq, stream=action.stream),
+        )
+
+    def _local_batch(self, stream: str, batch: StreamBatch, now: float) -> None:
+        # Loopback streams keep the same credit discipline as remote ones.
+        st = self._peers[self.node_id]
+        role = self.roles.get(stream.split("/", 1)[0])
+        if role is None:
+            raise c.LocalProtocolError(f"stream {stream}: node {self.node_id} runs no such role")
+        recv = st.receivers.get(stream)
+        if recv is None:
+            recv = st.receivers[stream] = CreditReceiver(
+                stream, st.accepted.pop(stream, self.config.initial_credit), self.config.low_watermark
+            )
+        recv.received(batch.ordinal, len(batch.data), batch.remaining, batch.last)
+        self._local.append(
+            (
+                role,
+                c.BatchReceived(
+                    peer=self.node_id,
+                    stream=stream,
+                    ordinal=batch.ordinal,
+                    last=batch.last,
+                    data=batch.data,
+                    size=len(batch.data),
+                    remaining=batch.remaining,
+                ),
+            )
+        )
+
+    def _act_consumed(self, action: c.Consumed, now: float) -> None:
+        st = self._peers.get(action.peer)
+        recv = st.receivers.get(action.stream) if st is not None else None
+        if recv is None:
+            return  # the stream ended (last batch, or the peer was lost): nothing left to grant
+        recv.consumed(action.size)
+        if recv.done and recv.local == recv.max_credit:
+            del st.receivers[action.stream]  # type: ignore[union-attr]
+            return
+        grant = recv.take_grant()
+        if grant is not None:
+            self._send_flow_control(action.peer, action.stream, *grant, now)
+
+    def _send_flow_control(
+        self, peer: str, stream: str, ordinal: int, credit: int, acked: int, now: float
+    ) -> None:
+        fc = FlowControl(ordinal=ordinal, credit=credit, acked=acked)
+        self.counters["flow_control_out"] += 1
+        if peer == self.node_id:
+            entry = self._peers[peer].senders.get(stream)
+            if entry is not None and entry[1].grant(ordinal, credit, acked):
+                role = self.roles.get(entry[0])
+                if role is not None:
+                    self._local.append(
+                        (role, c.CreditChanged(peer=peer, stream=stream, credit=entry[1].credit))
+                    )
+            return
+        if self.is_up(peer):
+            self._send_to_peer(peer, fc, now, stream)

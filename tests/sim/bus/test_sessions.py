@@ -1,0 +1,238 @@
+"""Sessions, liveness, races and bad input on the real NodeCore, driven by SimBus with fixed seeds."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from sparkbus.bus import BusConfig, ErrorCode, HandlerFailed, MessageReceived, PeerLost, PeerUp, SimBus
+from sparkbus.bus import contract as c
+from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
+from sparkbus.codecs import REGISTRY, EnvelopeCodec
+
+from .roles import Note, Recorder
+
+codec = EnvelopeCodec(REGISTRY)
+SEEDS = [1, 2, 3, 7, 42]
+
+
+def pair(seed: int, **cfg: object) -> tuple[SimBus, Recorder, Recorder]:
+    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t", **cfg))  # type: ignore[arg-type]
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a])
+    sim.add_node("b", [b])
+    sim.start()
+    sim.run_until(sim.all_up, limit=5)
+    return sim, a, b
+
+
+def do(sim: SimBus, node: str, *actions: c.Action) -> None:
+    sim.result(sim.call(node, "rec", "do", {"actions": list(actions)}), limit=5)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_handshake_brings_both_peers_up_once(seed: int) -> None:
+    _sim, a, b = pair(seed)
+    assert a.of(PeerUp) == [PeerUp(peer="b")]
+    assert b.of(PeerUp) == [PeerUp(peer="a")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_control_messages_arrive_in_order(seed: int) -> None:
+    sim, _a, b = pair(seed)
+    do(sim, "a", *[c.Send(peer="b", message=Note(text=str(i))) for i in range(50)])
+    sim.run_until_idle()
+    assert [e.message.text for e in b.of(MessageReceived)] == [str(i) for i in range(50)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_stream_stays_within_credit_and_delivers_everything(seed: int) -> None:
+    sim, a, b = pair(seed)
+    do(sim, "a", c.OpenStream(peer="b", stream="rec/s", credit=1000))
+    sent = 0
+    for i in range(40):
+        # Send whenever credit allows, as a streaming role does on CreditChanged.
+        credit = sim.node("a").core._peers["b"].senders["rec/s"][1].credit
+        if credit >= 100:
+            do(sim, "a", c.SendBatch(peer="b", stream="rec/s", data=bytes([i]) * 100, last=sent == 2900))
+            sent += 100
+        sim.run_for(0.01)
+        if sent == 3000:
+            break
+    sim.run_until_idle()
+    got = b.of(c.BatchReceived)
+    assert sum(e.size for e in got) == sent == 3000
+    assert [e.ordinal for e in got] == list(range(len(got)))
+    assert got[-1].last
+    assert a.of(c.CreditChanged), "the receiver must have granted credit back"
+
+
+def test_batch_beyond_credit_is_a_local_error_told_to_the_role() -> None:
+    sim, a, _b = pair(1)
+    do(
+        sim,
+        "a",
+        c.OpenStream(peer="b", stream="rec/s", credit=100),
+        c.SendBatch(peer="b", stream="rec/s", data=b"x" * 101),
+    )
+    failed = a.of(HandlerFailed)
+    assert failed and "exceeds credit 100" in failed[0].error
+    assert sim.node("a").core.counters["role_errors"] == 1
+
+
+def test_a_role_that_raises_does_not_take_the_node_down() -> None:
+    sim, _a, b = pair(1)
+    b.fail_on = "boom"
+    do(sim, "a", c.Send(peer="b", message=Note(text="boom")), c.Send(peer="b", message=Note(text="after")))
+    sim.run_until_idle()
+    assert [e.message.text for e in b.of(MessageReceived)] == ["boom", "after"]
+    assert "told to fail on boom" in b.of(HandlerFailed)[0].error
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_crash_is_reported_at_once_and_restart_is_a_new_session(seed: int) -> None:
+    sim, a, _b = pair(seed)
+    sim.crash("b")
+    assert a.of(PeerLost) and a.of(PeerLost)[0].peer == "b"
+    b2 = Recorder()
+    sim.restart("b", [b2])
+    sim.run_until(sim.all_up, limit=10)
+    assert a.of(PeerUp) == [PeerUp(peer="b"), PeerUp(peer="b")]
+    assert b2.of(PeerUp) == [PeerUp(peer="a")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_silent_peer_is_lost_after_the_timeout(seed: int) -> None:
+    sim, a, _b = pair(seed, heartbeat_interval=0.1, peer_timeout=0.5)
+    start = sim.now
+    sim.crash("b", notify=False)  # SIGSTOP: no disconnect, only silence
+    sim.run_until(lambda: bool(a.of(PeerLost)), limit=5)
+    assert 0.4 <= sim.now - start <= 0.7
+    assert "silent" in a.of(PeerLost)[0].reason
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_heartbeats_keep_an_idle_link_alive(seed: int) -> None:
+    sim, a, b = pair(seed, heartbeat_interval=0.1, peer_timeout=0.5)
+    sim.run_for(5.0)
+    assert not a.of(PeerLost) and not b.of(PeerLost)
+    assert sim.node("a").core.counters["heartbeats_out"] >= 40
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cut_link_loses_streams_and_heals_as_a_new_session(seed: int) -> None:
+    sim, a, b = pair(seed)
+    do(sim, "a", c.OpenStream(peer="b", stream="rec/s", credit=1000))
+    sim.cut("a", "b")
+    assert a.of(PeerLost) and b.of(PeerLost)
+    assert not sim.node("a").core._peers["b"].senders
+    sim.heal("a", "b")
+    sim.run_until(sim.all_up, limit=10)
+    assert len(a.of(PeerUp)) == 2
+    # The old stream is gone: sending on it is the role's error, not a silent resumption.
+    do(sim, "a", c.SendBatch(peer="b", stream="rec/s", data=b"x"))
+    assert "not open" in a.of(HandlerFailed)[-1].error
+
+
+def hello(**kw: object) -> list[bytes]:
+    fields: dict[str, object] = dict(
+        magic=MAGIC,
+        version=(1, 0, 0),
+        features=features_to_bits([0]),
+        cluster_tag="t",
+        node_id="x",
+        kind="client",
+        attempt=1,
+    )
+    fields.update(kw)
+    return [bytes(f) for f in codec.encode(Hello(**fields))]  # type: ignore[arg-type]
+
+
+def refusal(sim: SimBus, node: str, rid: str, frames: list[bytes]) -> Reject:
+    """Send frames to ``node``'s ROUTER as routing id ``rid`` and return the REJECT it answers with."""
+    core = sim.node(node).core
+    core.on_control(rid.encode(), frames, sim.now)
+    replies = [t for t in core.take() if getattr(t, "to", None) == rid.encode()]
+    assert replies, "no answer"
+    msg = codec.decode(replies[-1].frames).message
+    assert isinstance(msg, Reject)
+    return msg
+
+
+def test_wrong_magic_cluster_and_version_are_refused_with_codes() -> None:
+    sim, a, _b = pair(1)
+    assert refusal(sim, "a", "m", hello(magic=b"IGNI")).code == ErrorCode.HANDSHAKE_HEADER
+    wrong = refusal(sim, "a", "t", hello(cluster_tag="other"))
+    assert wrong.code == ErrorCode.CLUSTER_ID_MISMATCH and "other" in wrong.message
+    v = refusal(sim, "a", "v", hello(version=(9, 0, 0)))
+    assert v.code == ErrorCode.PROTOCOL_COMPATIBILITY and v.version == (1, 0, 0)
+    assert refusal(sim, "a", "g", [b"garbage"]).code == ErrorCode.MALFORMED
+    early = refusal(sim, "a", "e", [bytes(f) for f in codec.encode(Note(text="hi"), session=5, seq=1)])
+    assert early.code == ErrorCode.HANDSHAKE_HEADER and "HELLO" in early.message
+    assert refusal(sim, "a", "n", hello(kind="node", node_id="n")).code == ErrorCode.RESOURCE_NOT_FOUND
+    refusals = sim.node("a").core.refusals
+    assert refusals["HANDSHAKE_HEADER"] == 2 and refusals["CLUSTER_ID_MISMATCH"] == 1
+    assert a.of(PeerLost) == []  # the real peer was never disturbed
+
+
+def test_a_node_of_another_cluster_is_refused_and_never_retried() -> None:
+    sim = SimBus(seed=3)
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a], BusConfig(cluster_tag="one"))
+    sim.add_node("b", [b], BusConfig(cluster_tag="two"))
+    sim.start()
+    sim.run_for(5.0)
+    assert "CLUSTER_ID_MISMATCH" in sim.node("a").core.refused()["b"]
+    assert sim.node("a").core.counters["hellos_out"] == 1
+    assert not a.of(PeerUp)
+
+
+def test_version_negotiation_falls_back_to_the_servers_version() -> None:
+    sim = SimBus(seed=5)
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a], BusConfig(cluster_tag="t", versions=((1, 1, 0), (1, 0, 0))))
+    sim.add_node("b", [b], BusConfig(cluster_tag="t", versions=((1, 0, 0),)))
+    sim.start()
+    sim.run_until(sim.all_up, limit=5)
+    assert sim.node("a").core.counters["rejected_protocol_compatibility"] == 1
+
+
+def test_no_common_version_is_refused_for_good() -> None:
+    sim = SimBus(seed=5)
+    sim.add_node("a", [Recorder()], BusConfig(cluster_tag="t", versions=((2, 0, 0),)))
+    sim.add_node("b", [Recorder()], BusConfig(cluster_tag="t", versions=((1, 0, 0),)))
+    sim.start()
+    sim.run_for(3.0)
+    assert "no common protocol version" in sim.node("a").core.refused()["b"]
+
+
+def test_sequence_gap_and_stale_session_break_the_link() -> None:
+    sim, _a, b = pair(1)
+    core = sim.node("b").core
+    sess = core._inbound["a"].session
+    core.on_control(b"a", codec.encode(Note(text="x"), session=sess, seq=99), sim.now)
+    sim._flush("b")
+    assert "sequence gap" in b.of(PeerLost)[0].reason
+    sim.run_until(lambda: len(b.of(PeerUp)) == 2, limit=10)
+    core.on_control(b"a", codec.encode(Note(text="x"), session=12345, seq=1), sim.now)
+    assert core.refusals["STALE_SESSION"] == 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_garbage_at_both_sockets_leaves_the_node_serving(seed: int) -> None:
+    sim, a, _b = pair(seed)
+    junk = [
+        [b"\x00"],
+        [b"\x96" * 10],
+        [msgpack.packb([1, 0x0010, 77, 1, "rec/x", 0]), b"\x80", b"zz"],
+        [],
+        [b"x" * 70_000] * 3,
+    ]
+    for i, frames in enumerate(junk * 5):
+        sim.send_raw(f"evil{i}", "a", "ctl", frames)
+        sim.send_raw(f"evil{i}", "a", "data", frames)
+        do(sim, "b", c.Send(peer="a", message=Note(text=str(i))))
+    sim.run_until_idle()
+    assert [e.message.text for e in a.of(MessageReceived)] == [str(i) for i in range(len(junk) * 5)]
+    assert not a.of(PeerLost)
+    assert sim.node("a").core.counters["refused"] >= len(junk) * 5
