@@ -92,6 +92,11 @@ class Pair:
         self.deliver(CLIENT, LocalCall(call_id=self._next_call, name=name, args=args))
         return self._next_call
 
+    def step(self) -> None:
+        """Deliver the oldest message on the wire (and nothing else)."""
+        node, message = self.wire.popleft()
+        self.deliver(node, MessageReceived(peer=CLIENT if node == SERVER else SERVER, message=message))
+
     def flush(self, limit: int = 100_000) -> int:
         """Deliver every message on the wire (and what they cause); returns how many."""
         n = 0

@@ -1,0 +1,375 @@
+"""The BinX client against the server through an in-memory link: transfers, races, failures."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkbus.bus.contract import LocalProtocolError, MessageReceived, RemoteProtocolError, Send, SetTimer
+from sparkbus.roles.exchange import (
+    BackoffPolicy,
+    BinReply,
+    BinRequest,
+    BinxClient,
+    BinxServer,
+    OutputBuffers,
+    ReplyStatus,
+    RequestType,
+    RetryState,
+    SourceEvent,
+    SourceState,
+)
+from sparkbus.roles.exchange.client import _TRANSITIONS
+
+from .harness import SERVER, Pair
+
+T, B = "q3.2.0.0", 0
+
+
+def make_pair(*, buffers: OutputBuffers | None = None, seed: int = 1, **client_kw: Any) -> Pair:
+    client_kw.setdefault("max_wait", 1.0)
+    return Pair(
+        client=BinxClient(rng=random.Random(seed), **client_kw), server=BinxServer(buffers or OutputBuffers())
+    )
+
+
+def produce(pair: Pair, pages: list[bytes], *, finish: bool = True, buffer_id: int = B) -> None:
+    srv = pair.server
+    if (T, buffer_id) not in srv.buffers:
+        pair.apply("srv", srv.create_buffer(T, buffer_id))
+    if pages:
+        pair.apply("srv", srv.add_pages(T, buffer_id, pages, pair.now))
+    if finish:
+        pair.apply("srv", srv.no_more_pages(T, buffer_id, pair.now))
+
+
+def requests_sent(pair: Pair, kind: RequestType | None = None) -> list[BinRequest]:
+    return [m for _, m in pair.sent if isinstance(m, BinRequest) and (kind is None or m.requestType is kind)]
+
+
+def test_full_transfer_then_delete() -> None:
+    pair = make_pair(max_request_bytes=3)
+    pair.connect()
+    pages = [b"one", b"two", b"three", b"four"]
+    produce(pair, pages)
+    assert pair.fetch_all(T, B) == pages
+    deletes = requests_sent(pair, RequestType.DELETE)
+    assert len(deletes) == 1
+    assert pair.client.source(SERVER, T, B) is None  # dropped once drained and deleted
+    assert (T, B) not in pair.server.buffers and pair.server.buffers.bytes_held == 0
+    # One DATA request outstanding at a time: tokens strictly increase, each acknowledging the last.
+    tokens = [r.pageToken for r in requests_sent(pair, RequestType.DATA)]
+    assert tokens == sorted(tokens) and tokens[0] == 0
+
+
+def test_long_poll_delivers_pages_produced_later() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [], finish=False)
+    cid = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(0.5)
+    assert cid not in pair.replies
+    produce(pair, [b"late"], finish=False)
+    pair.flush()
+    assert pair.result(cid) == {"pages": [b"late"], "token": 0, "complete": False}
+    pair.advance(5.0)  # long-polls expire with TIMEOUT and are simply asked again
+    timeouts = [m for _, m in pair.sent if isinstance(m, BinReply) and m.status is ReplyStatus.TIMEOUT]
+    assert len(timeouts) >= 3
+    produce(pair, [b"end"])
+    assert pair.fetch_all(T, B) == [b"end"]
+
+
+def test_requests_wait_for_the_peer_lazy_connect() -> None:
+    pair = make_pair()
+    produce(pair, [b"a"])
+    cid = pair.call("fetch", task_id=T, buffer_id=B)
+    src = pair.client.source(SERVER, T, B)
+    assert src is not None and src.state is SourceState.WAITING_PEER
+    assert pair.sent == []
+    pair.advance(1.0)
+    pair.connect()
+    pair.flush()
+    assert pair.result(cid)["pages"] == [b"a"]
+
+
+def test_delete_racing_connection_setup_is_queued_until_connected() -> None:
+    pair = make_pair()
+    produce(pair, [b"a", b"b"], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    close = pair.call("close", task_id=T, buffer_id=B)
+    assert pair.sent == [] and close not in pair.replies
+    pair.connect()
+    pair.flush()
+    assert [r.requestType for r in requests_sent(pair)] == [RequestType.DELETE]
+    assert pair.result(close) is None
+    assert "closed" in pair.error(fetch)
+    assert (T, B) not in pair.server.buffers
+    assert pair.client.source(SERVER, T, B) is None
+
+
+def test_close_without_any_fetch_still_deletes() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    close = pair.call("close", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(close) is None and (T, B) not in pair.server.buffers
+
+
+def test_close_during_a_long_poll_ignores_the_late_data_reply() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    close = pair.call("close", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(close) is None and "closed" in pair.error(fetch)
+    assert pair.client.counters["stale_replies"] == 1  # the parked DATA reply, answered by the DELETE
+
+
+def test_server_restart_during_transfer_resumes_from_the_token() -> None:
+    pair = make_pair(max_request_bytes=1)
+    pair.connect()
+    produce(pair, [b"a", b"b", b"c", b"d"])
+    first = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.step()
+    pair.step()  # exactly one request answered, and its reply delivered
+    got = pair.result(first)["pages"]
+    pair.cut("server restarting")
+    src = pair.client.source(SERVER, T, B)
+    assert src is not None and src.state in (SourceState.WAITING_PEER, SourceState.BACKING_OFF)
+    pair.advance(pair.now + 3.0)
+    pair.connect()  # same buffers survived (the link restarted, not the producer)
+    got += pair.fetch_all(T, B)
+    assert got == [b"a", b"b", b"c", b"d"]
+
+
+def test_server_restart_with_a_new_task_instance_fails_clearly() -> None:
+    pair = make_pair(max_request_bytes=1)
+    pair.connect()
+    produce(pair, [b"a", b"b"], finish=False)
+    first = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(first)["pages"] == [b"a"]
+    pair.cut()
+    pair.server = BinxServer(OutputBuffers(instance_id="restarted"))
+    produce(pair, [b"x", b"y", b"z"], finish=False)
+    pair.connect()
+    pair.advance(pair.now + 1.0)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(pair.now + 1.0)
+    error = pair.error(fetch)
+    assert "task instance changed" in error and T in error and "peer srv" in error
+
+
+def test_server_gone_for_good_gives_up_after_max_error_duration() -> None:
+    policy = BackoffPolicy(max_error_duration=30.0)
+    pair = make_pair(policy=policy)
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(fetch)["pages"] == [b"a"]
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.cut("heartbeat silence")
+    pair.advance(29.0)
+    assert fetch not in pair.replies
+    pair.advance(31.0)
+    error = pair.error(fetch)
+    assert error.startswith("ExchangeGaveUp") and "max error duration 30 s" in error
+    assert "heartbeat silence" in error and f"task {T}" in error
+
+
+def test_unknown_buffer_backs_off_then_succeeds_when_created() -> None:
+    pair = make_pair()
+    pair.connect()
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(2.0)
+    retries = requests_sent(pair, RequestType.DATA)
+    assert 3 <= len(retries) <= 6  # 0, 0.1, 0.2, 0.4, 0.8 s ... apart
+    produce(pair, [b"now"])
+    pair.advance(10.0)
+    assert pair.result(fetch) == {"pages": [b"now"], "token": 0, "complete": True}
+
+
+def test_unknown_buffer_forever_gives_up() -> None:
+    pair = make_pair(policy=BackoffPolicy(max_error_duration=5.0))
+    pair.connect()
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(60.0)
+    error = pair.error(fetch)
+    assert "ExchangeGaveUp" in error and "UNKNOWN_BUFFER" in error
+    assert pair.client.source(SERVER, T, B) is None
+
+
+def test_producer_abort_fails_the_fetch_at_once() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    first = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(first)["pages"] == [b"a"]
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    pair.apply("srv", pair.server.abort_buffer(T, B, "worker out of memory", pair.now))
+    pair.flush()
+    error = pair.error(fetch)
+    assert error.startswith("ExchangeFailed") and "ABORTED" in error and "worker out of memory" in error
+
+
+def test_request_timeout_retries_with_the_same_token() -> None:
+    pair = make_pair(request_timeout=2.0)
+    pair.connect()
+    produce(pair, [b"a", b"b"])
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    lost = pair.wire.popleft()  # the request vanishes without a broken link
+    pair.advance(pair.now + 3.5)
+    assert pair.result(fetch)["pages"] == [b"a", b"b"]
+    data = requests_sent(pair, RequestType.DATA)
+    assert data[0].pageToken == data[1].pageToken == 0 and data[0] == lost[1]
+
+
+def test_late_reply_after_timeout_is_ignored() -> None:
+    pair = make_pair(request_timeout=2.0)
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    pair.call("fetch", task_id=T, buffer_id=B)
+    _, req = pair.wire.popleft()
+    pair.advance(pair.now + 3.1)  # timed out, retried, answered
+    late = pair.server.handle(MessageReceived(peer="cli", message=req), pair.now)
+    pair.apply("srv", list(late))
+    pair.flush()
+    assert pair.client.counters["stale_replies"] >= 1
+
+
+def test_slow_caller_pauses_the_source_and_acks() -> None:
+    pair = make_pair(max_queued_bytes=4, max_request_bytes=2)
+    pair.connect()
+    produce(pair, [b"aa", b"bb", b"cc", b"dd"])
+    pair.call("close", task_id="other", buffer_id=9)  # unrelated source; keeps nothing waiting here
+    first = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(first)["pages"] == [b"aa"]
+    src = pair.client.source(SERVER, T, B)
+    assert src is not None and src.state is SourceState.PAUSED
+    assert requests_sent(pair, RequestType.ACK)[-1].pageToken == 3
+    assert pair.server.buffers.bytes_held == 2  # the ACK freed what the client holds
+    assert pair.fetch_all(T, B) == [b"bb", b"cc", b"dd"]
+
+
+def test_a_second_concurrent_fetch_is_refused() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [], finish=False)
+    pair.call("fetch", task_id=T, buffer_id=B)
+    assert "already waiting" in pair.error(pair.call("fetch", task_id=T, buffer_id=B))
+    assert "bad arguments" in pair.error(pair.call("fetch", task_id=T))
+    assert "no call" in pair.error(pair.call("peek", task_id=T, buffer_id=B))
+
+
+def test_reply_breaking_the_rules_fails_the_source() -> None:
+    pair = make_pair()
+    pair.connect()
+    pair.call("fetch", task_id=T, buffer_id=B)
+    _, req = pair.wire.popleft()
+    bogus = BinReply(
+        sequence=req.sequence,
+        replyType=RequestType.DATA,
+        status=ReplyStatus.OK,
+        bufferComplete=False,
+        pageToken=5,
+        pageNextToken=6,
+        remainingBytes=(),
+        pageSizes=(1,),
+        instanceId="i",
+        data=b"x",
+    )
+    pair.deliver("cli", MessageReceived(peer=SERVER, message=bogus))
+    error = pair.error(1)
+    assert error.startswith("RemoteProtocolError") and "pageToken 5" in error
+
+
+def test_backoff_is_exponential_with_seeded_jitter() -> None:
+    policy = BackoffPolicy()
+    delays = [RetryState(policy, random.Random(7)).failed(0.0)]
+    state = RetryState(policy, random.Random(7))
+    delays = [state.failed(float(i)) for i in range(12)]
+    assert delays[0] == 0.0
+    for i, d in enumerate(delays[1:], start=1):
+        base = min(10.0, 0.1 * 2 ** (i - 1))
+        assert base * 0.9 <= d <= base * 1.1
+    again = RetryState(policy, random.Random(7))
+    assert [again.failed(float(i)) for i in range(12)] == delays
+    assert state.give_up_at() == 180.0
+    state.succeeded()
+    assert state.give_up_at() is None and state.failed(5.0) == 0.0
+    with pytest.raises(ValueError, match="jitter"):
+        BackoffPolicy(jitter=1.5)
+
+
+def test_backoff_timers_follow_the_policy() -> None:
+    pair = make_pair(seed=3)
+    pair.connect()
+    pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    retry_at = [at for (node, key), at in pair.timers.items() if key.startswith("retry/")]
+    assert retry_at == [0.0]  # the first retry goes out at once
+    pair.advance(0.0)
+    [at] = [at for (node, key), at in pair.timers.items() if key.startswith("retry/")]
+    assert 0.09 <= at <= 0.11
+
+
+STATES = [s for s in SourceState]
+EVENTS = [e for e in SourceEvent]
+
+
+@given(state=st.sampled_from(STATES), event=st.sampled_from(EVENTS))
+def test_every_state_event_pair_is_in_the_table_or_names_both(state: SourceState, event: SourceEvent) -> None:
+    client = BinxClient(rng=random.Random(0))
+    client.up.add(SERVER)
+    src = client._open((SERVER, T, B))
+    src.state = state
+    out: list[Any] = []
+    if (state, event) in _TRANSITIONS:
+        client._step(src, event, 0.0, out)
+        assert all(isinstance(a, Send | SetTimer) or a is not None for a in out)
+    else:
+        with pytest.raises((LocalProtocolError, RemoteProtocolError)) as err:
+            client._step(src, event, 0.0, out)
+        assert state.value in str(err.value) and event.value in str(err.value) and T in str(err.value)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=0, max_size=25),
+    max_request=st.integers(1, 700),
+    cut_after=st.integers(0, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_transfer_survives_a_link_cut_anywhere(
+    sizes: list[int], max_request: int, cut_after: int, seed: int
+) -> None:
+    pair = make_pair(seed=seed, max_request_bytes=max_request, max_queued_bytes=1000)
+    pair.connect()
+    pages = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    produce(pair, pages)
+    got: list[bytes] = []
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    for _ in range(cut_after):
+        if not pair.wire:
+            break
+        pair.step()
+    pair.cut()
+    pair.advance(pair.now + 20.0)
+    pair.connect()
+    while fetch not in pair.replies:
+        pair.advance(pair.now + 0.5)
+    res = pair.result(fetch)
+    got += res["pages"]
+    if not res["complete"]:
+        got += pair.fetch_all(T, B)
+    assert got == pages
