@@ -1,0 +1,209 @@
+"""Grouped aggregation in three phases, vectorised on Arrow.
+
+``partial`` turns rows into mergeable states, ``combine`` merges states (partial -> partial, so the
+initiator can fold batches as they arrive and hold one row per group), and ``finalize`` turns merged
+states into answers. ``single(t) == finalize(partial(t))`` and for any split of ``t`` into parts,
+``finalize(combine(concat(partial(part) ...))) == single(t)``.
+
+States per aggregate ``name``: ``count`` -> int64 count; ``sum``/``min``/``max`` -> the value; ``avg`` ->
+``name$sum`` and ``name$count``; ``count_distinct`` -> a list of the distinct non-null values.
+
+Groups are numbered densely (``dictionary_encode`` per key column, combined), then one Arrow hash
+aggregation over the group number computes every state; NULL is a group of its own, as in SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.plan import AggCall
+
+# (output column, input column or None for every row, kernel)
+_Spec = tuple[str, str | None, str]
+
+
+def _partial_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
+    out: list[_Spec] = []
+    for a in aggs:
+        if a.func == "avg":
+            out += [(f"{a.name}$sum", a.column, "sum"), (f"{a.name}$count", a.column, "count")]
+        elif a.func == "count_distinct":
+            out.append((a.name, a.column, "distinct"))
+        else:
+            out.append((a.name, a.column, a.func))
+    return out
+
+
+def _combine_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
+    out: list[_Spec] = []
+    for a in aggs:
+        if a.func == "avg":
+            out += [(f"{a.name}$sum", f"{a.name}$sum", "sum"), (f"{a.name}$count", f"{a.name}$count", "sum0")]
+        elif a.func == "count_distinct":
+            out.append((a.name, a.name, "merge_distinct"))
+        elif a.func == "count":
+            out.append((a.name, a.name, "sum0"))
+        else:
+            out.append((a.name, a.name, a.func))
+    return out
+
+
+def partial(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    """Partial states of ``aggs`` per group of ``keys`` over the rows of ``table``."""
+    return _apply(table, keys, _partial_specs(aggs))
+
+
+def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    """Merge partial states (possibly several rows per group) into one row per group."""
+    return _apply(table, keys, _combine_specs(aggs))
+
+
+def finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    """Answers from merged states (one row per group): avg divides, count_distinct counts."""
+    columns: dict[str, pa.ChunkedArray | pa.Array] = {k: table.column(k) for k in keys}
+    for a in aggs:
+        if a.func == "avg":
+            total = pc.cast(table.column(f"{a.name}$sum"), pa.float64())
+            count = pc.cast(table.column(f"{a.name}$count"), pa.float64())
+            columns[a.name] = pc.if_else(
+                pc.equal(count, 0.0), pa.scalar(None, pa.float64()), pc.divide(total, count)
+            )
+        elif a.func == "count_distinct":
+            columns[a.name] = pc.cast(pc.list_value_length(table.column(a.name)), pa.int64())
+        else:
+            columns[a.name] = table.column(a.name)
+    return pa.table(columns)
+
+
+def final(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    """Answers from partial states."""
+    return finalize(combine(table, keys, aggs), keys, aggs)
+
+
+def single(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    """Answers straight from rows."""
+    return finalize(partial(table, keys, aggs), keys, aggs)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise ExecutionError(f"column {name!r} does not exist; columns are {table.column_names}")
+    return table.column(name)
+
+
+def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+    try:
+        if not keys:
+            return _apply_global(table, specs)
+        return _apply_grouped(table, keys, specs)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise ExecutionError(f"aggregate: {exc}") from None
+
+
+def arange(n: int) -> pa.Array:
+    """0, 1, ..., n - 1 as int64, without a Python loop."""
+    return pc.cast(pc.indices_nonzero(pa.repeat(pa.scalar(True), n)), pa.int64())
+
+
+def _list_of(values: pa.Array) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
+
+
+def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
+    """Without keys: exactly one output row, also for an empty input (SQL's global aggregate)."""
+    out: dict[str, pa.Array] = {}
+    for name, col, kernel in specs:
+        if col is None:
+            out[name] = pa.array([table.num_rows], pa.int64())
+            continue
+        values = _column(table, col)
+        if kernel == "count":
+            result: pa.Scalar = pc.count(values)
+        elif kernel == "sum":
+            result = pc.sum(values, min_count=1)
+        elif kernel == "sum0":
+            result = pc.sum(values, min_count=0)
+        elif kernel in ("min", "max"):
+            result = pc.min_max(values)[kernel]
+        elif kernel == "distinct":
+            out[name] = _list_of(pc.drop_null(pc.unique(values.combine_chunks())))
+            continue
+        else:
+            flat = pc.list_flatten(values.combine_chunks())
+            out[name] = _list_of(pc.drop_null(pc.unique(flat)))
+            continue
+        out[name] = pa.array([result.as_py()], result.type)
+    return pa.table(out)
+
+
+def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Array, int]:
+    """Dense group numbers (0.. in order of first appearance) for the rows of ``table`` by ``keys``."""
+    acc: pa.Array | None = None
+    groups = 0
+    for k in keys:
+        encoded = pc.dictionary_encode(_column(table, k).combine_chunks(), null_encoding="encode")
+        ids = pc.cast(encoded.indices, pa.int64())
+        n = len(encoded.dictionary)
+        acc = ids if acc is None else pc.add(pc.multiply(acc, n), ids)
+        if len(keys) > 1:
+            encoded = pc.dictionary_encode(acc)
+            acc = pc.cast(encoded.indices, pa.int64())
+            n = len(encoded.dictionary)
+        groups = n
+    assert acc is not None
+    return acc, groups
+
+
+_HASH = {"count": "count", "sum": "sum", "sum0": "sum", "min": "min", "max": "max", "distinct": "distinct"}
+
+
+def _apply_grouped(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+    g, groups = group_ids(table, keys)
+    # Inputs under names we control: several specs may read the same column with the same kernel.
+    inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__g": g}
+    aggregations: list[tuple[str, str]] = []
+    for j, k in enumerate(keys):
+        inputs[f"__k{j}"] = table.column(k)
+        aggregations.append((f"__k{j}", "first"))
+    merges: list[tuple[int, str]] = []
+    for i, (_, col, kernel) in enumerate(specs):
+        if kernel == "merge_distinct":
+            merges.append((i, col or ""))
+            continue
+        # COUNT(*) counts the group number, which is never null.
+        inputs[f"__c{i}"] = g if col is None else _column(table, col)
+        aggregations.append((f"__c{i}", _HASH[kernel]))
+    grouped = pa.table(inputs).group_by(["__g"], use_threads=False).aggregate(aggregations)
+    grouped = grouped.sort_by("__g")
+    out: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for j, k in enumerate(keys):
+        out[k] = grouped.column(f"__k{j}_first")
+    merged = {i: _merge_distinct(_column(table, col), g, groups) for i, col in merges}
+    for i, (name, _, kernel) in enumerate(specs):
+        if i in merged:
+            out[name] = merged[i]
+            continue
+        column = grouped.column(f"__c{i}_{_HASH[kernel]}")
+        out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
+    return pa.table(out)
+
+
+def _merge_distinct(lists: pa.ChunkedArray, g: pa.Array, groups: int) -> pa.Array:
+    """Per group, the distinct values of all its lists (aligned with group numbers 0..groups-1)."""
+    lists = lists.combine_chunks()
+    parents = pc.list_parent_indices(lists)
+    values = pc.list_flatten(lists)
+    # One NULL per group first, so every group appears (distinct drops NULLs) and in number order.
+    ids = pa.concat_arrays([arange(groups), pc.take(g, parents)])
+    vals = pa.concat_arrays([pa.nulls(groups, values.type), values])
+    merged = (
+        pa.table({"__g": ids, "v": vals}).group_by(["__g"], use_threads=False).aggregate([("v", "distinct")])
+    )
+    return merged.sort_by("__g").column("v_distinct").combine_chunks()

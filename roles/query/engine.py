@@ -1,0 +1,321 @@
+"""The operators: a fragment's plan evaluated over in-memory Arrow tables, whole columns at a time.
+
+A node's partitions live in a ``PartitionStore``. A fragment either scans the store or receives rows
+from other members; ``Inbox`` folds received batches as they arrive so the receiver holds what the
+operator above the receive needs (one row per group for a final aggregate, ``count + offset`` rows for a
+limit or a merge sort under a limit) rather than everything it was sent.
+
+A node holding no partition of the scanned table produces *no data* (``None``, which has no schema);
+only if every member has none is that an error, raised by whoever owns the whole query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sparkbus.codecs import DecodeError, decode_batch
+from sparkbus.roles.query import aggregate
+from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.expressions import Expr, Scalar, evaluate, evaluate_column
+from sparkbus.roles.query.plan import (
+    Aggregate,
+    Filter,
+    Limit,
+    MergeSort,
+    PlanNode,
+    Project,
+    Receive,
+    Scan,
+    Send,
+    Sort,
+    SortKey,
+    TopK,
+    chain,
+)
+
+
+class PartitionStore:
+    """The table partitions this node holds, by table name."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, pa.Table] = {}
+
+    def load(self, name: str, table: pa.Table, *, replace: bool = False) -> int:
+        """Add ``table``'s rows to partition ``name`` (or replace it); returns the partition's row count.
+
+        Raises:
+            ExecutionError: the rows do not have the partition's schema.
+        """
+        if not name:
+            raise ExecutionError("a table needs a non-empty name")
+        old = self.tables.get(name)
+        if old is not None and not replace:
+            if not old.schema.equals(table.schema):
+                raise ExecutionError(
+                    f"table {name!r}: rows with schema {table.schema} do not match {old.schema}"
+                )
+            table = pa.concat_tables([old, table])
+        self.tables[name] = table
+        return int(table.num_rows)
+
+    def get(self, name: str) -> pa.Table | None:
+        """The local partition of ``name``, or None when this node holds none."""
+        return self.tables.get(name)
+
+
+def table_from_ipc(batches: Sequence[bytes]) -> pa.Table:
+    """A table from row batches, each one Arrow IPC stream holding one record batch (fully validated).
+
+    Raises:
+        ExecutionError: a batch is not a valid IPC stream or the batches' schemas differ.
+    """
+    try:
+        decoded = [decode_batch(b) for b in batches]
+    except DecodeError as exc:
+        raise ExecutionError(f"bad row batch: {exc}") from None
+    if not decoded:
+        raise ExecutionError("no row batches given")
+    try:
+        return pa.Table.from_batches(decoded)
+    except pa.ArrowInvalid as exc:
+        raise ExecutionError(f"row batches disagree on their schema: {exc}") from None
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    """A whole table as one Arrow IPC stream (what an ``execute`` reply carries)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def read_parquet(path: str | Path) -> pa.Table:
+    """A Parquet file as a table, for loading into a ``PartitionStore`` (not used inside roles)."""
+    return pq.read_table(path)
+
+
+# ---------------------------------------------------------------- operators
+
+
+def sort_table(table: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
+    """``table`` stably sorted by ``keys``, NULLs placed per key (one NULL-flag key before each key)."""
+    columns: dict[str, pa.ChunkedArray] = {}
+    order: list[tuple[str, str]] = []
+    for i, k in enumerate(keys):
+        if k.column not in table.column_names:
+            raise ExecutionError(
+                f"sort: column {k.column!r} does not exist; columns are {table.column_names}"
+            )
+        col = table.column(k.column)
+        columns[f"n{i}"] = pc.is_null(col)
+        columns[f"v{i}"] = col
+        order.append((f"n{i}", "descending" if k.nulls_first else "ascending"))
+        order.append((f"v{i}", "descending" if k.descending else "ascending"))
+    try:
+        indices = pc.sort_indices(pa.table(columns), sort_keys=order)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise ExecutionError(f"sort: {exc}") from None
+    return table.take(indices)
+
+
+def run(
+    node: PlanNode, store: PartitionStore, params: Sequence[Scalar] = (), received: pa.Table | None = None
+) -> pa.Table | None:
+    """Evaluate a fragment's plan (up to, not including, its ``Send``).
+
+    Args:
+        node: the fragment's root.
+        store: the local partitions, for ``Scan``.
+        params: the query's parameters.
+        received: what the fragment's ``Receive`` yields (already folded by an ``Inbox``).
+
+    Returns:
+        The rows, or None when the plan scans a table this node holds no partition of (no schema).
+
+    Raises:
+        ExecutionError: any operator failed on the data.
+    """
+    table: pa.Table | None = None
+    for op in chain(node):
+        if isinstance(op, Scan):
+            table = _scan(op, store, params)
+        elif isinstance(op, Receive):
+            table = received
+        elif table is None:
+            return None
+        else:
+            table = _step(op, table, params)
+    return table
+
+
+def _scan(op: Scan, store: PartitionStore, params: Sequence[Scalar]) -> pa.Table | None:
+    table = store.get(op.table)
+    if table is None:
+        return None
+    if op.predicate is not None:
+        table = _filter(table, op.predicate, params)
+    if op.columns is not None:
+        missing = [c for c in op.columns if c not in table.column_names]
+        if missing:
+            raise ExecutionError(
+                f"scan {op.table}: no column {missing[0]!r}; columns are {table.column_names}"
+            )
+        table = table.select(list(op.columns))
+    return table
+
+
+def _filter(table: pa.Table, predicate: Expr, params: Sequence[Scalar]) -> pa.Table:
+    mask = evaluate(predicate, table, params)
+    if isinstance(mask, pa.Scalar):
+        return table if mask.as_py() is True else table.slice(0, 0)
+    if not pa.types.is_boolean(mask.type):
+        raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
+    return table.filter(mask)
+
+
+def _step(op: PlanNode, table: pa.Table, params: Sequence[Scalar]) -> pa.Table:
+    if isinstance(op, Filter):
+        return _filter(table, op.predicate, params)
+    if isinstance(op, Project):
+        return pa.table({name: evaluate_column(e, table, params) for name, e in op.items})
+    if isinstance(op, Aggregate):
+        phase = {"single": aggregate.single, "partial": aggregate.partial, "final": aggregate.final}[op.phase]
+        return phase(table, op.keys, op.aggs)
+    if isinstance(op, Sort | MergeSort):
+        # pyarrow has no k-way merge; its sort of the concatenated runs is vectorised and stable.
+        return sort_table(table, op.keys)
+    if isinstance(op, TopK):
+        return sort_table(table, op.keys).slice(0, op.count)
+    if isinstance(op, Limit):
+        return table.slice(op.offset, op.count)
+    if isinstance(op, Send):
+        return table
+    raise ExecutionError(f"operator {type(op).__name__} cannot run here")
+
+
+# ---------------------------------------------------------------- receiving
+
+
+def concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Rows of ``tables`` in order; they must agree on the schema."""
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid as exc:
+        raise ExecutionError(f"members sent rows with different schemas: {exc}") from None
+
+
+class Inbox:
+    """The rows a fragment has received so far, folded by the operator above its ``Receive``."""
+
+    def __init__(self, root: PlanNode) -> None:
+        ops = chain(root)
+        self._above = ops[1] if len(ops) > 1 else None
+        self._above2 = ops[2] if len(ops) > 2 else None
+        self.table: pa.Table | None = None
+        self.batches = 0
+
+    def add(self, data: bytes) -> int:
+        """Fold one received batch (an Arrow IPC stream; empty means "no data here"); returns its rows.
+
+        Raises:
+            ExecutionError: the bytes are not a valid batch, or its schema differs from earlier ones.
+        """
+        self.batches += 1
+        if not data:
+            return 0
+        try:
+            batch = decode_batch(data)
+        except DecodeError as exc:
+            raise ExecutionError(f"bad row batch: {exc}") from None
+        incoming = pa.Table.from_batches([batch])
+        self.table = incoming if self.table is None else self._compact(concat([self.table, incoming]))
+        return int(batch.num_rows)
+
+    def _compact(self, table: pa.Table) -> pa.Table:
+        above, above2 = self._above, self._above2
+        if isinstance(above, Aggregate) and above.phase == "final":
+            return aggregate.combine(table, above.keys, above.aggs)
+        if isinstance(above, MergeSort) and isinstance(above2, Limit):
+            return sort_table(table, above.keys).slice(0, above2.count + above2.offset)
+        if isinstance(above, Limit):
+            return table.slice(0, above.count + above.offset)
+        return table
+
+
+# ---------------------------------------------------------------- hash partitioning
+
+_U64 = pa.uint64()
+
+
+def _u(value: int) -> pa.Scalar:
+    return pa.scalar(value, _U64)
+
+
+def _mix(h: pa.Array) -> pa.Array:
+    """splitmix64's finaliser (wrapping uint64 arithmetic): spreads every input bit over the output."""
+    h = pc.bit_wise_xor(h, pc.shift_right(h, _u(30)))
+    h = pc.multiply(h, _u(0xBF58476D1CE4E5B9))
+    h = pc.bit_wise_xor(h, pc.shift_right(h, _u(27)))
+    h = pc.multiply(h, _u(0x94D049BB133111EB))
+    return pc.bit_wise_xor(h, pc.shift_right(h, _u(31)))
+
+
+def _hash_bytes(arr: pa.Array) -> pa.Array:
+    """Per value, the sum over its bytes of ``byte * mix(position in the value)``: the same on any node."""
+    arr = pc.cast(arr, pa.large_binary())
+    bufs = arr.buffers()
+    offsets = pa.Array.from_buffers(pa.int64(), len(arr) + 1, [None, bufs[1]], offset=arr.offset)
+    start, end = offsets[0].as_py(), offsets[-1].as_py()
+    data = (
+        pa.Array.from_buffers(pa.uint8(), end, [None, bufs[2]]).slice(start)
+        if end
+        else pa.array([], pa.uint8())
+    )
+    rebased = pc.subtract(offsets, pa.scalar(start, pa.int64()))
+    parents = pc.list_parent_indices(pa.LargeListArray.from_arrays(rebased, data))
+    position = pc.subtract(aggregate.arange(len(data)), pc.take(rebased, parents))
+    weighted = pc.multiply(pc.cast(data, _U64), _mix(pc.cast(pc.add(position, 1), _U64)))
+    sums = pa.concat_arrays([pa.array([0], _U64), pc.cumulative_sum(weighted)])
+    lengths = pc.cast(pc.subtract(offsets.slice(1), offsets.slice(0, len(arr))), _U64)
+    per_value = pc.subtract(pc.take(sums, rebased.slice(1)), pc.take(sums, rebased.slice(0, len(arr))))
+    return pc.add(per_value, lengths)
+
+
+def _hash_column(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    t = arr.type
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
+        h = _hash_bytes(arr)
+    elif pa.types.is_floating(t):
+        # Adding 0.0 turns -0.0 into 0.0, so equal keys hash alike.
+        h = pc.add(pc.fill_null(pc.cast(arr, pa.float64()), 0.0), 0.0).view(_U64)
+    elif pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
+        h = pc.cast(pc.fill_null(pc.cast(arr, pa.int64()), 0), pa.int64()).view(_U64)
+    else:
+        raise ExecutionError(f"cannot hash-partition on a column of type {t}")
+    return pc.if_else(pc.is_valid(arr), _mix(pc.add(h, _u(1))), _u(0))
+
+
+def hash_partition(table: pa.Table, keys: Sequence[str], parts: int) -> list[pa.Table]:
+    """Split ``table`` into ``parts`` tables; equal key values always land in the same part, on any node."""
+    if parts == 1:
+        return [table]
+    h = pa.repeat(_u(0), table.num_rows)
+    for k in keys:
+        if k not in table.column_names:
+            raise ExecutionError(
+                f"hash partition: column {k!r} does not exist; columns are {table.column_names}"
+            )
+        h = _mix(pc.add(pc.multiply(h, _u(31)), _hash_column(table.column(k))))
+    target = pc.subtract(h, pc.multiply(pc.divide(h, _u(parts)), _u(parts)))
+    return [table.filter(pc.equal(target, _u(i))) for i in range(parts)]

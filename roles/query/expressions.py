@@ -1,0 +1,246 @@
+"""Scalar expressions as small trees, their msgpack-able form, and their vectorised evaluation.
+
+Plain form (msgpack arrays): ``["col", name]``, ``["lit", value]``, ``["param", index]``,
+``["call", op, [args...]]``. Evaluation maps each operator to one ``pyarrow.compute`` kernel over whole
+columns; nothing loops over rows.
+
+Semantics where SQL engines differ (chosen to match Spark SQL with ANSI mode, the engine sparkbus sits
+next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``AND``/``OR``
+use three-valued (Kleene) logic; comparisons with NULL are NULL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.roles.query.errors import ExecutionError, PlanError
+
+Scalar = int | float | str | bool | None
+#: A pyarrow array, chunked array or scalar (pyarrow ships no type hints).
+Value: TypeAlias = Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Column:
+    """A column of the operator's input, by name."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlanError("col", f"column name must be a non-empty str, got {self.name!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Literal:
+    """A constant."""
+
+    value: Scalar
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, int | float | str | bool | type(None)):
+            raise PlanError(
+                "lit", f"literal must be int, float, str, bool or None, got {type(self.value).__name__}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Param:
+    """The query parameter at ``index`` (``?`` in SQL, numbered from 0 left to right)."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        if type(self.index) is not int or self.index < 0:
+            raise PlanError("param", f"parameter index must be an int >= 0, got {self.index!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Call:
+    """An operator or function applied to arguments."""
+
+    op: str
+    args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        spec = OPS.get(self.op)
+        if spec is None:
+            raise PlanError(f"call[{self.op!r}]", f"unknown operator; known: {', '.join(sorted(OPS))}")
+        low, high = spec.arity
+        if not low <= len(self.args) <= high:
+            want = str(low) if low == high else f"{low}..{'n' if high > 99 else high}"
+            raise PlanError(f"call[{self.op!r}]", f"takes {want} arguments, got {len(self.args)}")
+
+
+Expr = Column | Literal | Param | Call
+
+
+def _div(a: Value, b: Value) -> Value:
+    return pc.divide_checked(pc.cast(a, pa.float64()), pc.cast(b, pa.float64()))
+
+
+def _mod(a: Value, b: Value) -> Value:
+    # pyarrow has no remainder kernel; a - trunc(a / b) * b is SQL's (truncating) remainder.
+    if pa.types.is_integer(a.type) and pa.types.is_integer(b.type):
+        q = pc.divide_checked(a, b)
+        return pc.subtract(a, pc.multiply(q, b))
+    af, bf = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())
+    return pc.subtract(af, pc.multiply(pc.trunc(pc.divide_checked(af, bf)), bf))
+
+
+def _in(x: Value, *items: Value) -> Value:
+    values = pa.array([i.as_py() if isinstance(i, pa.Scalar) else i for i in items if _is_scalar(i)])
+    if len(values) != len(items):
+        raise ExecutionError("IN takes a list of constants")
+    found = pc.is_in(x, value_set=pc.drop_null(values)) if len(values) else pc.is_in(x, value_set=values)
+    # SQL: x IN (...) is NULL when x is NULL, or when not found and the list holds a NULL.
+    result = pc.if_else(pc.is_null(x), pa.scalar(None, pa.bool_()), found)
+    if values.null_count:
+        result = pc.if_else(result, True, pa.scalar(None, pa.bool_()))
+    return result
+
+
+def _is_scalar(v: Any) -> bool:
+    return isinstance(v, pa.Scalar)
+
+
+def _like(x: Value, pattern: Value) -> Value:
+    if not isinstance(pattern, pa.Scalar) or not isinstance(pattern.as_py(), str):
+        raise ExecutionError("LIKE needs a constant string pattern")
+    return pc.match_like(x, pattern.as_py())
+
+
+def _coalesce(*args: Value) -> Value:
+    return pc.coalesce(*args)
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """How an operator evaluates: an arity range and a kernel over evaluated arguments."""
+
+    arity: tuple[int, int]
+    kernel: Callable[..., Value]
+
+
+OPS: dict[str, OpSpec] = {
+    "add": OpSpec((2, 2), pc.add_checked),
+    "sub": OpSpec((2, 2), pc.subtract_checked),
+    "mul": OpSpec((2, 2), pc.multiply_checked),
+    "div": OpSpec((2, 2), _div),
+    "mod": OpSpec((2, 2), _mod),
+    "neg": OpSpec((1, 1), pc.negate_checked),
+    "eq": OpSpec((2, 2), pc.equal),
+    "ne": OpSpec((2, 2), pc.not_equal),
+    "lt": OpSpec((2, 2), pc.less),
+    "le": OpSpec((2, 2), pc.less_equal),
+    "gt": OpSpec((2, 2), pc.greater),
+    "ge": OpSpec((2, 2), pc.greater_equal),
+    "and": OpSpec((2, 2), pc.and_kleene),
+    "or": OpSpec((2, 2), pc.or_kleene),
+    "not": OpSpec((1, 1), pc.invert),
+    "is_null": OpSpec((1, 1), pc.is_null),
+    "is_not_null": OpSpec((1, 1), pc.is_valid),
+    "in": OpSpec((1, 1000), _in),
+    "like": OpSpec((2, 2), _like),
+    "abs": OpSpec((1, 1), pc.abs_checked),
+    "lower": OpSpec((1, 1), pc.utf8_lower),
+    "upper": OpSpec((1, 1), pc.utf8_upper),
+    "length": OpSpec((1, 1), pc.utf8_length),
+    "coalesce": OpSpec((1, 100), _coalesce),
+}
+
+
+# ---------------------------------------------------------------- plain form
+
+
+def expr_to_plain(expr: Expr) -> list[Any]:
+    """The msgpack-able form of ``expr``."""
+    if isinstance(expr, Column):
+        return ["col", expr.name]
+    if isinstance(expr, Literal):
+        return ["lit", expr.value]
+    if isinstance(expr, Param):
+        return ["param", expr.index]
+    return ["call", expr.op, [expr_to_plain(a) for a in expr.args]]
+
+
+_MAX_DEPTH = 64
+
+
+def expr_from_plain(plain: Any, path: str = "expr", depth: int = 0) -> Expr:
+    """Decode and validate an expression; errors name the path of the bad part.
+
+    Raises:
+        PlanError: for anything that is not a well-formed expression.
+    """
+    if depth > _MAX_DEPTH:
+        raise PlanError(path, f"expression nested deeper than {_MAX_DEPTH}")
+    if type(plain) is not list or not plain or type(plain[0]) is not str:
+        raise PlanError(path, f"expected an array starting with a tag, got {type(plain).__name__}")
+    tag = plain[0]
+    if tag == "col" and len(plain) == 2 and type(plain[1]) is str:
+        return Column(name=plain[1])
+    if tag == "lit" and len(plain) == 2:
+        return Literal(value=plain[1])
+    if tag == "param" and len(plain) == 2:
+        return Param(index=plain[1])
+    if tag == "call" and len(plain) == 3 and type(plain[1]) is str and type(plain[2]) is list:
+        args = tuple(expr_from_plain(a, f"{path}.{plain[1]}[{i}]", depth + 1) for i, a in enumerate(plain[2]))
+        return Call(op=plain[1], args=args)
+    raise PlanError(path, f"malformed {tag!r} expression: {plain!r:.80}")
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def columns_of(expr: Expr) -> set[str]:
+    """The input columns ``expr`` reads."""
+    if isinstance(expr, Column):
+        return {expr.name}
+    if isinstance(expr, Call):
+        out: set[str] = set()
+        for a in expr.args:
+            out |= columns_of(a)
+        return out
+    return set()
+
+
+def evaluate(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Value:
+    """Evaluate ``expr`` over every row of ``table`` at once.
+
+    Returns:
+        An array (or chunked array) with one value per row, or a scalar for constant expressions.
+
+    Raises:
+        ExecutionError: a missing column or parameter, a type mismatch, an overflow, a division by zero.
+    """
+    if isinstance(expr, Column):
+        if expr.name not in table.column_names:
+            raise ExecutionError(f"column {expr.name!r} does not exist; columns are {table.column_names}")
+        return table.column(expr.name)
+    if isinstance(expr, Literal):
+        return pa.scalar(expr.value)
+    if isinstance(expr, Param):
+        if expr.index >= len(params):
+            raise ExecutionError(f"parameter {expr.index} is not given ({len(params)} parameters)")
+        return pa.scalar(params[expr.index])
+    args = [evaluate(a, table, params) for a in expr.args]
+    try:
+        return OPS[expr.op].kernel(*args)
+    except ExecutionError:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ExecutionError(f"{expr.op}: {exc}") from None
+
+
+def evaluate_column(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Value:
+    """Like ``evaluate`` but always one value per row (constants are repeated)."""
+    value = evaluate(expr, table, params)
+    if isinstance(value, pa.Scalar):
+        return pa.repeat(value, table.num_rows)
+    return value

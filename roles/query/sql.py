@@ -1,0 +1,421 @@
+"""The SQL front end: one ``SELECT`` over one table, parsed with sqlglot (Spark dialect) into a logical plan.
+
+Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, LIKE, ABS, LOWER,
+UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), WHERE, GROUP BY (expressions or
+select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions; ASC/DESC; NULLS
+FIRST/LAST with Spark's defaults: first for ASC, last for DESC), LIMIT and OFFSET, and the aggregates
+COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG. Everything else is refused with a
+``SqlError`` that points at the offending part of the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+
+from sparkbus.roles.query.errors import SqlError
+from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param
+from sparkbus.roles.query.plan import (
+    AggCall,
+    Aggregate,
+    Filter,
+    Limit,
+    PlanNode,
+    Project,
+    Scan,
+    Sort,
+    SortKey,
+)
+
+_BINARY: dict[type[exp.Expr], str] = {
+    exp.Add: "add",
+    exp.Sub: "sub",
+    exp.Mul: "mul",
+    exp.Div: "div",
+    exp.Mod: "mod",
+    exp.EQ: "eq",
+    exp.NEQ: "ne",
+    exp.LT: "lt",
+    exp.LTE: "le",
+    exp.GT: "gt",
+    exp.GTE: "ge",
+    exp.And: "and",
+    exp.Or: "or",
+    exp.Like: "like",
+}
+_FUNCS: dict[type[exp.Expr], str] = {
+    exp.Abs: "abs",
+    exp.Lower: "lower",
+    exp.Upper: "upper",
+    exp.Length: "length",
+}
+_AGGS: dict[type[exp.Expr], str] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Min: "min",
+    exp.Max: "max",
+    exp.Avg: "avg",
+}
+_CLAUSES = {"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "kind"}
+_NO_LIMIT = 1 << 62
+
+Hook = Callable[[exp.Expr], Expr | None]
+
+
+@dataclass
+class _Context:
+    sql: str
+    table: str
+    alias: str | None
+    params: dict[int, int] = field(default_factory=dict)
+
+    def error(self, reason: str, node: exp.Expr | None = None) -> SqlError:
+        start, end = _span(node) if node is not None else (None, None)
+        return SqlError(reason, self.sql, start, end)
+
+
+def _span(node: exp.Expr) -> tuple[int | None, int | None]:
+    """Character offsets of ``node`` in the text, from the tokens sqlglot kept positions for."""
+    starts, ends = [], []
+    for n in node.walk():
+        meta = getattr(n, "_meta", None) or {}
+        if "start" in meta:
+            starts.append(meta["start"])
+            ends.append(meta["end"] + 1)
+    if not starts:
+        return None, None
+    return min(starts), max(ends)
+
+
+def parse_sql(sql: str) -> PlanNode:
+    """A logical plan for ``sql``.
+
+    Raises:
+        SqlError: a syntax error or a construct outside the subset, pointing at the offending text.
+    """
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        info = exc.errors[0] if exc.errors else {}
+        line, col = info.get("line"), info.get("col")
+        start = None
+        if isinstance(line, int) and isinstance(col, int):
+            line_start = 0
+            for _ in range(line - 1):
+                line_start = sql.find("\n", line_start) + 1
+            start = max(0, line_start + col - len(info.get("highlight") or " "))
+        reason = str(info.get("description") or exc).split("<Token")[0].strip()
+        raise SqlError(
+            f"syntax error: {reason}",
+            sql,
+            start,
+            start + len(info.get("highlight") or " ") if start is not None else None,
+        ) from None
+    except sqlglot.errors.SqlglotError as exc:
+        raise SqlError(f"syntax error: {exc}", sql) from None
+    if len(statements) != 1:
+        raise SqlError(f"expected one statement, got {len(statements)}", sql)
+    select = statements[0]
+    if not isinstance(select, exp.Select):
+        raise SqlError(f"only SELECT is supported, not {select.key.upper()}", sql, *_span(select))
+    return _Translator(sql, select).plan()
+
+
+class _Translator:
+    def __init__(self, sql: str, select: exp.Select) -> None:
+        self.select = select
+        for key, value in select.args.items():
+            if value and key not in _CLAUSES:
+                raise SqlError(
+                    f"{key.upper()} is not supported",
+                    sql,
+                    *_span(value) if isinstance(value, exp.Expr) else (None, None),
+                )
+        if select.args.get("kind"):
+            raise SqlError("SELECT DISTINCT is not supported; use GROUP BY", sql)
+        source = select.args.get("from_")
+        if source is None:
+            raise SqlError("a query needs FROM <table>", sql, *_span(select))
+        table = source.this
+        if (
+            not isinstance(table, exp.Table)
+            or not isinstance(table.this, exp.Identifier)
+            or table.args.get("db")
+        ):
+            raise SqlError("FROM takes one table name", sql, *_span(source))
+        self.ctx = _Context(sql, table.name, table.alias or None)
+        order = 0
+        for clause in ("expressions", "where", "group", "having", "order"):
+            value = select.args.get(clause)
+            for node in value if isinstance(value, list) else [value] if value is not None else []:
+                for sub in node.walk(bfs=False):
+                    if isinstance(sub, exp.Placeholder):
+                        self.ctx.params[id(sub)] = order
+                        order += 1
+
+    def error(self, reason: str, node: exp.Expr | None = None) -> SqlError:
+        return self.ctx.error(reason, node)
+
+    # -------------------------------------------------------------- expressions
+
+    def expr(self, node: exp.Expr, hook: Hook | None = None) -> Expr:
+        if hook is not None:
+            hooked = hook(node)
+            if hooked is not None:
+                return hooked
+        if isinstance(node, exp.Paren):
+            return self.expr(node.this, hook)
+        if isinstance(node, exp.Column):
+            qualifier = node.table
+            if qualifier and qualifier not in (self.ctx.table, self.ctx.alias):
+                raise self.error(f"unknown table {qualifier!r} (the query reads {self.ctx.table!r})", node)
+            return Column(name=node.name)
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return Literal(value=node.this)
+            text = node.this
+            try:
+                return Literal(value=int(text))
+            except ValueError:
+                return Literal(value=float(text))
+        if isinstance(node, exp.Boolean):
+            return Literal(value=bool(node.this))
+        if isinstance(node, exp.Null):
+            return Literal(value=None)
+        if isinstance(node, exp.Placeholder):
+            return Param(index=self.ctx.params[id(node)])
+        if isinstance(node, exp.Neg):
+            inner = self.expr(node.this, hook)
+            if (
+                isinstance(inner, Literal)
+                and isinstance(inner.value, int | float)
+                and not isinstance(inner.value, bool)
+            ):
+                return Literal(value=-inner.value)
+            return Call(op="neg", args=(inner,))
+        if isinstance(node, exp.Not):
+            if isinstance(node.this, exp.Is):
+                return Call(op="is_not_null", args=(self._is_null_arg(node.this, hook),))
+            return Call(op="not", args=(self.expr(node.this, hook),))
+        if isinstance(node, exp.Is):
+            return Call(op="is_null", args=(self._is_null_arg(node, hook),))
+        if isinstance(node, exp.Between):
+            x = self.expr(node.this, hook)
+            low, high = self.expr(node.args["low"], hook), self.expr(node.args["high"], hook)
+            return Call(op="and", args=(Call(op="ge", args=(x, low)), Call(op="le", args=(x, high))))
+        if isinstance(node, exp.In):
+            if node.args.get("query") or not node.expressions:
+                raise self.error("IN takes a list of constants", node)
+            items = tuple(self.expr(e, hook) for e in node.expressions)
+            for e, item in zip(node.expressions, items, strict=True):
+                if not isinstance(item, Literal | Param):
+                    raise self.error("IN takes a list of constants", e)
+            return Call(op="in", args=(self.expr(node.this, hook), *items))
+        if isinstance(node, exp.Coalesce):
+            args = [node.this, *node.expressions]
+            return Call(op="coalesce", args=tuple(self.expr(a, hook) for a in args))
+        op = _BINARY.get(type(node))
+        if op is not None:
+            return Call(op=op, args=(self.expr(node.this, hook), self.expr(node.expression, hook)))
+        op = _FUNCS.get(type(node))
+        if op is not None:
+            return Call(op=op, args=(self.expr(node.this, hook),))
+        if isinstance(node, exp.AggFunc):
+            raise self.error(f"aggregate {node.sql(dialect='spark')} is not allowed here", node)
+        raise self.error(f"unsupported expression {node.sql(dialect='spark')!r}", node)
+
+    def _is_null_arg(self, node: exp.Is, hook: Hook | None) -> Expr:
+        if not isinstance(node.expression, exp.Null):
+            raise self.error("only IS NULL and IS NOT NULL are supported", node)
+        return self.expr(node.this, hook)
+
+    # -------------------------------------------------------------- the query
+
+    def plan(self) -> PlanNode:
+        s = self.select
+        where = s.args.get("where")
+        scan = Scan(table=self.ctx.table, predicate=self.expr(where.this) if where is not None else None)
+        items = s.expressions
+        group = s.args.get("group")
+        having = s.args.get("having")
+        aggregated = (
+            group is not None
+            or having is not None
+            or any(isinstance(n, exp.AggFunc) for i in items for n in i.walk())
+        )
+        star = len(items) == 1 and isinstance(items[0], exp.Star)
+        if any(isinstance(i, exp.Star) for i in items) and not star:
+            raise self.error("* must be the only item of the select list", items[0])
+        if aggregated:
+            if star:
+                raise self.error("SELECT * cannot be aggregated", items[0])
+            return self._aggregated(scan, group, having)
+        return self._plain(scan, star)
+
+    def _names(self) -> list[str]:
+        names: list[str] = []
+        for item in self.select.expressions:
+            name = (
+                item.alias
+                if isinstance(item, exp.Alias)
+                else item.name
+                if isinstance(item, exp.Column)
+                else item.sql(dialect="spark")
+            )
+            if name in names or name.startswith("__"):
+                raise self.error(f"duplicate or reserved output name {name!r}; use AS", item)
+            names.append(name)
+        return names
+
+    def _item_expr(self, item: exp.Expr) -> exp.Expr:
+        return item.this if isinstance(item, exp.Alias) else item
+
+    def _ordinal(self, node: exp.Expr, clause: str) -> int | None:
+        if isinstance(node, exp.Literal) and not node.is_string:
+            n = int(node.this) if node.this.isdigit() else 0
+            if not 1 <= n <= len(self.select.expressions):
+                raise self.error(f"{clause} position {node.this} is not in the select list", node)
+            return n - 1
+        return None
+
+    def _order(
+        self, names: list[str], hook: Hook | None, star: bool
+    ) -> tuple[list[SortKey], list[tuple[str, Expr]]]:
+        keys: list[SortKey] = []
+        hidden: list[tuple[str, Expr]] = []
+        order = self.select.args.get("order")
+        for i, ordered in enumerate(order.expressions if order is not None else []):
+            node = ordered.this
+            desc = bool(ordered.args.get("desc"))
+            nulls_first = ordered.args.get("nulls_first")
+            nulls_first = (not desc) if nulls_first is None else bool(nulls_first)
+            position = self._ordinal(node, "ORDER BY")
+            if position is not None:
+                column = names[position]
+            elif isinstance(node, exp.Column) and not node.table and node.name in names:
+                column = node.name
+            elif star:
+                if not isinstance(node, exp.Column):
+                    raise self.error("with SELECT *, ORDER BY takes column names", node)
+                column = node.name
+            else:
+                column = f"__o{i}"
+                hidden.append((column, self.expr(node, hook)))
+            keys.append(SortKey(column=column, descending=desc, nulls_first=nulls_first))
+        return keys, hidden
+
+    def _limit(self, node: PlanNode) -> PlanNode:
+        limit, offset = self.select.args.get("limit"), self.select.args.get("offset")
+        if limit is None and offset is None:
+            return node
+        count = self._count(limit.expression, "LIMIT") if limit is not None else _NO_LIMIT
+        skip = self._count(offset.expression, "OFFSET") if offset is not None else 0
+        return Limit(input=node, count=count, offset=skip)
+
+    def _count(self, node: exp.Expr, clause: str) -> int:
+        if not isinstance(node, exp.Literal) or node.is_string or not node.this.isdigit():
+            raise self.error(f"{clause} takes a non-negative integer", node)
+        return int(node.this)
+
+    def _finish(
+        self, node: PlanNode, names: list[str], keys: list[SortKey], hidden: list[tuple[str, Expr]]
+    ) -> PlanNode:
+        if keys:
+            node = Sort(input=node, keys=tuple(keys))
+        node = self._limit(node)
+        if hidden:
+            node = Project(input=node, items=tuple((n, Column(name=n)) for n in names))
+        return node
+
+    def _plain(self, scan: Scan, star: bool) -> PlanNode:
+        if star:
+            keys, _ = self._order([], None, star=True)
+            return self._finish(scan, [], keys, [])
+        names = self._names()
+        items = [
+            (n, self.expr(self._item_expr(i))) for n, i in zip(names, self.select.expressions, strict=True)
+        ]
+        keys, hidden = self._order(names, None, star=False)
+        node = Project(input=scan, items=tuple(items + hidden))
+        return self._finish(node, names, keys, hidden)
+
+    def _aggregated(self, scan: Scan, group: exp.Group | None, having: exp.Having | None) -> PlanNode:
+        names = self._names()
+        key_exprs: list[Expr] = []
+        for g in group.expressions if group is not None else []:
+            position = self._ordinal(g, "GROUP BY")
+            node = self._item_expr(self.select.expressions[position]) if position is not None else g
+            if any(isinstance(n, exp.AggFunc) for n in node.walk()):
+                raise self.error("GROUP BY cannot hold an aggregate", g)
+            e = self.expr(node)
+            if e not in key_exprs:
+                key_exprs.append(e)
+        args: list[Expr] = []
+        aggs: list[tuple[str, Expr | None]] = []
+
+        def post(node: exp.Expr) -> Expr | None:
+            if isinstance(node, exp.AggFunc):
+                return Column(name=f"__g{self._agg(node, args, aggs)}")
+            if any(isinstance(n, exp.AggFunc) for n in node.walk()):
+                return None
+            e = self.expr(node)
+            if e in key_exprs:
+                return Column(name=f"__k{key_exprs.index(e)}")
+            if isinstance(node, exp.Column):
+                raise self.error(f"column {node.name!r} must appear in GROUP BY or inside an aggregate", node)
+            return None
+
+        items = [
+            (n, self.expr(self._item_expr(i), post))
+            for n, i in zip(names, self.select.expressions, strict=True)
+        ]
+        having_expr = self.expr(having.this, post) if having is not None else None
+        keys, hidden = self._order(names, post, star=False)
+        pre_items = [(f"__k{i}", e) for i, e in enumerate(key_exprs)] + [
+            (f"__a{i}", e) for i, e in enumerate(args)
+        ]
+        pre: PlanNode = (
+            Project(input=scan, items=tuple(pre_items))
+            if pre_items
+            else Scan(table=scan.table, columns=(), predicate=scan.predicate)
+        )
+        calls = tuple(
+            AggCall(name=f"__g{i}", func=func, column=None if arg is None else f"__a{args.index(arg)}")  # type: ignore[arg-type]
+            for i, (func, arg) in enumerate(aggs)
+        )
+        result: PlanNode = Aggregate(
+            input=pre, keys=tuple(f"__k{i}" for i in range(len(key_exprs))), aggs=calls
+        )
+        if having_expr is not None:
+            result = Filter(input=result, predicate=having_expr)
+        result = Project(input=result, items=tuple(items + hidden))
+        return self._finish(result, names, keys, hidden)
+
+    def _agg(self, node: exp.AggFunc, args: list[Expr], aggs: list[tuple[str, Expr | None]]) -> int:
+        func = _AGGS.get(type(node))
+        if func is None:
+            raise self.error(f"unsupported aggregate {node.sql(dialect='spark')}", node)
+        inner = node.this
+        if isinstance(inner, exp.Distinct):
+            if func != "count" or len(inner.expressions) != 1:
+                raise self.error("only COUNT(DISTINCT x) of one expression is supported", node)
+            func, inner = "count_distinct", inner.expressions[0]
+        arg: Expr | None
+        if func == "count" and (
+            isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string)
+        ):
+            arg = None  # COUNT(*) and COUNT(1) count rows
+        elif inner is None or isinstance(inner, exp.Star):
+            raise self.error(f"{func.upper()} needs an argument", node)
+        else:
+            if any(isinstance(n, exp.AggFunc) for n in inner.walk()):
+                raise self.error("aggregates cannot be nested", node)
+            arg = self.expr(inner)
+            if arg not in args:
+                args.append(arg)
+        if (func, arg) not in aggs:
+            aggs.append((func, arg))
+        return aggs.index((func, arg))
