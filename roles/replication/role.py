@@ -370,7 +370,7 @@ class ReplicationRole:
             if replica.placement not in entry.acked:
                 self._offer(rep, target_partition, replica, entry, split)
                 return
-        if split is None and replica.joining:
+        if split is None and replica.joining and replica.node in self.live and rep.store.root is not None:
             self._finalize_join(rep, replica)
 
     def _follow(self, rep: _Local) -> None:

@@ -225,13 +225,13 @@ class PartitionStore:
 
     def _check_schema(self, table: pa.Table) -> pa.Table:
         user = pa.schema([f for f in table.schema if f.name not in HIDDEN])
+        missing = [k for k in self.config.key if k not in user.names]
+        if missing:
+            raise StoreError(f"{self.partition}: rows lack key column(s) {missing}")
         if self.schema is not None and not user.equals(self._user_schema()):
             raise StoreError(
                 f"{self.partition}: rows have schema {user}, the partition has {self._user_schema()}"
             )
-        missing = [k for k in self.config.key if k not in user.names]
-        if missing:
-            raise StoreError(f"{self.partition}: rows lack key column(s) {missing}")
         for k in self.config.key:
             if table.column(k).null_count:
                 raise StoreError(f"{self.partition}: key column {k!r} has nulls")
@@ -449,9 +449,9 @@ class PartitionStore:
 
     def versioned_rows(self) -> pa.Table:
         """The live rows with their version columns (chain plus memtable, upserted)."""
-        parts = [self._chain_table(chain(self.entries, self.root)), *self._memtable]
         if self.schema is None:
             return pa.table({})
+        parts = [self._chain_table(chain(self.entries, self.root)), *self._memtable]
         return upsert(pa.concat_tables([p.cast(self.schema) for p in parts]), self.config.key)
 
     def rows(self) -> pa.Table:

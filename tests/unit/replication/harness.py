@@ -257,8 +257,8 @@ class Cluster:
         self._deliver(node, LocalCall(call_id=cid, name=name, args=args))
         return self.replies.pop(cid)
 
-    def write(self, node: str, partition: str, rows: dict[str, list[Any]]) -> Reply:
-        batch = pa.RecordBatch.from_pydict(rows)
+    def write(self, node: str, partition: str, rows: dict[str, list[Any]] | pa.RecordBatch) -> Reply:
+        batch = rows if isinstance(rows, pa.RecordBatch) else pa.RecordBatch.from_pydict(rows)
         return self.call(node, "write", partition=partition, rows=bytes(encode_batch(batch)))
 
     def read(self, node: str, partition: str) -> dict[str, list[Any]]:

@@ -1,0 +1,220 @@
+"""Scenarios of spec sections 3.3-3.8 over the in-memory harness, with fixed seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
+from sparkbus.roles.replication.role import ReplicationConfig
+from sparkbus.roles.replication.store import StoreConfig
+
+from .harness import Cluster
+
+P = "t/0"
+NODES = ["a", "b", "c"]
+
+
+def spec(*nodes: str, partition: str = P, first_placement: int = 1, **kw: Any) -> PartitionSpec:
+    replicas = tuple(Replica(node=n, placement=first_placement + i) for i, n in enumerate(nodes))
+    return PartitionSpec(partition=partition, replicas=replicas, **kw)
+
+
+def config(**store: Any) -> ReplicationConfig:
+    base: dict[str, Any] = {"flush_rows": 4, "compact_minors": 3, "flush_age": 5.0}
+    base.update(store)
+    return ReplicationConfig(store=StoreConfig(**base), chunk_bytes=300, credit_bytes=900, retry_after=0.5)
+
+
+def write_keys(c: Cluster, node: str, keys: range, tag: str = "v", partition: str = P) -> list[int]:
+    acked = []
+    for k in keys:
+        r = c.write(node, partition, {"key": [k], "v": [f"{tag}{k}"]})
+        if r.error is None:
+            acked.append(k)
+    return acked
+
+
+def assert_identical(c: Cluster, nodes: list[str], keys: list[int], partition: str = P) -> None:
+    first = c.read(nodes[0], partition)
+    assert sorted(first["key"]) == sorted(keys)
+    for n in nodes[1:]:
+        assert c.read(n, partition) == first, n
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_followers_fast_forward_in_steady_state(seed: int) -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=seed)
+    keys = write_keys(c, "a", range(40))
+    c.settle(20)
+    assert_identical(c, NODES, keys)
+    for n in "bc":
+        counters = c.status(n)["counters"]
+        assert counters.get("fast_forwards", 0) > 0
+        assert counters.get("merges", 0) == 0
+    assert c.status("a")["counters"].get("merges", 0) == 0
+
+
+def test_a_write_to_a_follower_is_refused_with_the_leaders_name() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config())
+    r = c.write("b", P, {"key": [1], "v": ["x"]})
+    assert r.error is not None and "leader: a" in r.error
+    assert r.result == {"leader": "a"}
+
+
+def test_bad_rows_are_refused_and_change_nothing() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config())
+    assert c.write("a", P, {"key": [1], "v": ["x"]}).error is None
+    assert "schema" in (c.write("a", P, {"key": [2], "w": [1.5]}).error or "")
+    nulls = pa.RecordBatch.from_pydict({"key": pa.array([None], pa.int64()), "v": pa.array(["y"])})
+    assert "nulls" in (c.write("a", P, nulls).error or "")
+    assert "key column" in (c.write("a", P, {"id": [3], "v": ["z"]}).error or "")
+    assert c.call("a", "write", partition=P, rows=b"junk").error is not None
+    assert c.read("a", P)["key"] == [1]
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_two_leaders_fork_the_chain_and_merges_repair_it(seed: int) -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=seed)
+    keys = write_keys(c, "a", range(10))
+    c.settle(10)
+    # a is cut off from b and c: b (first live in their view) leads there, a still leads on its side.
+    c.cut("a", "b")
+    c.cut("a", "c")
+    assert c.leader("a", P) == "a" and c.leader("b", P) == "b"
+    keys += write_keys(c, "a", range(100, 112), "a")
+    keys += write_keys(c, "b", range(200, 212), "b")
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(30)
+    assert c.leader("b", P) == "a"
+    assert_identical(c, NODES, keys)
+    assert c.status("a")["counters"].get("merges", 0) > 0
+
+
+def test_a_new_leader_answers_segment_exists_for_what_it_has() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=6)
+    keys = write_keys(c, "a", range(12))
+    c.settle(10)
+    c.crash("a")
+    c.settle(10)
+    assert c.leader("c", P) == "b"
+    assert c.status("c")["counters"].get("declined_SEGMENT_EXISTS", 0) > 0
+    keys += write_keys(c, "b", range(50, 55))
+    c.settle(10)
+    c.restart("a")
+    c.settle(30)
+    assert_identical(c, NODES, keys)
+
+
+def test_a_follower_offline_through_several_compactions_catches_up() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=7)
+    keys = write_keys(c, "a", range(8))
+    c.settle(10)
+    c.crash("c")
+    for round_ in range(4):
+        keys += write_keys(c, "a", range(100 * (round_ + 1), 100 * (round_ + 1) + 12))
+        c.settle(10)
+    assert c.status("a")["counters"].get("compactions", 0) >= 2
+    c.restart("c")
+    c.settle(30)
+    assert_identical(c, NODES, keys)
+    status = c.status("c")["partitions"][P]
+    assert status["segments"][0][2], "c restarted from the leader's major segment"
+    assert len(status["segments"]) <= 4, "old segments were deleted once a major included them"
+
+
+def test_aba_stale_minor_after_another_major_is_out_of_order() -> None:
+    # Spec 3.6, first case: b gets a's major and minor, then c's major, then a's minor based on a's
+    # previous minor. b declines OUT_OF_ORDER; a forgets b's acks and restarts from its major.
+    c = Cluster(NODES, [spec("a", "c", "b")], config(), seed=8)
+    keys = write_keys(c, "a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    assert c.leader("b", P) == "c"
+    keys += write_keys(c, "c", range(300, 316), "c")  # c flushes and compacts: b fast-forwards c's major
+    c.settle(10)
+    keys += write_keys(c, "a", range(100, 104), "a")  # a's minor, based on the minor b acked
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(40)
+    assert c.status("b")["counters"].get("sent_decline_OUT_OF_ORDER", 0) > 0
+    assert c.status("a")["counters"].get("declined_OUT_OF_ORDER", 0) > 0
+    assert_identical(c, NODES, keys)
+
+
+def test_aba_reassigned_leader_gets_a_new_placement_and_loses_nothing() -> None:
+    # Spec 3.6, second case: a leads, is unassigned, b leads, a is re-assigned (empty) and leads again.
+    # The followers' acked lists name a's old placement, so they push everything to the new one.
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=9)
+    keys = write_keys(c, "a", range(10))
+    c.settle(10)
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:
+        assert c.call(n, "assign", spec=without_a).error is None
+    c.settle(5)
+    keys += write_keys(c, "b", range(50, 56), "b")
+    c.settle(10)
+    again = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=11), *without_a.replicas))
+    for n in NODES:
+        assert c.call(n, "assign", spec=again).error is None
+    assert c.leader("b", P) == "a"
+    c.settle(40)
+    assert_identical(c, NODES, keys)
+    acked = {p for s in c.status("b")["partitions"][P]["segments"] for p in s[3]}
+    assert 11 in acked and 1 not in acked
+
+
+def test_a_joining_replica_is_never_leader_and_is_finalized() -> None:
+    joining = PartitionSpec(
+        partition=P,
+        replicas=(
+            Replica(node="c", placement=3, joining=True),
+            Replica(node="a", placement=1),
+            Replica(node="b", placement=2),
+        ),
+    )
+    c = Cluster(NODES, [joining], config(), seed=10)
+    assert c.leader("c", P) == "a"
+    keys = write_keys(c, "a", range(10))
+    c.settle(20)
+    assert_identical(c, NODES, keys)
+    for n in NODES:
+        assert not c.role(n).layout.partitions[P].replicas[0].joining, n
+    assert c.status("a")["counters"].get("joins_finalized") == 1
+    # Finalized, c is first in placement order: it is now eligible and leads.
+    assert c.leader("b", P) == "c"
+
+
+@pytest.mark.parametrize("async_split", [False, True])
+def test_split_while_a_replica_is_offline(async_split: bool) -> None:
+    low, high = "t/1", "t/2"
+    specs = [
+        spec(*NODES),
+        spec("a", "b", partition=low, first_placement=21, lifecycle=Lifecycle.LOAD),
+        spec("b", "a", partition=high, first_placement=31, lifecycle=Lifecycle.LOAD),
+    ]
+    c = Cluster(NODES, specs, config(), seed=11)
+    keys = write_keys(c, "a", range(0, 40, 2))
+    c.settle(10)
+    c.crash("c")
+    keys += write_keys(c, "a", range(1, 20, 2))
+    targets = (SplitTarget(partition=low, high=20), SplitTarget(partition=high, low=20))
+    assert c.call("a", "split", partition=P, targets=targets, async_split=async_split).error is None
+    c.settle(30)
+    assert c.status("a")["partitions"][P]["lifecycle"] in ("UNLOAD", "UNLOAD_FINAL")
+    c.restart("c")
+    c.settle(40)
+    for n in NODES:
+        assert c.status(n)["partitions"][P]["lifecycle"] == "UNLOAD_FINAL", n
+    assert_identical(c, ["a", "b"], [k for k in keys if k < 20], partition=low)
+    assert_identical(c, ["b", "a"], [k for k in keys if k >= 20], partition=high)
+    for part in (low, high):
+        assert c.status("a")["partitions"][part]["lifecycle"] == "SERVE"
+    assert c.write("a", low, {"key": [5], "v": ["new"]}).error is None
+    assert c.write("a", P, {"key": [5], "v": ["old"]}).error is not None
