@@ -1,0 +1,485 @@
+"""Presto's HTTP exchange over a node's output buffers: the baseline BinX is measured against.
+
+A real HTTP/1.1 server with keep-alive (the standard library's ``ThreadingHTTPServer``) and a keep-alive
+client (``http.client``). Endpoints, headers and status codes follow Presto's worker protocol
+(protocol-facts section 3.3):
+
+=========================================================  ================================================
+``GET  /v1/task/{taskId}/results/{bufferId}/{token}``      pages from ``token`` (acknowledges before it)
+``GET  /v1/task/{taskId}/results/{bufferId}/{token}/acknowledge``  acknowledge pages before ``token``
+``HEAD /v1/task/{taskId}/results/{bufferId}/{token}``      size probe: headers only
+``DELETE /v1/task/{taskId}/results/{bufferId}``            abort / clean up the buffer
+=========================================================  ================================================
+
+Request headers ``X-Presto-Max-Size`` (a data size, ``1048576B``, ``1MB``) and ``X-Presto-Max-Wait`` (a
+duration, ``2s``, ``500ms``) bound each GET; response headers ``X-Presto-Task-Instance-Id``,
+``X-Presto-Page-Sequence-Id``, ``X-Presto-Page-End-Sequence-Id``, ``X-Presto-Buffer-Complete`` and
+``X-Presto-Buffer-Remaining-Bytes`` describe the result. 200 carries pages, 204 means none.
+
+Body framing (ours; ``docs/EXCHANGE.md``): each page is a 4-byte little-endian unsigned length followed by
+the page bytes, as in Presto's pages body where each serialized page is preceded by its header. Errors are
+answered with a text body naming the task and buffer, the status below and the header
+``X-Sparkbus-Error-Code`` (the BinX error code): 404 unknown buffer, 410 token gone, 400 token ahead or a
+malformed request, 500 aborted, 503 overloaded.
+
+The buffers are pure and not thread-safe: every access from this module holds one ``threading.Condition``.
+Producers sharing the buffers must change them inside ``HttpExchangeServer.producer()``, which also
+wakes the long-polls. This module imports no role: the buffers only have to satisfy ``BufferSource``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+from urllib.parse import quote, unquote
+
+PAGES_CONTENT_TYPE = "application/X-presto-pages"
+_LENGTH = struct.Struct("<I")
+_PATH = re.compile(r"^/v1/task/([^/]+)/results/(\d{1,20})(?:/(\d{1,20})(/acknowledge)?)?$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|MB|GB|TB|PB)\s*$")
+_SIZE_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)\s*$")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+#: HTTP status for each BinX error code (``sparkbus.roles.exchange.ErrorCode`` values).
+_ERROR_STATUS = {1: 404, 2: 500, 3: 410, 4: 400, 5: 400, 6: 503}
+
+
+class BufferRead(Protocol):
+    """What one read of a buffer returns (``sparkbus.roles.exchange.PageResult`` satisfies it)."""
+
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def next_token(self) -> int: ...
+    @property
+    def pages(self) -> Sequence[bytes]: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def remaining_bytes(self) -> Sequence[int]: ...
+    @property
+    def error_code(self) -> int: ...
+    @property
+    def error_message(self) -> str: ...
+
+
+class BufferSource(Protocol):
+    """Buffers of pages keyed by (task id, buffer id) (``sparkbus.roles.exchange.OutputBuffers``)."""
+
+    def read(
+        self, task_id: str, buffer_id: int, token: int, max_bytes: int, *, size_only: bool = False
+    ) -> BufferRead: ...
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int: ...
+
+    def delete(self, task_id: str, buffer_id: int) -> None: ...
+
+
+def parse_data_size(text: str) -> int:
+    """Bytes in an airlift DataSize string such as ``1048576B`` or ``32MB``.
+
+    Raises:
+        ValueError: the text is not a data size.
+    """
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"not a data size: {text!r}")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in an airlift Duration string such as ``2s``, ``500ms`` or ``1.5m``.
+
+    Raises:
+        ValueError: the text is not a duration.
+    """
+    m = _DURATION.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+
+
+def frame_pages(pages: Sequence[bytes]) -> bytes:
+    """The HTTP body for ``pages``: each page as a u32 little-endian length and the bytes."""
+    return b"".join(_LENGTH.pack(len(p)) + bytes(p) for p in pages)
+
+
+def unframe_pages(body: bytes) -> list[bytes]:
+    """Split a pages body back into pages.
+
+    Raises:
+        ValueError: the body is truncated or has trailing bytes.
+    """
+    pages: list[bytes] = []
+    view = memoryview(body)
+    at = 0
+    while at < len(view):
+        if at + 4 > len(view):
+            raise ValueError(f"pages body truncated in a length at byte {at}")
+        (n,) = _LENGTH.unpack_from(view, at)
+        at += 4
+        if at + n > len(view):
+            raise ValueError(f"pages body truncated: page of {n} bytes at byte {at}, body has {len(view)}")
+        pages.append(bytes(view[at : at + n]))
+        at += n
+    return pages
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: HttpExchangeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # the exchange is hot; errors are counted on the server instead
+
+    # -- dispatch
+
+    def _route(self) -> tuple[str, int, int | None, bool] | None:
+        m = _PATH.match(self.path.split("?", 1)[0])
+        if m is None:
+            self._send_error(404, 5, f"no such endpoint: {self.path}")
+            return None
+        token = int(m.group(3)) if m.group(3) is not None else None
+        return unquote(m.group(1)), int(m.group(2)), token, m.group(4) is not None
+
+    def do_GET(self) -> None:
+        route = self._route()
+        if route is None:
+            return
+        task_id, buffer_id, token, ack = route
+        if token is None:
+            self._send_error(405, 5, "GET needs a token: /v1/task/{taskId}/results/{bufferId}/{token}")
+            return
+        if ack:
+            with self.server.cond:
+                self.server.source.acknowledge(task_id, buffer_id, token)
+            self._send_empty(204)
+            return
+        self._results(task_id, buffer_id, token, size_only=False)
+
+    def do_HEAD(self) -> None:
+        route = self._route()
+        if route is None:
+            return
+        task_id, buffer_id, token, ack = route
+        if token is None or ack:
+            self._send_error(405, 5, "HEAD is the size probe: /v1/task/{taskId}/results/{bufferId}/{token}")
+            return
+        self._results(task_id, buffer_id, token, size_only=True)
+
+    def do_DELETE(self) -> None:
+        route = self._route()
+        if route is None:
+            return
+        task_id, buffer_id, token, _ = route
+        if token is not None:
+            self._send_error(405, 5, "DELETE takes no token: /v1/task/{taskId}/results/{bufferId}")
+            return
+        with self.server.cond:
+            self.server.source.delete(task_id, buffer_id)
+            self.server.cond.notify_all()
+        self._send_empty(204)
+
+    # -- results
+
+    def _results(self, task_id: str, buffer_id: int, token: int, *, size_only: bool) -> None:
+        try:
+            max_bytes = parse_data_size(self.headers.get("X-Presto-Max-Size", "1MB"))
+            wait = parse_duration(self.headers.get("X-Presto-Max-Wait", "0s"))
+        except ValueError as exc:
+            self._send_error(400, 5, str(exc))
+            return
+        max_bytes = max(1, min(max_bytes, self.server.max_reply_bytes))
+        deadline = time.monotonic() + min(wait, self.server.max_wait)
+        with self.server.cond:
+            while True:
+                result = self.server.source.read(task_id, buffer_id, token, max_bytes, size_only=size_only)
+                ready = result.pages or result.remaining_bytes or result.complete or result.error_code
+                left = deadline - time.monotonic()
+                if ready or left <= 0 or self.server.closing:
+                    break
+                self.server.cond.wait(left)
+        if result.error_code:
+            self._send_error(
+                _ERROR_STATUS.get(result.error_code, 500), result.error_code, result.error_message
+            )
+            return
+        body = b"" if size_only else frame_pages(result.pages)
+        status = 200 if body or size_only else 204
+        self.send_response(status)
+        self.send_header("X-Presto-Task-Instance-Id", result.instance_id)
+        self.send_header("X-Presto-Page-Sequence-Id", str(result.token))
+        self.send_header("X-Presto-Page-End-Sequence-Id", str(result.next_token))
+        self.send_header("X-Presto-Buffer-Complete", "true" if result.complete else "false")
+        remaining = ",".join(str(n) for n in result.remaining_bytes) or "0"
+        self.send_header("X-Presto-Buffer-Remaining-Bytes", remaining)
+        if status == 200:
+            self.send_header("Content-Type", PAGES_CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_empty(self, status: int) -> None:
+        self.send_response(status)
+        self.end_headers()
+
+    def _send_error(self, status: int, code: int, text: str) -> None:
+        self.server.count("errors")
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("X-Sparkbus-Error-Code", str(code))
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class HttpExchangeServer(ThreadingHTTPServer):
+    """Serves ``source`` over Presto's HTTP exchange endpoints.
+
+    Args:
+        source: the buffers to serve.
+        host: address to bind (``127.0.0.1`` in tests).
+        port: port to bind (0 picks a free one; see ``port``).
+        max_wait: the longest long-poll honoured, seconds.
+        max_reply_bytes: cap on ``X-Presto-Max-Size``.
+        idle_timeout: seconds an idle keep-alive connection is kept open.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        source: BufferSource,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_wait: float = 30.0,
+        max_reply_bytes: int = 32 << 20,
+        idle_timeout: float = 30.0,
+    ) -> None:
+        handler = type("Handler", (_Handler,), {"timeout": idle_timeout})
+        super().__init__((host, port), handler)
+        self.source = source
+        self.cond = threading.Condition()
+        self.max_wait = max_wait
+        self.max_reply_bytes = max_reply_bytes
+        self.closing = False
+        self.counters: dict[str, int] = {"errors": 0}
+        self._connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return int(self.server_address[1])
+
+    def count(self, name: str) -> None:
+        """Add one to a counter (thread-safe)."""
+        with self._conn_lock:
+            self.counters[name] = self.counters.get(name, 0) + 1
+
+    @contextmanager
+    def producer(self) -> Iterator[BufferSource]:
+        """Hold the lock while changing the buffers, then wake every long-poll."""
+        with self.cond:
+            yield self.source
+            self.cond.notify_all()
+
+    def start(self) -> HttpExchangeServer:
+        """Serve in a background thread; returns self."""
+        self._thread = threading.Thread(
+            target=self.serve_forever, name=f"http-exchange:{self.port}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving: wake long-polls, close keep-alive connections, release the port."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+        with self._conn_lock:
+            for conn in self._connections:
+                with suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        self.server_close()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HttpPages:
+    """One HTTP exchange response, parsed.
+
+    Attributes:
+        status: the HTTP status (200 or 204).
+        instance_id: ``X-Presto-Task-Instance-Id``.
+        token: ``X-Presto-Page-Sequence-Id``.
+        next_token: ``X-Presto-Page-End-Sequence-Id``.
+        complete: ``X-Presto-Buffer-Complete``.
+        remaining_bytes: ``X-Presto-Buffer-Remaining-Bytes`` (empty for ``0``).
+        pages: the pages of the body.
+    """
+
+    status: int
+    instance_id: str
+    token: int
+    next_token: int
+    complete: bool
+    remaining_bytes: tuple[int, ...]
+    pages: tuple[bytes, ...]
+
+
+class HttpExchangeError(Exception):
+    """The server answered with an error status.
+
+    Attributes:
+        status: the HTTP status.
+        code: the BinX error code from ``X-Sparkbus-Error-Code`` (0 when absent).
+        message: the server's text.
+    """
+
+    def __init__(self, status: int, code: int, message: str) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(f"HTTP {status} (error code {code}): {message}")
+
+
+class HttpExchangeClient:
+    """A keep-alive client of one HTTP exchange server (one connection; not thread-safe).
+
+    Args:
+        host: server address.
+        port: server port.
+        timeout: socket timeout of every request, seconds (added to the long-poll wait).
+    """
+
+    def __init__(self, host: str, port: int, *, timeout: float = 20.0) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> HttpExchangeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
+        self, method: str, path: str, headers: dict[str, str], wait: float
+    ) -> tuple[http.client.HTTPResponse, bytes]:
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout + wait)
+            self._conn.timeout = self.timeout + wait
+            try:
+                self._conn.request(method, path, headers=headers)
+                resp = self._conn.getresponse()
+                return resp, resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # The server closed an idle keep-alive connection: reconnect once.
+                self.close()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _path(task_id: str, buffer_id: int, token: int | None = None) -> str:
+        base = f"/v1/task/{quote(task_id, safe='')}/results/{buffer_id}"
+        return base if token is None else f"{base}/{token}"
+
+    def _pages(
+        self, method: str, task_id: str, buffer_id: int, token: int, max_bytes: int, max_wait: float
+    ) -> HttpPages:
+        headers = {"X-Presto-Max-Size": f"{max_bytes}B", "X-Presto-Max-Wait": f"{int(max_wait * 1000)}ms"}
+        resp, body = self._request(method, self._path(task_id, buffer_id, token), headers, max_wait)
+        if resp.status not in (200, 204):
+            code = int(resp.getheader("X-Sparkbus-Error-Code", "0") or 0)
+            raise HttpExchangeError(resp.status, code, body.decode(errors="replace"))
+        remaining = resp.getheader("X-Presto-Buffer-Remaining-Bytes", "0")
+        sizes = tuple(int(n) for n in remaining.split(",") if n.strip())
+        return HttpPages(
+            status=resp.status,
+            instance_id=resp.getheader("X-Presto-Task-Instance-Id", ""),
+            token=int(resp.getheader("X-Presto-Page-Sequence-Id", str(token))),
+            next_token=int(resp.getheader("X-Presto-Page-End-Sequence-Id", str(token))),
+            complete=resp.getheader("X-Presto-Buffer-Complete", "false") == "true",
+            remaining_bytes=() if sizes == (0,) else sizes,
+            pages=tuple(unframe_pages(body)),
+        )
+
+    def get(
+        self, task_id: str, buffer_id: int, token: int, *, max_bytes: int = 1 << 20, max_wait: float = 0.0
+    ) -> HttpPages:
+        """GET pages from ``token`` (acknowledging every page before it)."""
+        return self._pages("GET", task_id, buffer_id, token, max_bytes, max_wait)
+
+    def probe(self, task_id: str, buffer_id: int, token: int, *, max_wait: float = 0.0) -> HttpPages:
+        """HEAD size probe: the sizes of the pages available from ``token``."""
+        return self._pages("HEAD", task_id, buffer_id, token, 0, max_wait)
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> None:
+        """Acknowledge every page before ``token`` (best-effort, as in Presto: errors are ignored)."""
+        try:
+            self._request("GET", self._path(task_id, buffer_id, token) + "/acknowledge", {}, 0.0)
+        except OSError:
+            self.close()
+
+    def delete(self, task_id: str, buffer_id: int) -> None:
+        """Delete the buffer on the server.
+
+        Raises:
+            HttpExchangeError: the server refused.
+        """
+        resp, body = self._request("DELETE", self._path(task_id, buffer_id), {}, 0.0)
+        if resp.status not in (200, 204):
+            raise HttpExchangeError(resp.status, 0, body.decode(errors="replace"))
+
+    def fetch_all(
+        self, task_id: str, buffer_id: int, *, max_bytes: int = 1 << 20, max_wait: float = 1.0
+    ) -> list[bytes]:
+        """Read a whole buffer, then delete it (what Presto's exchange source does)."""
+        token = 0
+        pages: list[bytes] = []
+        while True:
+            res = self.get(task_id, buffer_id, token, max_bytes=max_bytes, max_wait=max_wait)
+            pages.extend(res.pages)
+            token = res.next_token
+            if res.complete:
+                self.delete(task_id, buffer_id)
+                return pages

@@ -1,0 +1,162 @@
+"""The HTTP exchange on 127.0.0.1: http.client and curl read the same buffers BinX serves."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sparkbus.bus.http_exchange import (
+    HttpExchangeClient,
+    HttpExchangeError,
+    HttpExchangeServer,
+    unframe_pages,
+)
+from sparkbus.roles.exchange import OutputBuffers
+
+pytestmark = pytest.mark.integration
+
+T = "q9.1.0.0"
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def server() -> Iterator[HttpExchangeServer]:
+    srv = HttpExchangeServer(OutputBuffers(instance_id="inst-1"), host="127.0.0.1", port=0, max_wait=5.0)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture
+def client(server: HttpExchangeServer) -> Iterator[HttpExchangeClient]:
+    with HttpExchangeClient("127.0.0.1", server.port, timeout=TIMEOUT) as c:
+        yield c
+
+
+def fill(server: HttpExchangeServer, buffer_id: int, pages: list[bytes], finish: bool = True) -> None:
+    with server.producer() as src:
+        assert isinstance(src, OutputBuffers)
+        if (T, buffer_id) not in src:
+            src.create(T, buffer_id)
+        src.add_pages(T, buffer_id, pages)
+        if finish:
+            src.no_more_pages(T, buffer_id)
+
+
+def test_get_tokens_acks_and_completion(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
+    fill(server, 0, [b"alpha", b"beta", b"gamma"])
+    first = client.get(T, 0, 0, max_bytes=9)
+    assert first.status == 200 and first.pages == (b"alpha", b"beta")
+    assert (first.token, first.next_token, first.instance_id) == (0, 2, "inst-1")
+    assert first.remaining_bytes == (5,) and not first.complete
+    again = client.get(T, 0, 0, max_bytes=9)
+    assert again.pages == first.pages  # a repeated token re-sends the same pages
+    last = client.get(T, 0, 2)
+    assert last.pages == (b"gamma",) and last.complete
+    with pytest.raises(HttpExchangeError) as err:
+        client.get(T, 0, 1)
+    assert err.value.status == 410 and err.value.code == 3 and T in err.value.message
+    end = client.get(T, 0, 3)
+    assert end.status == 204 and end.complete and end.pages == ()
+
+
+def test_head_probe_ack_delete_and_errors(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
+    fill(server, 1, [b"x" * 10, b"y" * 20], finish=False)
+    probe = client.probe(T, 1, 0)
+    assert probe.status == 200 and probe.remaining_bytes == (10, 20) and probe.pages == ()
+    client.acknowledge(T, 1, 1)
+    src = server.source
+    assert isinstance(src, OutputBuffers) and src.bytes_held == 20
+    with pytest.raises(HttpExchangeError) as err:
+        client.get("ghost", 4, 0)
+    assert err.value.status == 404
+    client.delete(T, 1)
+    client.delete(T, 1)
+    assert src.bytes_held == 0
+    assert client.get(T, 1, 1).complete
+    with server.producer() as s:
+        assert isinstance(s, OutputBuffers)
+        s.create(T, 2)
+        s.abort(T, 2, "task failed")
+    with pytest.raises(HttpExchangeError) as err:
+        client.get(T, 2, 0)
+    assert err.value.status == 500 and "task failed" in err.value.message
+
+
+def test_long_poll_wakes_on_pages(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
+    fill(server, 3, [], finish=False)
+    producer = threading.Timer(0.2, fill, args=(server, 3, [b"late"]))
+    producer.start()
+    try:
+        res = client.get(T, 3, 0, max_wait=TIMEOUT)
+    finally:
+        producer.join(TIMEOUT)
+    assert res.pages == (b"late",) and res.complete
+
+
+def test_long_poll_expiry_is_204(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
+    fill(server, 4, [], finish=False)
+    res = client.get(T, 4, 0, max_wait=0.05)
+    assert res.status == 204 and not res.complete and res.remaining_bytes == ()
+
+
+def test_fetch_all_over_one_keep_alive_connection(
+    server: HttpExchangeServer, client: HttpExchangeClient
+) -> None:
+    pages = [bytes([i]) * (i * 100) for i in range(40)]
+    fill(server, 5, pages)
+    assert client.fetch_all(T, 5, max_bytes=500) == pages
+    assert (T, 5) not in server.source  # type: ignore[operator]
+
+
+def test_bad_requests_are_refused(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
+    conn = client
+    resp, body = conn._request("GET", "/v1/task/x/results/0/0", {"X-Presto-Max-Size": "lots"}, 0.0)
+    assert resp.status == 400 and b"data size" in body
+    resp, _ = conn._request("GET", "/v1/elsewhere", {}, 0.0)
+    assert resp.status == 404
+    resp, _ = conn._request("DELETE", "/v1/task/x/results/0/5", {}, 0.0)
+    assert resp.status == 405
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_reads_a_buffer(server: HttpExchangeServer) -> None:
+    fill(server, 6, [b"hello", b"curl"])
+    url = f"http://127.0.0.1:{server.port}/v1/task/{T}/results/6/0"
+    out = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "-D", "-", "-H", "X-Presto-Max-Size: 1MB", url],
+        capture_output=True,
+        timeout=TIMEOUT + 5,
+        check=True,
+    ).stdout
+    head, _, body = out.partition(b"\r\n\r\n")
+    headers = head.decode().lower()
+    assert headers.startswith("http/1.1 200")
+    assert "x-presto-page-sequence-id: 0" in headers and "x-presto-page-end-sequence-id: 2" in headers
+    assert "x-presto-buffer-complete: true" in headers
+    assert unframe_pages(body) == [b"hello", b"curl"]
+    deleted = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            url[: url.rindex("/")],
+        ],
+        capture_output=True,
+        timeout=TIMEOUT + 5,
+        check=True,
+    ).stdout
+    assert deleted == b"204"
