@@ -1,0 +1,155 @@
+"""Multiversioned collections on Arrow: consolidated ``(row, time, diff)`` updates with a since and an upper.
+
+An arrangement answers "what are the rows at time t" for every ``t`` with ``since <= t < upper``. Updates
+are kept as one Arrow table whose data columns are followed by ``__time`` and ``__diff`` (int64). Every
+operation is a handful of ``pyarrow.compute`` calls over whole columns; nothing loops over rows in Python.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.codecs import decode_batch, encode_batch
+from sparkbus.roles.compute.times import CLOSED, Frontier
+
+TIME = "__time"
+DIFF = "__diff"
+_UPDATE_FIELDS = (pa.field(TIME, pa.int64(), nullable=False), pa.field(DIFF, pa.int64(), nullable=False))
+
+
+def update_schema(data: pa.Schema) -> pa.Schema:
+    """``data``'s columns followed by ``__time`` and ``__diff``."""
+    return pa.schema([*data, *_UPDATE_FIELDS])
+
+
+def data_schema(updates: pa.Schema) -> pa.Schema:
+    """The data columns of an update schema (without ``__time`` and ``__diff``)."""
+    return pa.schema([f for f in updates if f.name not in (TIME, DIFF)])
+
+
+def empty_updates(data: pa.Schema) -> pa.Table:
+    return update_schema(data).empty_table()
+
+
+def consolidate(updates: pa.Table) -> pa.Table:
+    """Sum the diffs of equal ``(row, time)`` pairs and drop the ones that cancel out."""
+    if updates.num_rows == 0:
+        return updates
+    keys = [n for n in updates.column_names if n != DIFF]
+    summed = updates.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
+    summed = summed.rename_columns([*keys, DIFF])
+    summed = summed.filter(pc.not_equal(summed[DIFF], 0))
+    return summed.select(updates.column_names).cast(updates.schema)
+
+
+def advance_times(updates: pa.Table, since: int) -> pa.Table:
+    """Updates with every time below ``since`` moved up to ``since`` (what compaction does)."""
+    if updates.num_rows == 0:
+        return updates
+    i = updates.schema.get_field_index(TIME)
+    return updates.set_column(i, updates.schema.field(i), pc.max_element_wise(updates[TIME], since))
+
+
+def expand(rows: pa.Table, counts: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """``rows`` with row i repeated ``counts[i]`` times (counts are >= 0), without a Python loop."""
+    counts = counts.combine_chunks() if isinstance(counts, pa.ChunkedArray) else counts
+    if rows.num_rows == 0 or pc.all(pc.equal(counts, 1)).as_py():
+        return rows
+    total = pc.sum(counts).as_py() or 0
+    offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(counts.cast(pa.int64()))])
+    lists = pa.LargeListArray.from_arrays(offsets, pa.nulls(total))
+    return rows.take(pc.list_parent_indices(lists))
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """A table as one Arrow IPC stream holding one record batch."""
+    batch = table.combine_chunks().to_batches()
+    record = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=table.schema)
+    data: bytes = encode_batch(record).to_pybytes()
+    return data
+
+
+def decode_table(data: bytes) -> pa.Table:
+    """The table of one Arrow IPC stream (validated; raises ``DecodeError``)."""
+    return pa.Table.from_batches([decode_batch(data)])
+
+
+class Arrangement:
+    """A collection's updates between ``since`` and ``upper``.
+
+    Attributes:
+        schema: the data columns (without ``__time`` / ``__diff``).
+        since: reads are correct at times ``>= since[0]``; ``()`` once dropped.
+        upper: times ``< upper[0]`` are complete; ``()`` once closed or dropped.
+    """
+
+    def __init__(self, schema: pa.Schema, *, since: int = 0, upper: int = 0) -> None:
+        self.schema = schema
+        self.since: Frontier = (since,)
+        self.upper: Frontier = (upper,)
+        self._parts: list[pa.Table] = []
+        self._consolidated = empty_updates(schema)
+        self._pending_rows = 0
+
+    @property
+    def updates(self) -> pa.Table:
+        """All updates, consolidated and with times advanced to ``since``."""
+        self._fold()
+        return self._consolidated
+
+    def __len__(self) -> int:
+        rows: int = self._consolidated.num_rows
+        return rows + self._pending_rows
+
+    def append(self, updates: pa.Table, upper: int) -> None:
+        """Add complete updates (times below ``upper``) and advance the upper to ``upper``."""
+        if updates.num_rows:
+            self._parts.append(updates.select([*self.schema.names, TIME, DIFF]))
+            self._pending_rows += updates.num_rows
+            # Consolidating on every append would cost O(size) per write; folding once the pending
+            # updates outnumber the consolidated ones keeps appends amortised O(batch).
+            if self._pending_rows > max(1024, self._consolidated.num_rows):
+                self._fold()
+        if self.upper and upper > self.upper[0]:
+            self.upper = (upper,)
+
+    def compact(self, since: Frontier) -> None:
+        """Allow compaction to ``since``; the empty frontier drops the contents."""
+        if not since:
+            self.since = CLOSED
+            self.upper = CLOSED
+            self._parts = []
+            self._consolidated = empty_updates(self.schema)
+            self._pending_rows = 0
+            return
+        if self.since and since[0] > self.since[0]:
+            self.since = since
+            self._fold()
+
+    def _fold(self) -> None:
+        if not self._parts and (not self.since or self._consolidated.num_rows == 0):
+            return
+        merged = pa.concat_tables([self._consolidated, *self._parts])
+        self._parts = []
+        self._pending_rows = 0
+        if self.since:
+            merged = advance_times(merged, self.since[0])
+        self._consolidated = consolidate(merged).combine_chunks()
+
+    def snapshot(self, as_of: int) -> pa.Table:
+        """Every update, with times below ``as_of`` moved up to it (what a dataflow built at ``as_of`` reads)."""
+        return advance_times(self.updates, as_of)
+
+    def read_at(self, t: int) -> pa.Table:
+        """The rows at time ``t`` (each repeated by its multiplicity); negative multiplicities are dropped."""
+        updates = self.updates
+        if updates.num_rows == 0:
+            return self.schema.empty_table()
+        at = updates.filter(pc.less_equal(updates[TIME], t)) if pc.max(updates[TIME]).as_py() > t else updates
+        names = self.schema.names
+        counts = (
+            at.group_by(names, use_threads=False).aggregate([(DIFF, "sum")]).rename_columns([*names, DIFF])
+        )
+        counts = counts.filter(pc.greater(counts[DIFF], 0))
+        return expand(counts.select(names), counts[DIFF]).cast(self.schema)

@@ -1,0 +1,587 @@
+"""The compute controller role (``compute.controller``): tables, views, peeks and subscribes over replicas.
+
+The controller records every command in a ``CommandHistory`` and sends it to every connected replica. A
+replica that connects (``PeerUp``), including one that failed and came back, is hydrated with a new epoch
+(one more than its last) and the reduced history; the tables' contents follow ``CreateInstance`` as
+``AppendUpdates`` snapshots, standing in for persist. Peeks and subscribes are answered by whichever replica
+answers first (protocol-facts 5.5).
+
+Local calls (``LocalCall.name`` and its ``args``):
+
+* ``create_table(name, schema)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes. Result ``{"upper"}``.
+* ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
+  ``__diff`` (default +1 per row). The controller assigns the write's time. Result ``{"time"}``.
+* ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
+* ``drop_view(name)``.
+* ``peek(view, timestamp=None, literal_constraints=None, finishing=None, target_replica=None)``: completes
+  with the rows as Arrow IPC bytes, or an error. Without a timestamp it reads the latest write
+  (read-your-writes). A table name peeks the table itself.
+* ``cancel_peek(call_id)``: cancel the peek started by that call.
+* ``subscribe(view, target_replica=None)``: result ``{"id", "as_of"}``; ``fetch(id)`` returns and clears
+  the received batches; ``unsubscribe(id)``.
+* ``allow_writes()``: for a controller created ``read_only``.
+
+Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assigned by the controller, one
+per write, shared by all tables (a write advances every table's frontier, as Materialize's table writes do);
+a view is compacted to ``write frontier - 1 - compaction_lag``, but never past a pending peek's timestamp or
+the since a dependent view or subscribe still reads at; a cancel with no replica connected is answered at
+once (MaterializeInc/materialize#11781).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.bus.contract import (
+    Action,
+    Event,
+    HandlerFailed,
+    LocalCall,
+    LocalProtocolError,
+    MessageReceived,
+    PeerLost,
+    PeerUp,
+    RemoteProtocolError,
+    Reply,
+    Send,
+)
+from sparkbus.codecs import DecodeError
+from sparkbus.roles.compute.arrangement import DIFF, TIME, decode_table, encode_table, update_schema
+from sparkbus.roles.compute.dataflow import ViewError, output_schema
+from sparkbus.roles.compute.history import CommandHistory
+from sparkbus.roles.compute.messages import (
+    AllowCompaction,
+    AllowWrites,
+    AppendUpdates,
+    CancelPeek,
+    ComputeCommand,
+    CreateDataflow,
+    CreateInstance,
+    CreateTimely,
+    Frontiers,
+    InitializationComplete,
+    Peek,
+    PeekResponse,
+    PeekResult,
+    Schedule,
+    Status,
+    SubscribeBatch,
+    SubscribeDropped,
+    TargetKind,
+    UpdateConfiguration,
+)
+from sparkbus.roles.compute.plans import Finishing, ViewDef
+from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
+from sparkbus.roles.compute.times import Frontier, frontier_join, frontier_leq
+
+log = logging.getLogger(__name__)
+
+TARGET_FAILED = "target replica failed or was dropped"
+
+
+@dataclass(slots=True)
+class ReplicaLink:
+    """What the controller knows of one replica: its epoch, connection stage and reported frontiers."""
+
+    epoch: int = 0
+    stage: Stage = Stage.DISCONNECTED
+    frontiers: dict[str, Frontier] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Collection:
+    """A view's index or a subscribe, as the controller tracks it."""
+
+    id: str
+    source: str
+    schema: pa.Schema
+    as_of: int
+    since: int
+    subscribe: bool = False
+    write: Frontier = (0,)
+
+
+@dataclass(slots=True)
+class PendingPeek:
+    call_id: int
+    target_id: str
+    timestamp: int
+    target_replica: str | None
+    canceled: bool = False
+
+
+@dataclass(slots=True)
+class SubscribeState:
+    """Batches received for a subscribe, not yet fetched; ``upper`` is the frontier delivered so far."""
+
+    upper: int
+    target_replica: str | None
+    batches: list[tuple[int, int, bytes | None, str | None]] = field(default_factory=list)
+    dropped_at: Frontier | None = None
+
+
+class ComputeController:
+    """The controller side of the compute protocol.
+
+    Args:
+        replicas: names of the replica peers to drive.
+        instance: the ``CreateInstance`` every replica gets.
+        config: an initial ``UpdateConfiguration`` (None: defaults).
+        read_only: start without ``AllowWrites`` (send it later with the ``allow_writes`` call).
+        compaction_lag: how many timestamps below the write frontier a view stays readable.
+        workers: the timely worker count sent in ``CreateTimely``.
+    """
+
+    name = "compute.controller"
+    messages: ClassVar[tuple[type, ...]] = (Frontiers, PeekResponse, SubscribeBatch, SubscribeDropped, Status)
+
+    def __init__(
+        self,
+        *,
+        replicas: Iterable[str],
+        instance: CreateInstance | None = None,
+        config: UpdateConfiguration | None = None,
+        read_only: bool = False,
+        compaction_lag: int = 0,
+        workers: int = 1,
+    ) -> None:
+        self.links = {r: ReplicaLink() for r in replicas}
+        if not self.links:
+            raise LocalProtocolError("a compute controller needs at least one replica")
+        self.compaction_lag = compaction_lag
+        self.history = CommandHistory()
+        self.history.push(CreateTimely(epoch=0, workers=workers))
+        self.history.push(instance or CreateInstance())
+        if config is not None and not config.all_unset():
+            self.history.push(config)
+        self.history.push(InitializationComplete())
+        self.read_only = read_only
+        if not read_only:
+            self.history.push(AllowWrites())
+        self.upper = 1
+        self.tables: dict[str, pa.Schema] = {}
+        self._table_data: dict[str, list[pa.Table]] = {}
+        self.collections: dict[str, Collection] = {}
+        self.peeks: dict[str, PendingPeek] = {}
+        self.subscribes: dict[str, SubscribeState] = {}
+        self._peek_calls: dict[int, str] = {}
+        self._counter = 0
+        self._out: list[Action] = []
+
+    # ---------------------------------------------------------------- the role
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        """React to one event; raises ``RemoteProtocolError`` for a replica that broke the protocol."""
+        self._out = []
+        if isinstance(event, PeerUp):
+            if event.peer in self.links:
+                self._hydrate(event.peer)
+        elif isinstance(event, PeerLost):
+            if event.peer in self.links:
+                self._lost(event.peer)
+        elif isinstance(event, MessageReceived):
+            self._on_response(event.peer, event.message)
+        elif isinstance(event, LocalCall):
+            self._on_call(event)
+        elif isinstance(event, HandlerFailed):
+            log.warning("compute.controller: handling %r failed: %s", event.event, event.error)
+        self._compact()
+        out, self._out = self._out, []
+        return out
+
+    # ---------------------------------------------------------------- replicas
+
+    def _send_to(self, replica: str, command: ComputeCommand | AppendUpdates) -> None:
+        link = self.links[replica]
+        if isinstance(command, CreateTimely):
+            kind = Input.CREATE_TIMELY
+        elif isinstance(command, CreateInstance):
+            kind = Input.CREATE_INSTANCE
+        elif isinstance(command, InitializationComplete):
+            kind = Input.INITIALIZATION_COMPLETE
+        elif isinstance(command, AllowWrites):
+            kind = Input.ALLOW_WRITES
+        elif isinstance(command, AppendUpdates):
+            kind = Input.STORAGE
+        else:
+            kind = Input.COMPUTATION
+        try:
+            link.stage = next_stage(replica, link.stage, kind)
+        except StageError as exc:
+            raise LocalProtocolError(str(exc)) from None
+        self._out.append(Send(peer=replica, message=command))
+
+    def _connected(self) -> list[str]:
+        return [r for r, link in self.links.items() if link.stage is not Stage.DISCONNECTED]
+
+    def _broadcast(self, command: ComputeCommand) -> None:
+        self.history.push(command)
+        for replica in self._connected():
+            self._send_to(replica, command)
+
+    def _storage(self, message: AppendUpdates) -> None:
+        for replica in self._connected():
+            self._send_to(replica, message)
+
+    def _hydrate(self, replica: str) -> None:
+        """Send a (re)connected replica a new epoch, the reduced history and the tables' contents."""
+        link = self.links[replica]
+        link.epoch += 1
+        link.stage = Stage.DISCONNECTED
+        link.frontiers = {}
+        self.history.reduce()
+        for command in self.history:
+            sent = command
+            if isinstance(command, CreateTimely):
+                sent = CreateTimely(epoch=link.epoch, workers=command.workers)
+            self._send_to(replica, sent)
+            if isinstance(command, CreateInstance):
+                for table in self.tables:
+                    self._send_to(replica, self._snapshot(table))
+
+    def _snapshot(self, table: str) -> AppendUpdates:
+        parts = self._table_data[table]
+        data = pa.concat_tables(parts) if parts else update_schema(self.tables[table]).empty_table()
+        return AppendUpdates(id=table, lower=0, upper=self.upper, updates=encode_table(data))
+
+    def _lost(self, replica: str) -> None:
+        link = self.links[replica]
+        link.stage = Stage.DISCONNECTED
+        link.frontiers = {}
+        for uuid, peek in list(self.peeks.items()):
+            if peek.target_replica == replica:
+                self._finish_peek(uuid, Reply(call_id=peek.call_id, error=TARGET_FAILED))
+        for sid, sub in list(self.subscribes.items()):
+            if sub.target_replica == replica and sub.dropped_at is None:
+                sub.batches.append((sub.upper, sub.upper, None, TARGET_FAILED))
+                sub.dropped_at = (sub.upper,)
+                self._drop_collection(sid)
+
+    # ---------------------------------------------------------------- responses
+
+    def _on_response(self, peer: str, msg: Any) -> None:
+        link = self.links.get(peer)
+        if link is None:
+            raise RemoteProtocolError(
+                f"{type(msg).__name__} from {peer}, which is not a replica of this controller"
+            )
+        try:
+            next_stage(peer, link.stage, Input.RESPONSE)
+        except StageError as exc:
+            raise RemoteProtocolError(str(exc)) from None
+        if isinstance(msg, Frontiers):
+            self._on_frontiers(peer, link, msg)
+        elif isinstance(msg, PeekResponse):
+            self._on_peek_response(peer, msg)
+        elif isinstance(msg, SubscribeBatch):
+            self._on_subscribe_batch(peer, msg)
+        elif isinstance(msg, SubscribeDropped):
+            sub = self.subscribes.get(msg.id)
+            if sub is not None and sub.dropped_at is None:
+                sub.dropped_at = msg.at
+        # Status carries nothing the controller's correctness may depend on.
+
+    def _on_frontiers(self, peer: str, link: ReplicaLink, msg: Frontiers) -> None:
+        if msg.write is None:
+            return
+        previous = link.frontiers.get(msg.id)
+        if previous is not None and not frontier_leq(previous, msg.write):
+            raise RemoteProtocolError(
+                f"Frontiers from {peer}: the write frontier of {msg.id!r} regressed from {previous} to {msg.write}"
+            )
+        link.frontiers[msg.id] = msg.write
+        coll = self.collections.get(msg.id)
+        if coll is not None:
+            # Any replica's progress advances the collection (protocol-facts 5.5).
+            coll.write = frontier_join(coll.write, msg.write)
+
+    def _on_peek_response(self, peer: str, msg: PeekResponse) -> None:
+        peek = self.peeks.get(msg.uuid)
+        if peek is None:
+            return  # answered already (the first response wins) or unknown: dropped
+        if peek.target_replica is not None and peer != peek.target_replica:
+            return
+        if msg.result is PeekResult.CANCELED and not peek.canceled:
+            raise RemoteProtocolError(
+                f"PeekResponse(CANCELED) from {peer} for peek {msg.uuid}, which was not canceled"
+            )
+        if msg.result is PeekResult.ROWS:
+            reply = Reply(call_id=peek.call_id, result=msg.rows)
+        elif msg.result is PeekResult.ERROR:
+            reply = Reply(call_id=peek.call_id, error=msg.error)
+        else:
+            reply = Reply(call_id=peek.call_id, error=f"peek {msg.uuid} canceled")
+        self._finish_peek(msg.uuid, reply)
+
+    def _finish_peek(self, uuid: str, reply: Reply) -> None:
+        peek = self.peeks.pop(uuid)
+        self._peek_calls.pop(peek.call_id, None)
+        self._out.append(reply)
+        if not peek.canceled:
+            # Tell the other replicas to stop, and take the peek out of the history.
+            self._broadcast(CancelPeek(uuid=uuid))
+
+    def _on_subscribe_batch(self, peer: str, msg: SubscribeBatch) -> None:
+        sub = self.subscribes.get(msg.id)
+        if sub is None or sub.dropped_at is not None:
+            return
+        if sub.target_replica is not None and peer != sub.target_replica:
+            return
+        upper = msg.upper[0] if msg.upper else None
+        if upper is not None and upper <= sub.upper:
+            return  # another replica delivered this span already
+        if msg.lower[0] > sub.upper:
+            raise RemoteProtocolError(
+                f"SubscribeBatch from {peer} for {msg.id!r} starts at {msg.lower} beyond the delivered {sub.upper}"
+            )
+        new_upper = upper if upper is not None else sub.upper
+        if msg.error:
+            sub.batches.append((sub.upper, new_upper, None, msg.error))
+        else:
+            try:
+                updates = decode_table(msg.updates)
+            except DecodeError as exc:
+                raise RemoteProtocolError(f"SubscribeBatch from {peer} for {msg.id!r}: {exc}") from None
+            if msg.lower[0] < sub.upper and updates.num_rows:
+                updates = updates.filter(pc.greater_equal(updates[TIME], sub.upper))
+            sub.batches.append((sub.upper, new_upper, encode_table(updates), None))
+        sub.upper = new_upper
+
+    # ---------------------------------------------------------------- compaction
+
+    def _compact(self) -> None:
+        """Advance each view's since as far as its frontier, pending peeks and dependents allow."""
+        for coll in list(self.collections.values()):
+            if coll.subscribe or not coll.write:
+                continue
+            target = coll.write[0] - 1 - self.compaction_lag
+            for peek in self.peeks.values():
+                if peek.target_id == coll.id:
+                    target = min(target, peek.timestamp)
+            for other in self.collections.values():
+                if other.source == coll.id:
+                    target = min(target, other.as_of if other.subscribe else other.since)
+            if target > coll.since:
+                coll.since = target
+                self._broadcast(AllowCompaction(id=coll.id, frontier=(target,)))
+
+    def _drop_collection(self, id: str) -> None:
+        self.collections.pop(id, None)
+        self._broadcast(AllowCompaction(id=id, frontier=()))
+
+    # ---------------------------------------------------------------- local calls
+
+    def _on_call(self, call: LocalCall) -> None:
+        handler = _CALLS.get(call.name)
+        if handler is None:
+            self._out.append(
+                Reply(call_id=call.call_id, error=f"compute.controller has no call {call.name!r}")
+            )
+            return
+        try:
+            result = handler(self, call)
+        except (LocalProtocolError, ValueError, KeyError, TypeError) as exc:
+            self._out.append(Reply(call_id=call.call_id, error=f"{call.name}: {exc}"))
+            return
+        if result is not _PENDING:
+            self._out.append(Reply(call_id=call.call_id, result=result))
+
+    def _source_schema(self, name: str) -> tuple[pa.Schema, int]:
+        if name in self.tables:
+            return self.tables[name], 0
+        coll = self.collections.get(name)
+        if coll is None or coll.subscribe:
+            raise LocalProtocolError(f"no table or view named {name!r}")
+        return coll.schema, coll.since
+
+    def _call_create_table(self, call: LocalCall) -> Any:
+        name, schema = call.args["name"], call.args["schema"]
+        if not isinstance(schema, pa.Schema):
+            schema = pa.ipc.read_schema(pa.py_buffer(schema))
+        if name in self.tables or name in self.collections:
+            raise LocalProtocolError(f"{name!r} already exists")
+        if not schema.names or any(n.startswith("__") for n in schema.names):
+            raise LocalProtocolError(f"table {name!r} needs columns, none starting with '__'")
+        self.tables[name] = schema
+        self._table_data[name] = []
+        self._storage(self._snapshot(name))
+        return {"upper": self.upper}
+
+    def _call_write(self, call: LocalCall) -> Any:
+        name = call.args["table"]
+        schema = self.tables.get(name)
+        if schema is None:
+            raise LocalProtocolError(f"no table named {name!r}")
+        try:
+            batch = decode_table(call.args["batch"])
+        except DecodeError as exc:
+            raise LocalProtocolError(f"write to {name!r}: {exc}") from None
+        diff = batch[DIFF] if DIFF in batch.column_names else None
+        data = batch.select([n for n in batch.column_names if n != DIFF])
+        if not data.schema.equals(schema):
+            raise LocalProtocolError(f"write to {name!r}: schema {data.schema} is not the table's {schema}")
+        if diff is None:
+            diff = pa.repeat(pa.scalar(1, pa.int64()), data.num_rows)
+        elif diff.type != pa.int64():
+            raise LocalProtocolError(f"write to {name!r}: __diff must be int64, got {diff.type}")
+        t = self.upper
+        updates = data.append_column(TIME, pa.repeat(pa.scalar(t, pa.int64()), data.num_rows))
+        updates = updates.append_column(DIFF, diff).cast(update_schema(schema))
+        self._table_data[name].append(updates)
+        self.upper = t + 1
+        others = tuple(n for n in self.tables if n != name)
+        self._storage(
+            AppendUpdates(id=name, lower=t, upper=t + 1, advanced=others, updates=encode_table(updates))
+        )
+        return {"time": t}
+
+    def _call_create_view(self, call: LocalCall) -> Any:
+        name, view = call.args["name"], call.args["view"]
+        if not isinstance(view, ViewDef):
+            raise LocalProtocolError(f"view {name!r}: expected a ViewDef, got {type(view).__name__}")
+        if name in self.tables or name in self.collections:
+            raise LocalProtocolError(f"{name!r} already exists")
+        schema, since = self._source_schema(view.source)
+        try:
+            out = output_schema(view, schema, f"view {name!r}")
+        except ViewError as exc:
+            raise LocalProtocolError(str(exc)) from None
+        as_of = max(since, self.upper - 1)
+        desc = CreateDataflow(
+            name=name, as_of=(as_of,), imports=(view.source,), index_exports=(name,), view=view
+        )
+        self.collections[name] = Collection(id=name, source=view.source, schema=out, as_of=as_of, since=as_of)
+        self._broadcast(desc)
+        self._broadcast(Schedule(id=name))
+        return {"as_of": as_of}
+
+    def _call_drop_view(self, call: LocalCall) -> Any:
+        name = call.args["name"]
+        coll = self.collections.get(name)
+        if coll is None or coll.subscribe:
+            raise LocalProtocolError(f"no view named {name!r}")
+        users = sorted(c.id for c in self.collections.values() if c.source == name)
+        if users:
+            raise LocalProtocolError(f"view {name!r} is read by {users}; drop those first")
+        self._drop_collection(name)
+        return None
+
+    def _call_peek(self, call: LocalCall) -> Any:
+        target_id = call.args["view"]
+        if target_id in self.tables:
+            kind = TargetKind.PERSIST
+        elif target_id in self.collections and not self.collections[target_id].subscribe:
+            kind = TargetKind.INDEX
+        else:
+            raise LocalProtocolError(f"no table or view named {target_id!r}")
+        timestamp = call.args.get("timestamp")
+        if timestamp is None:
+            timestamp = self.upper - 1
+        target_replica = call.args.get("target_replica")
+        if target_replica is not None:
+            link = self.links.get(target_replica)
+            if link is None or link.stage is Stage.DISCONNECTED:
+                raise LocalProtocolError(TARGET_FAILED)
+        if kind is TargetKind.INDEX and timestamp < self.collections[target_id].since:
+            raise LocalProtocolError(
+                f"timestamp {timestamp} is below the since {self.collections[target_id].since} of {target_id!r}"
+            )
+        self._counter += 1
+        uuid = f"peek-{self._counter}"
+        constraints = call.args.get("literal_constraints")
+        finishing = call.args.get("finishing") or Finishing()
+        peek = Peek(
+            uuid=uuid,
+            target=kind,
+            target_id=target_id,
+            timestamp=timestamp,
+            literal_constraints=tuple(tuple(c) for c in constraints) if constraints is not None else None,
+            finishing=finishing,
+        )
+        self.peeks[uuid] = PendingPeek(call.call_id, target_id, timestamp, target_replica)
+        self._peek_calls[call.call_id] = uuid
+        self._broadcast(peek)
+        return _PENDING
+
+    def _call_cancel_peek(self, call: LocalCall) -> Any:
+        uuid = self._peek_calls.get(call.args["call_id"])
+        if uuid is None:
+            return False
+        peek = self.peeks[uuid]
+        if peek.canceled:
+            return True
+        peek.canceled = True
+        self._broadcast(CancelPeek(uuid=uuid))
+        if not self._connected():
+            # Nobody could answer: complete it now rather than hang (MaterializeInc/materialize#11781).
+            self._finish_peek(uuid, Reply(call_id=peek.call_id, error=f"peek {uuid} canceled"))
+        return True
+
+    def _call_subscribe(self, call: LocalCall) -> Any:
+        view = call.args["view"]
+        coll = self.collections.get(view)
+        if coll is None or coll.subscribe:
+            raise LocalProtocolError(f"no view named {view!r}")
+        target_replica = call.args.get("target_replica")
+        if (
+            target_replica is not None
+            and self.links.get(target_replica, ReplicaLink()).stage is Stage.DISCONNECTED
+        ):
+            raise LocalProtocolError(TARGET_FAILED)
+        self._counter += 1
+        sid = f"{view}.subscribe-{self._counter}"
+        as_of = max(coll.since, self.upper - 1)
+        desc = CreateDataflow(
+            name=sid, as_of=(as_of,), imports=(view,), sink_exports=(sid,), view=ViewDef(source=view)
+        )
+        self.collections[sid] = Collection(
+            id=sid, source=view, schema=coll.schema, as_of=as_of, since=as_of, subscribe=True
+        )
+        self.subscribes[sid] = SubscribeState(upper=as_of, target_replica=target_replica)
+        self._broadcast(desc)
+        self._broadcast(Schedule(id=sid))
+        return {"id": sid, "as_of": as_of}
+
+    def _call_fetch(self, call: LocalCall) -> Any:
+        sid = call.args["id"]
+        sub = self.subscribes.get(sid)
+        if sub is None:
+            raise LocalProtocolError(f"no subscribe {sid!r}")
+        batches, sub.batches = sub.batches, []
+        return {"batches": batches, "upper": sub.upper, "dropped_at": sub.dropped_at}
+
+    def _call_unsubscribe(self, call: LocalCall) -> Any:
+        sid = call.args["id"]
+        if sid not in self.subscribes:
+            raise LocalProtocolError(f"no subscribe {sid!r}")
+        del self.subscribes[sid]
+        if sid in self.collections:
+            self._drop_collection(sid)
+        return None
+
+    def _call_allow_writes(self, call: LocalCall) -> Any:
+        if self.read_only:
+            self.read_only = False
+            self._broadcast(AllowWrites())
+        return None
+
+
+_PENDING = object()
+_CALLS = {
+    "create_table": ComputeController._call_create_table,
+    "write": ComputeController._call_write,
+    "create_view": ComputeController._call_create_view,
+    "drop_view": ComputeController._call_drop_view,
+    "peek": ComputeController._call_peek,
+    "cancel_peek": ComputeController._call_cancel_peek,
+    "subscribe": ComputeController._call_subscribe,
+    "fetch": ComputeController._call_fetch,
+    "unsubscribe": ComputeController._call_unsubscribe,
+    "allow_writes": ComputeController._call_allow_writes,
+}

@@ -1,0 +1,577 @@
+"""The compute replica role (``compute.replica``): runs dataflows, answers peeks, reports frontiers.
+
+The replica is a sans-IO state machine: commands arrive as ``MessageReceived`` from its controller; responses
+leave as ``Send`` actions. Its connection follows the stage table in ``stages``. Commands of the
+initialization stage are buffered and applied at ``InitializationComplete`` by ``_initialize``, which
+reconciles them against the state of a previous connection exactly as protocol-facts 5.4 describes.
+
+Choices where the spec is silent (also in docs/COMPUTE.md):
+
+* "Halt" on an incompatible ``CreateInstance`` cannot exit a process here. The replica does what a halted
+  and restarted Materialize replica ends up doing: it discards all of its state and builds the new
+  connection's commands from scratch (``halts`` counts it).
+* A peek at an unknown collection, or whose collection is dropped or compacted past its timestamp while it
+  waits, is answered with ``PeekResponse(ERROR)`` rather than treated as a protocol violation, since the
+  protocol is asynchronous and a graceful answer is what a client can act on.
+* Replica inputs are not compacted; only index arrangements are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.bus.contract import (
+    Action,
+    Event,
+    HandlerFailed,
+    LocalCall,
+    MessageReceived,
+    PeerLost,
+    RemoteProtocolError,
+    Reply,
+    Send,
+)
+from sparkbus.codecs import DecodeError
+from sparkbus.roles.compute.arrangement import (
+    DIFF,
+    TIME,
+    Arrangement,
+    consolidate,
+    data_schema,
+    decode_table,
+    encode_table,
+    update_schema,
+)
+from sparkbus.roles.compute.dataflow import Dataflow, ViewError, constrain, finish, index_key
+from sparkbus.roles.compute.history import CommandHistory
+from sparkbus.roles.compute.messages import (
+    AllowCompaction,
+    AllowWrites,
+    AppendUpdates,
+    CancelPeek,
+    ComputeCommand,
+    CreateDataflow,
+    CreateInstance,
+    CreateTimely,
+    Frontiers,
+    InitializationComplete,
+    Peek,
+    PeekResponse,
+    PeekResult,
+    Schedule,
+    SubscribeBatch,
+    SubscribeDropped,
+    TargetKind,
+    UpdateConfiguration,
+)
+from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
+from sparkbus.roles.compute.times import CLOSED, Frontier, readable
+
+log = logging.getLogger(__name__)
+
+_Reported = tuple[Frontier, Frontier, Frontier]
+
+
+class LiveDataflow:
+    """A built dataflow: its engine, its output arrangement (if it exports indexes) and its subscribes."""
+
+    def __init__(self, desc: CreateDataflow, source_schema: pa.Schema) -> None:
+        self.desc = desc
+        self.as_of = desc.as_of[0]
+        self.engine = Dataflow(desc.view, source_schema, self.as_of, desc.name)
+        self.schema = self.engine.schema
+        self.output = (
+            Arrangement(self.schema, since=self.as_of, upper=self.as_of) if desc.index_exports else None
+        )
+        self.index_since: dict[str, int] = {e: self.as_of for e in desc.index_exports}
+        self.subscribes: dict[str, int] = {s: self.as_of for s in desc.sink_exports}
+        self.pending: list[pa.Table] = []
+        self.upper = self.as_of
+        self.input_upper = 0
+        #: Frontiers are never reported below this (the as_of a reconnected controller asked for).
+        self.floor = self.as_of
+        self.scheduled = False
+
+    @property
+    def live_exports(self) -> list[str]:
+        return [*self.index_since, *self.subscribes]
+
+    def apply(self, updates: pa.Table, input_upper: int) -> pa.Table:
+        """Feed complete source updates; returns the output updates."""
+        out = self.engine.feed(updates)
+        self.input_upper = max(self.input_upper, input_upper)
+        self.upper = max(self.upper, input_upper, self.as_of)
+        if self.output is not None:
+            self.output.append(out, self.upper)
+        if self.subscribes and out.num_rows:
+            self.pending.append(out)
+        return out
+
+
+class ComputeReplica:
+    """The replica side of the compute protocol.
+
+    Attributes:
+        stage: the stage of the current connection.
+        controller: the peer the current connection is with (None when disconnected).
+        halts: how many times an incompatible ``CreateInstance`` made the replica start over.
+        reconciliation_failures: dataflows that could not be reused on a reconnect and were rebuilt.
+    """
+
+    name = "compute.replica"
+    messages: ClassVar[tuple[type, ...]] = (
+        CreateTimely,
+        CreateInstance,
+        InitializationComplete,
+        AllowWrites,
+        UpdateConfiguration,
+        CreateDataflow,
+        Schedule,
+        AllowCompaction,
+        Peek,
+        CancelPeek,
+        AppendUpdates,
+    )
+
+    def __init__(self) -> None:
+        self.stage = Stage.DISCONNECTED
+        self.controller: str | None = None
+        self.epoch = -1
+        self.halts = 0
+        self.reconciliation_failures = 0
+        self._reset_state()
+        self._out: list[Action] = []
+
+    def _reset_state(self) -> None:
+        self.instance: CreateInstance | None = None
+        self.config = UpdateConfiguration()
+        self.history = CommandHistory()
+        self.tables: dict[str, Arrangement] = {}
+        self.dataflows: list[LiveDataflow] = []
+        self._by_export: dict[str, LiveDataflow] = {}
+        self.peeks: dict[str, Peek] = {}
+        self._reported: dict[str, _Reported] = {}
+        self._init_commands: list[ComputeCommand | AppendUpdates] = []
+        self._new_instance: CreateInstance | None = None
+        self._new_timely: CreateTimely | None = None
+
+    # ---------------------------------------------------------------- public views
+
+    @property
+    def writes_allowed(self) -> bool:
+        """True once ``AllowWrites`` arrived (read-write computation); never goes back."""
+        return self.stage is Stage.READ_WRITE
+
+    def collection(self, id: str) -> Arrangement | None:
+        """The arrangement of index ``id`` or table ``id`` (None if unknown or dropped)."""
+        flow = self._by_export.get(id)
+        if flow is not None:
+            return flow.output
+        return self.tables.get(id)
+
+    def dataflow(self, export_id: str) -> LiveDataflow | None:
+        return self._by_export.get(export_id)
+
+    # ---------------------------------------------------------------- the role
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        """React to one event; raises ``RemoteProtocolError`` for a controller that broke the protocol."""
+        self._out = []
+        if isinstance(event, MessageReceived):
+            self._on_message(event.peer, event.message)
+        elif isinstance(event, PeerLost):
+            if event.peer == self.controller:
+                self.stage = Stage.DISCONNECTED
+                self.controller = None
+                self._init_commands = []
+        elif isinstance(event, LocalCall):
+            self._out.append(
+                Reply(call_id=event.call_id, error=f"compute.replica has no call {event.name!r}")
+            )
+        elif isinstance(event, HandlerFailed):
+            log.warning("compute.replica: handling %r failed: %s", event.event, event.error)
+        if self.stage in (Stage.READ_ONLY, Stage.READ_WRITE):
+            self._flush()
+        out, self._out = self._out, []
+        return out
+
+    def _step(self, peer: str, kind: Input) -> None:
+        try:
+            self.stage = next_stage(peer, self.stage, kind)
+        except StageError as exc:
+            raise RemoteProtocolError(str(exc)) from None
+
+    def _on_message(self, peer: str, msg: object) -> None:
+        if self.controller is not None and peer != self.controller:
+            raise RemoteProtocolError(
+                f"{type(msg).__name__} from {peer}, but the controller is {self.controller}"
+            )
+        if isinstance(msg, CreateTimely):
+            self._step(peer, Input.CREATE_TIMELY)
+            if msg.epoch <= self.epoch:
+                self.stage = Stage.DISCONNECTED
+                raise RemoteProtocolError(f"CreateTimely from {peer}: epoch {msg.epoch} <= seen {self.epoch}")
+            self.epoch = msg.epoch
+            self.controller = peer
+            self._new_timely = msg
+        elif isinstance(msg, CreateInstance):
+            self._step(peer, Input.CREATE_INSTANCE)
+            self._new_instance = msg
+            self._init_commands = []
+        elif isinstance(msg, InitializationComplete):
+            self._step(peer, Input.INITIALIZATION_COMPLETE)
+            self._initialize()
+        elif isinstance(msg, AllowWrites):
+            self._step(peer, Input.ALLOW_WRITES)
+            self.history.push(msg)
+        elif isinstance(msg, AppendUpdates):
+            self._step(peer, Input.STORAGE)
+            if self.stage is Stage.INITIALIZATION:
+                self._init_commands.append(msg)
+            else:
+                self._append(msg)
+        elif isinstance(
+            msg, UpdateConfiguration | CreateDataflow | Schedule | AllowCompaction | Peek | CancelPeek
+        ):
+            self._step(peer, Input.COMPUTATION)
+            if self.stage is Stage.INITIALIZATION:
+                self._init_commands.append(msg)
+            else:
+                self.history.push(msg)
+                self._execute(msg)
+        else:
+            raise RemoteProtocolError(f"compute.replica cannot handle {type(msg).__name__} from {peer}")
+
+    # ---------------------------------------------------------------- initialization and reconciliation
+
+    def _initialize(self) -> None:
+        """Apply the buffered initialization commands, reusing what the previous connection built."""
+        timely, new_instance = self._new_timely, self._new_instance
+        assert timely is not None and new_instance is not None
+        commands, self._init_commands = self._init_commands, []
+        if self.instance is not None and not self.instance.compatible_with(new_instance):
+            # Materialize halts the process here; a restarted replica has no state and builds everything anew.
+            log.warning(
+                "compute.replica: incompatible CreateInstance from %s (%r, was %r): starting over",
+                self.controller,
+                new_instance,
+                self.instance,
+            )
+            self.halts += 1
+            self._reset_state()
+        old_flows = list(self.dataflows)
+        by_exports = {frozenset(f.desc.export_ids): f for f in old_flows}
+        retained: set[int] = set()
+        plan: list[ComputeCommand | AppendUpdates] = []
+        for command in commands:
+            if isinstance(command, CreateDataflow):
+                old = by_exports.get(frozenset(command.export_ids))
+                if old is not None and self._reusable(old, command, retained):
+                    retained.add(id(old))
+                    old.floor = command.as_of[0]
+                    plan.extend(AllowCompaction(id=e, frontier=command.as_of) for e in command.index_exports)
+                    continue
+                if old is not None:
+                    self.reconciliation_failures += 1
+                    log.info("compute.replica: dataflow reconciliation failed for %s", command.name)
+            plan.append(command)
+        # Pending peeks belong to the old connection: drop them without a response.
+        self.peeks.clear()
+        for flow in old_flows:
+            if id(flow) in retained:
+                for e in flow.index_since:
+                    self._reported.pop(e, None)
+            else:
+                for e in flow.live_exports:
+                    self._drop_export(e, silent=True)
+        self.instance = new_instance
+        self.history = CommandHistory()
+        self.history.push(timely)
+        self.history.push(new_instance)
+        for command in commands:
+            if not isinstance(command, AppendUpdates):
+                self.history.push(command)
+        self.history.push(InitializationComplete())
+        for command in plan:
+            if isinstance(command, AppendUpdates):
+                self._append(command)
+            else:
+                self._execute(command)
+
+    def _reusable(self, old: LiveDataflow, new: CreateDataflow, retained: set[int]) -> bool:
+        if not old.desc.compatible_with(new) or old.desc.sink_exports or new.sink_exports:
+            return False
+        if len(old.index_since) != len(old.desc.index_exports):
+            return False  # an export was dropped: compacted beyond any as_of
+        if any(since > new.as_of[0] for since in old.index_since.values()):
+            return False
+        source = self._by_export.get(new.view.source)
+        return source is None or id(source) in retained
+
+    # ---------------------------------------------------------------- computation commands
+
+    def _execute(self, command: ComputeCommand) -> None:
+        if isinstance(command, UpdateConfiguration):
+            self.config = self.config.update(command)
+        elif isinstance(command, CreateDataflow):
+            self._create(command)
+        elif isinstance(command, Schedule):
+            self._schedule(command.id)
+        elif isinstance(command, AllowCompaction):
+            self._compact(command.id, command.frontier)
+        elif isinstance(command, Peek):
+            self._peek(command)
+        elif isinstance(command, CancelPeek) and self.peeks.pop(command.uuid, None) is not None:
+            # A peek answered already is not pending any more: its CancelPeek is ignored.
+            self._send(PeekResponse(uuid=command.uuid, result=PeekResult.CANCELED))
+
+    def _source_schema(self, source: str, where: str) -> tuple[pa.Schema, Arrangement | LiveDataflow]:
+        table = self.tables.get(source)
+        if table is not None:
+            return table.schema, table
+        flow = self._by_export.get(source)
+        if flow is not None and source in flow.index_since:
+            return flow.schema, flow
+        raise RemoteProtocolError(
+            f"{where} imports {source!r}, which does not exist (peer {self.controller})"
+        )
+
+    def _create(self, desc: CreateDataflow) -> None:
+        where = f"CreateDataflow {desc.name!r}"
+        for e in desc.export_ids:
+            if e in self._by_export or e in self.tables:
+                raise RemoteProtocolError(
+                    f"{where}: export id {e!r} is already in use (peer {self.controller})"
+                )
+        schema, _ = self._source_schema(desc.view.source, where)
+        try:
+            flow = LiveDataflow(desc, schema)
+        except ViewError as exc:
+            raise RemoteProtocolError(f"{exc} (peer {self.controller})") from None
+        self.dataflows.append(flow)
+        for e in desc.export_ids:
+            self._by_export[e] = flow
+
+    def _schedule(self, export_id: str) -> None:
+        flow = self._by_export.get(export_id)
+        if flow is None or flow.scheduled:
+            return  # a retained dataflow is already running; a dropped one needs nothing
+        source = flow.desc.view.source
+        _, src = self._source_schema(source, f"Schedule {export_id!r}")
+        arrangement = src if isinstance(src, Arrangement) else src.output
+        assert arrangement is not None
+        if not readable(flow.as_of, arrangement.since):
+            raise RemoteProtocolError(
+                f"dataflow {flow.desc.name!r}: import {source!r} is not readable at as_of {flow.as_of} "
+                f"(since {arrangement.since}, peer {self.controller})"
+            )
+        flow.scheduled = True
+        upper = arrangement.upper[0] if arrangement.upper else flow.as_of
+        out = flow.apply(arrangement.snapshot(flow.as_of), upper)
+        self._propagate(flow, out)
+
+    def _propagate(self, flow: LiveDataflow, out: pa.Table) -> None:
+        for e in flow.index_since:
+            self._changed(e, out, flow.upper)
+
+    def _changed(self, source: str, updates: pa.Table, upper: int) -> None:
+        """Feed new updates of collection ``source`` (and its new upper) to the dataflows reading it."""
+        for flow in self.dataflows:
+            if flow.scheduled and flow.desc.view.source == source:
+                self._propagate(flow, flow.apply(updates, upper))
+
+    def _compact(self, export_id: str, frontier: Frontier) -> None:
+        flow = self._by_export.get(export_id)
+        if flow is None:
+            return  # already dropped: compaction of a dropped collection is a no-op
+        if not frontier:
+            self._drop_export(export_id, silent=False)
+            return
+        if export_id in flow.index_since and frontier[0] > flow.index_since[export_id]:
+            flow.index_since[export_id] = frontier[0]
+            assert flow.output is not None
+            flow.output.compact((min(flow.index_since.values()),))
+
+    def _drop_export(self, export_id: str, *, silent: bool) -> None:
+        flow = self._by_export.pop(export_id, None)
+        if flow is None:
+            return
+        if export_id in flow.subscribes:
+            at = flow.subscribes.pop(export_id)
+            if not silent:
+                self._send(SubscribeDropped(id=export_id, at=(at,)))
+        else:
+            flow.index_since.pop(export_id, None)
+            last = self._reported.pop(export_id, None)
+            if not silent and last != (CLOSED, CLOSED, CLOSED):
+                # After a drop the replica reports empty frontiers once, then nothing for this id.
+                self._send(Frontiers(id=export_id, write=CLOSED, input=CLOSED, output=CLOSED))
+            for uuid, peek in list(self.peeks.items()):
+                if peek.target is TargetKind.INDEX and peek.target_id == export_id:
+                    del self.peeks[uuid]
+                    self._send(_error(uuid, f"collection {export_id!r} was dropped"))
+        if not flow.live_exports:
+            self.dataflows.remove(flow)
+            if flow.output is not None:
+                flow.output.compact(CLOSED)
+
+    # ---------------------------------------------------------------- storage
+
+    def _append(self, msg: AppendUpdates) -> None:
+        where = f"AppendUpdates for table {msg.id!r} [{msg.lower}, {msg.upper}) from {self.controller}"
+        try:
+            updates = decode_table(msg.updates)
+        except DecodeError as exc:
+            raise RemoteProtocolError(f"{where}: {exc}") from None
+        names = updates.schema.names
+        if names[-2:] != [TIME, DIFF] or any(
+            updates.schema.field(n).type != pa.int64() for n in (TIME, DIFF)
+        ):
+            raise RemoteProtocolError(f"{where}: the last columns must be __time and __diff (int64)")
+        if updates.num_rows and (
+            pc.min(updates[TIME]).as_py() < msg.lower or pc.max(updates[TIME]).as_py() >= msg.upper
+        ):
+            raise RemoteProtocolError(f"{where}: an update's time is outside [lower, upper)")
+        table = self.tables.get(msg.id)
+        if table is None:
+            if msg.lower != 0:
+                raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")
+            table = self.tables[msg.id] = Arrangement(data_schema(updates.schema))
+        elif not data_schema(updates.schema).equals(table.schema):
+            raise RemoteProtocolError(
+                f"{where}: schema {updates.schema} differs from the table's {table.schema}"
+            )
+        for other in msg.advanced:
+            if other not in self.tables or other == msg.id:
+                raise RemoteProtocolError(
+                    f"{where}: advanced table {other!r} does not exist or is the target"
+                )
+            if self.tables[other].upper[0] < msg.lower:
+                raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
+        current = table.upper[0]
+        if msg.lower > current:
+            raise RemoteProtocolError(f"{where}: the table's upper is {current}, so updates are missing")
+        if msg.upper > current:
+            # A replay (after a reconnect) overlaps what this replica already has: keep only the new times.
+            fresh = (
+                updates.filter(pc.greater_equal(updates[TIME], current)) if msg.lower < current else updates
+            )
+            fresh = consolidate(fresh.cast(update_schema(table.schema)))
+            table.append(fresh, msg.upper)
+            self._changed(msg.id, fresh, msg.upper)
+        for other in msg.advanced:
+            arrangement = self.tables[other]
+            if msg.upper > arrangement.upper[0]:
+                arrangement.append(update_schema(arrangement.schema).empty_table(), msg.upper)
+                self._changed(other, update_schema(arrangement.schema).empty_table(), msg.upper)
+
+    # ---------------------------------------------------------------- peeks
+
+    def _peek(self, peek: Peek) -> None:
+        error = self._peek_error(peek)
+        if error is not None:
+            self._send(_error(peek.uuid, error))
+        else:
+            self.peeks[peek.uuid] = peek
+
+    def _peek_target(self, peek: Peek) -> tuple[Arrangement | None, list[str]]:
+        if peek.target is TargetKind.PERSIST:
+            table = self.tables.get(peek.target_id)
+            return table, list(table.schema.names) if table is not None else []
+        flow = self._by_export.get(peek.target_id)
+        if flow is None or peek.target_id not in flow.index_since:
+            return None, []
+        return flow.output, index_key(flow.desc.view, flow.schema)
+
+    def _peek_error(self, peek: Peek) -> str | None:
+        arrangement, _ = self._peek_target(peek)
+        if arrangement is None:
+            return f"collection {peek.target_id!r} does not exist"
+        if not readable(peek.timestamp, arrangement.since):
+            return (
+                f"timestamp {peek.timestamp} is not readable for {peek.target_id!r}: "
+                f"it is below the since {arrangement.since}"
+            )
+        return None
+
+    def _answer(self, peek: Peek, arrangement: Arrangement, key: list[str]) -> PeekResponse:
+        try:
+            rows = arrangement.read_at(peek.timestamp)
+            if peek.literal_constraints is not None:
+                rows = constrain(rows, key, peek.literal_constraints)
+            rows = finish(rows, peek.finishing)
+        except (ValueError, KeyError, pa.ArrowException) as exc:
+            return _error(peek.uuid, f"peek {peek.uuid} on {peek.target_id!r}: {exc}")
+        data = encode_table(rows)
+        limit = self.config.max_result_size
+        if limit is not None and len(data) > limit:
+            return _error(peek.uuid, f"result exceeds max size of {limit} bytes")
+        return PeekResponse(uuid=peek.uuid, result=PeekResult.ROWS, rows=data)
+
+    # ---------------------------------------------------------------- responses
+
+    def _send(self, message: object) -> None:
+        assert self.controller is not None
+        self._out.append(Send(peer=self.controller, message=message))
+
+    def _flush(self) -> None:
+        """Send what changed: frontiers, subscribe batches, and answers to peeks whose time has come."""
+        for flow in self.dataflows:
+            if not flow.scheduled:
+                continue
+            upper = (max(flow.upper, flow.floor),)
+            current: _Reported = (upper, (max(flow.input_upper, flow.floor),), upper)
+            for e in flow.index_since:
+                last = self._reported.get(e)
+                if last != current:
+                    self._reported[e] = current
+                    changed = [
+                        c if last is None or c != p else None
+                        for c, p in zip(current, last or current, strict=True)
+                    ]
+                    self._send(Frontiers(id=e, write=changed[0], input=changed[1], output=changed[2]))
+            self._flush_subscribes(flow)
+        for uuid, peek in list(self.peeks.items()):
+            arrangement, key = self._peek_target(peek)
+            error = self._peek_error(peek)
+            if error is not None:
+                del self.peeks[uuid]
+                self._send(_error(uuid, error))
+            elif arrangement is not None and arrangement.upper and peek.timestamp < arrangement.upper[0]:
+                del self.peeks[uuid]
+                self._send(self._answer(peek, arrangement, key))
+
+    def _flush_subscribes(self, flow: LiveDataflow) -> None:
+        if not flow.subscribes:
+            flow.pending = []
+            return
+        for sink, lower in flow.subscribes.items():
+            if flow.upper <= lower:
+                continue
+            parts = list(flow.pending)
+            updates = (
+                consolidate(pa.concat_tables(parts)) if parts else update_schema(flow.schema).empty_table()
+            )
+            data = encode_table(updates)
+            limit = self.config.max_result_size
+            if limit is not None and len(data) > limit:
+                batch = SubscribeBatch(
+                    id=sink,
+                    lower=(lower,),
+                    upper=(flow.upper,),
+                    error=f"result exceeds max size of {limit} bytes",
+                )
+            else:
+                batch = SubscribeBatch(id=sink, lower=(lower,), upper=(flow.upper,), updates=data)
+            self._send(batch)
+            flow.subscribes[sink] = flow.upper
+        flow.pending = []
+
+
+def _error(uuid: str, text: str) -> PeekResponse:
+    return PeekResponse(uuid=uuid, result=PeekResult.ERROR, error=text)
