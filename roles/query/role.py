@@ -1,0 +1,627 @@
+"""The query role: initiator of the queries it starts, participant of everyone else's (Mustang 3).
+
+One ``QueryRole`` per node, named ``"query"``, as Hazelcast's query service. Sans-IO: events in,
+actions out (``sparkbus.bus.contract``).
+
+Race rules (spec 3.5, protocol-facts 1.2):
+
+* A batch for an unknown query on a participant creates the query's state lazily (``PENDING``); the
+  batch is retained, unconsumed (so its credit bounds what a sender can pile up), and replayed on start.
+* A batch for an unknown query on its initiator means the query finished: it is discarded.
+* A ``PENDING`` state older than the check period is suspected: its ids go to the initiator in one
+  ``QueriesSuspected`` per initiator; those answered in ``QueriesInactive`` are released.
+* A cancel goes from where the failure happened to the initiator, which broadcasts it to the other
+  participants (at most 2N messages); a cancel received from the initiator is not propagated.
+* A lost peer fails every query that needs it at once (``MEMBER_LEAVE``); a participant that loses its
+  initiator releases the query silently (the initiator is gone, nobody is left to tell).
+
+Choices where the spec is silent: the participant list defaults to this node and every peer that is up
+(a node without a partition of the table sends an empty last batch, "no data"); the initial credit per
+edge is 1 MiB, equal to the bus's default so a stream opened before ``start`` arrives gets the same
+credit; a batch is at most 40 % of the edge's credit so a starved sender always triggers a grant.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from sparkbus.bus import contract as c
+from sparkbus.codecs import encode_batch
+from sparkbus.roles.query import engine
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
+from sparkbus.roles.query.messages import (
+    MESSAGES,
+    QueriesInactive,
+    QueriesSuspected,
+    QueryCancelled,
+    QueryId,
+    QueryStarted,
+    parse_stream_key,
+    stream_key,
+)
+from sparkbus.roles.query.plan import Fragment, PlanNode, Scan, chain, fragment_to_plain, plan_from_plain
+from sparkbus.roles.query.planner import plan_fragments
+from sparkbus.roles.query.sql import parse_sql
+from sparkbus.roles.query.state import Phase, Step, next_phase
+
+MiB = 1024 * 1024
+_CHECK_TIMER = "check"
+_TIMEOUT_TIMER = "timeout/"
+_INACTIVE_MESSAGE = "Query is no longer active on coordinator."
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueryConfig:
+    """Settings of the query role.
+
+    Attributes:
+        check_period: seconds between checks of queries that never got start (Hazelcast: 1 s).
+        batch_bytes: the most bytes a batch carries (Hazelcast: 512 KiB).
+        edge_credit: initial credit in bytes of every stream (Hazelcast: 1 MiB at low memory pressure).
+        default_timeout: seconds before a query without its own timeout is cancelled; 0 for never.
+    """
+
+    check_period: float = 1.0
+    batch_bytes: int = 512 * 1024
+    edge_credit: int = 1 * MiB
+    default_timeout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (
+            self.check_period <= 0
+            or self.batch_bytes <= 0
+            or self.edge_credit <= 0
+            or self.default_timeout < 0
+        ):
+            raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
+
+
+@dataclass(eq=False)
+class _Outbox:
+    """One outbound stream: the rows still to send to ``peer`` and the credit left for them."""
+
+    peer: str
+    stream: str
+    table: pa.Table | None
+    credit: int
+    max_credit: int
+    offset: int = 0
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class _Run:
+    """One fragment running here; ``waiting`` are the members whose last batch has not arrived yet."""
+
+    fragment: Fragment
+    inbox: engine.Inbox | None
+    waiting: set[str]
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Query:
+    id: QueryId
+    phase: Phase
+    created: float
+    initiator: bool
+    start: QueryStarted | None = None
+    call_id: int | None = None
+    pending: list[c.BatchReceived] = field(default_factory=list)
+    runs: dict[int, _Run] = field(default_factory=dict)
+    outboxes: dict[tuple[str, str], _Outbox] = field(default_factory=dict)
+    inbound: set[tuple[str, str]] = field(default_factory=set)
+
+    def step(self, step: Step) -> None:
+        self.phase = next_phase(self.phase, step, str(self.id))
+
+
+class QueryRole:
+    """Initiator and participant of distributed queries over this node's table partitions.
+
+    Local calls:
+        ``execute``: ``sql`` (str) or ``plan`` (a plain logical plan); optional ``parameters`` (list),
+            ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool). Replies
+            with the result as Arrow IPC stream bytes, or an error ``[code NAME] message (...)``.
+        ``cancel``: ``query_id`` (str) or ``call_id`` (the execute call); replies True if it cancelled.
+        ``load``: ``table`` (str), ``batches`` (list of Arrow IPC row batches), optional ``replace``;
+            replies with the partition's row count.
+
+    Args:
+        member: this node's member id (its bus node name).
+        config: settings.
+        store: the partitions (a new empty store by default).
+        incarnation: makes query ids unique across restarts of this member (random by default; pass a
+            fixed one in deterministic simulations).
+    """
+
+    name = "query"
+    messages: ClassVar[tuple[type, ...]] = MESSAGES
+
+    def __init__(
+        self,
+        member: str,
+        *,
+        config: QueryConfig | None = None,
+        store: engine.PartitionStore | None = None,
+        incarnation: str | None = None,
+    ) -> None:
+        self.member = member
+        self.config = config or QueryConfig()
+        self.store = store if store is not None else engine.PartitionStore()
+        self.incarnation = incarnation if incarnation is not None else uuid.uuid4().hex[:12]
+        self.queries: dict[QueryId, _Query] = {}
+        self.calls: dict[int, QueryId] = {}
+        self.peers_up: set[str] = set()
+        self.counters: Counter[str] = Counter()
+        self._next_local = 0
+        self._check_at: float | None = None
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, event: c.Event, now: float) -> list[c.Action]:
+        """React to one bus event at time ``now``."""
+        out: list[c.Action] = []
+        if isinstance(event, c.BatchReceived):
+            self._on_batch(event, now, out)
+        elif isinstance(event, c.CreditChanged):
+            self._on_credit(event, out)
+        elif isinstance(event, c.MessageReceived):
+            self._on_message(event.peer, event.message, now, out)
+        elif isinstance(event, c.LocalCall):
+            self._on_call(event, now, out)
+        elif isinstance(event, c.TimerFired):
+            self._on_timer(event.key, now, out)
+        elif isinstance(event, c.PeerUp):
+            self.peers_up.add(event.peer)
+        elif isinstance(event, c.PeerLost):
+            self._on_peer_lost(event.peer, out)
+        elif isinstance(event, c.HandlerFailed):
+            self.counters["handler_failed"] += 1
+        return out
+
+    # ------------------------------------------------------------------ local calls
+
+    def _on_call(self, call: c.LocalCall, now: float, out: list[c.Action]) -> None:
+        try:
+            if call.name == "execute":
+                self._execute(call, now, out)
+            elif call.name == "cancel":
+                out.append(c.Reply(call_id=call.call_id, result=self._cancel_call(call.args, out)))
+            elif call.name == "load":
+                out.append(c.Reply(call_id=call.call_id, result=self._load(call.args)))
+            else:
+                out.append(c.Reply(call_id=call.call_id, error=f"unknown call {call.name!r}"))
+        except QueryError as exc:
+            out.append(c.Reply(call_id=call.call_id, error=exc.describe()))
+
+    def _load(self, args: dict[str, Any]) -> int:
+        table, batches = args.get("table"), args.get("batches")
+        if not isinstance(table, str) or not isinstance(batches, list | tuple):
+            raise ExecutionError("load takes table (str) and batches (a list of Arrow IPC row batches)")
+        return self.store.load(table, engine.table_from_ipc(batches), replace=bool(args.get("replace")))
+
+    def _logical(self, args: dict[str, Any]) -> PlanNode:
+        sql, plan = args.get("sql"), args.get("plan")
+        if isinstance(sql, str) and plan is None:
+            return parse_sql(sql)
+        if sql is None and plan is not None:
+            return plan_from_plain(plan)
+        raise QueryError(ErrorCode.PARSING, "execute takes either sql (str) or plan (a plain plan tree)")
+
+    def _execute(self, call: c.LocalCall, now: float, out: list[c.Action]) -> None:
+        args = call.args
+        logical = self._logical(args)
+        participants = args.get("participants")
+        if participants is None:
+            participants = [self.member, *sorted(self.peers_up - {self.member})]
+        if not isinstance(participants, list | tuple) or not all(isinstance(p, str) for p in participants):
+            raise QueryError(ErrorCode.PARSING, "participants must be a list of member ids")
+        down = [p for p in participants if p != self.member and p not in self.peers_up]
+        if down:
+            raise QueryError(ErrorCode.MEMBER_CONNECTION, f"no connection to member(s) {', '.join(down)}")
+        timeout = args.get("timeout", self.config.default_timeout)
+        if not isinstance(timeout, int | float) or timeout < 0:
+            raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")
+        fragments = plan_fragments(
+            logical,
+            initiator=self.member,
+            participants=participants,
+            repartition=bool(args.get("repartition")),
+        )
+        self._next_local += 1
+        qid = QueryId(member=self.member, local=f"{self.incarnation}.{self._next_local}")
+        edges = {f.send.edge for f in fragments if f.send is not None}
+        try:
+            start = QueryStarted(
+                query_id=qid,
+                fragments=tuple(fragment_to_plain(f) for f in fragments),
+                parameters=tuple(args.get("parameters") or ()),
+                participants=tuple(dict.fromkeys([self.member, *participants])),
+                edge_credits=dict.fromkeys(sorted(edges), self.config.edge_credit),
+                timeout=float(timeout),
+            )
+        except (TypeError, ValueError) as exc:
+            raise QueryError(ErrorCode.PARSING, str(exc)) from None
+        q = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=True, call_id=call.call_id)
+        self.queries[qid] = q
+        self.calls[call.call_id] = qid
+        self.counters["started"] += 1
+        for p in start.participants:
+            if p != self.member:
+                out.append(c.Send(peer=p, message=start))
+        if timeout > 0:
+            out.append(c.SetTimer(key=f"{_TIMEOUT_TIMER}{qid}", at=now + timeout))
+        self._start(q, start, now, out)
+
+    def _cancel_call(self, args: dict[str, Any], out: list[c.Action]) -> bool:
+        qid: QueryId | None = None
+        if isinstance(args.get("call_id"), int):
+            qid = self.calls.get(args["call_id"])
+        elif isinstance(args.get("query_id"), str):
+            try:
+                qid = QueryId.parse(args["query_id"])
+            except ValueError:
+                qid = None
+        q = self.queries.get(qid) if qid is not None else None
+        if q is None or not q.initiator:
+            return False
+        self._fail(q, ErrorCode.CANCELLED_BY_USER, "cancelled by the user", self.member, out)
+        return True
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self, q: _Query, start: QueryStarted, now: float, out: list[c.Action]) -> None:
+        q.step(Step.START)
+        q.start = start
+        by_edge = {f.send.edge: f for f in start.decoded if f.send is not None}
+        for f in start.decoded:
+            if self.member not in f.members:
+                continue
+            rec = f.receive
+            waiting: set[str] = set()
+            if rec is not None:
+                waiting = set(by_edge[rec.edge].members)
+                for s in waiting:
+                    key = stream_key(q.id, rec.edge)
+                    q.inbound.add((s, key))
+                    if s == self.member or s in self.peers_up:
+                        out.append(c.AcceptStream(peer=s, stream=key, credit=start.edge_credits[rec.edge]))
+            q.runs[f.id] = _Run(
+                fragment=f, inbox=engine.Inbox(f.root) if rec is not None else None, waiting=waiting
+            )
+        pending, q.pending = q.pending, []
+        for batch in pending:
+            if q.phase is not Phase.RUNNING:
+                return
+            self._batch_for(q, batch, out)
+        for run in list(q.runs.values()):
+            if q.phase is Phase.RUNNING and run.inbox is None and not run.done:
+                self._run_fragment(q, run, None, out)
+
+    def _run_fragment(self, q: _Query, run: _Run, received: pa.Table | None, out: list[c.Action]) -> None:
+        assert q.start is not None
+        start = q.start
+        run.done = True
+        try:
+            table = engine.run(run.fragment.root, self.store, start.parameters, received)
+        except QueryError as exc:
+            self._fail(q, exc.code, exc.message, self.member, out)
+            return
+        send = run.fragment.send
+        if send is None:
+            self._deliver(q, table, out)
+            return
+        receivers = next(
+            f.members for f in start.decoded if f.receive is not None and f.receive.edge == send.edge
+        )
+        parts: list[pa.Table | None]
+        if send.mode == "hash" and table is not None:
+            try:
+                parts = list(engine.hash_partition(table, send.keys, len(receivers)))
+            except QueryError as exc:
+                self._fail(q, exc.code, exc.message, self.member, out)
+                return
+        else:
+            parts = [table] * len(receivers)
+        key = stream_key(q.id, send.edge)
+        credit = start.edge_credits[send.edge]
+        for peer, part in zip(receivers, parts, strict=True):
+            if peer != self.member and peer not in self.peers_up:
+                self._fail(
+                    q, ErrorCode.MEMBER_CONNECTION, f"no connection to member {peer}", self.member, out
+                )
+                return
+            box = q.outboxes[(peer, key)] = _Outbox(
+                peer=peer, stream=key, table=part, credit=credit, max_credit=credit
+            )
+            out.append(c.OpenStream(peer=peer, stream=key, credit=credit))
+            self._pump(q, box, out)
+            if q.phase is not Phase.RUNNING:
+                return
+        self._maybe_complete(q, out)
+
+    def _deliver(self, q: _Query, table: pa.Table | None, out: list[c.Action]) -> None:
+        if table is None:
+            assert q.start is not None
+            tables = sorted(
+                {op.table for f in q.start.decoded for op in chain(f.root) if isinstance(op, Scan)}
+            )
+            self._fail(
+                q,
+                ErrorCode.PARSING,
+                f"table {', '.join(tables)} is not loaded on any participant",
+                self.member,
+                out,
+            )
+            return
+        if q.call_id is not None:
+            out.append(c.Reply(call_id=q.call_id, result=engine.table_to_ipc(table)))
+            q.call_id = None
+        self.counters["completed"] += 1
+        self._maybe_complete(q, out)
+
+    # ------------------------------------------------------------------ streams
+
+    def _pump(self, q: _Query, box: _Outbox, out: list[c.Action]) -> None:
+        """Send what the credit allows; a batch is at most 40 % of the edge credit (see the module doc)."""
+        while not box.finished:
+            if box.table is None:
+                out.append(c.SendBatch(peer=box.peer, stream=box.stream, data=b"", last=True))
+                box.finished = True
+                break
+            total = box.table.num_rows
+            left = total - box.offset
+            target = max(1, min(self.config.batch_bytes, int(box.max_credit * 0.4), box.credit))
+            width = max(1, box.table.nbytes // max(total, 1))
+            rows = min(left, max(1, target // width))
+            data = self._encode(box.table, box.offset, rows)
+            while len(data) > min(box.credit, target) and rows > 1:
+                rows //= 2
+                data = self._encode(box.table, box.offset, rows)
+            if len(data) > box.credit:
+                if len(data) > box.max_credit:
+                    msg = f"a batch of {len(data)} bytes exceeds the edge credit {box.max_credit}"
+                    self._fail(q, ErrorCode.DATA_EXCEPTION, msg, self.member, out)
+                return  # starved: CreditChanged resumes
+            last = box.offset + rows >= total
+            out.append(c.SendBatch(peer=box.peer, stream=box.stream, data=data, last=last))
+            self.counters["batches_out"] += 1
+            box.credit -= len(data)
+            box.offset += rows
+            box.finished = last
+
+    @staticmethod
+    def _encode(table: pa.Table, offset: int, rows: int) -> bytes:
+        part = table.slice(offset, rows).combine_chunks()
+        batches = part.to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+        return bytes(encode_batch(batch))
+
+    def _on_batch(self, ev: c.BatchReceived, now: float, out: list[c.Action]) -> None:
+        try:
+            qid, _ = parse_stream_key(ev.stream)
+        except ValueError as exc:
+            raise c.RemoteProtocolError(f"batch from {ev.peer}: {exc}") from None
+        q = self.queries.get(qid)
+        if q is None:
+            if qid.member == self.member:
+                # Our own query is over: whatever still arrives for it is stale.
+                self.counters["batches_discarded"] += 1
+                out.append(c.CloseStream(peer=ev.peer, stream=ev.stream))
+                return
+            q = self.queries[qid] = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=False)
+            self.counters["created_by_batch"] += 1
+            self._arm_check(now, out)
+        if q.phase is Phase.PENDING:
+            q.step(Step.BATCH)
+            q.pending.append(ev)
+            q.inbound.add((ev.peer, ev.stream))
+            return
+        self._batch_for(q, ev, out)
+
+    def _batch_for(self, q: _Query, ev: c.BatchReceived, out: list[c.Action]) -> None:
+        q.step(Step.BATCH)
+        _, edge = parse_stream_key(ev.stream)
+        run = next(
+            (
+                r
+                for r in q.runs.values()
+                if r.fragment.receive is not None and r.fragment.receive.edge == edge
+            ),
+            None,
+        )
+        if run is None or run.inbox is None or ev.peer not in run.waiting:
+            self._fail(
+                q, ErrorCode.GENERIC, f"unexpected batch from {ev.peer} on {ev.stream}", self.member, out
+            )
+            return
+        try:
+            run.inbox.add(ev.data)
+        except QueryError as exc:
+            self._fail(q, exc.code, f"batch from {ev.peer}: {exc.message}", self.member, out)
+            return
+        self.counters["batches_in"] += 1
+        out.append(c.Consumed(peer=ev.peer, stream=ev.stream, size=ev.size))
+        if ev.last:
+            run.waiting.discard(ev.peer)
+            q.inbound.discard((ev.peer, ev.stream))
+            out.append(c.CloseStream(peer=ev.peer, stream=ev.stream))
+            if not run.waiting:
+                self._run_fragment(q, run, run.inbox.table, out)
+
+    def _on_credit(self, ev: c.CreditChanged, out: list[c.Action]) -> None:
+        try:
+            qid, _ = parse_stream_key(ev.stream)
+        except ValueError:
+            return
+        q = self.queries.get(qid)
+        box = q.outboxes.get((ev.peer, ev.stream)) if q is not None else None
+        if q is None or box is None or box.finished:
+            self.counters["credit_ignored"] += 1
+            return
+        q.step(Step.CREDIT)
+        box.credit = ev.credit
+        self._pump(q, box, out)
+        if q.phase is Phase.RUNNING:
+            self._maybe_complete(q, out)
+
+    # ------------------------------------------------------------------ control messages
+
+    def _on_message(self, peer: str, msg: Any, now: float, out: list[c.Action]) -> None:
+        if isinstance(msg, QueryStarted):
+            qid = msg.query_id
+            if qid.member != peer or peer == self.member:
+                raise c.RemoteProtocolError(f"start of query {qid} came from {peer}, not its initiator")
+            if self.member not in msg.participants:
+                raise c.RemoteProtocolError(
+                    f"start of query {qid} from {peer}: {self.member} is not a participant"
+                )
+            q = self.queries.get(qid)
+            if q is None:
+                q = self.queries[qid] = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=False)
+            self._start(q, msg, now, out)
+        elif isinstance(msg, QueryCancelled):
+            self._on_cancel(peer, msg, out)
+        elif isinstance(msg, QueriesSuspected):
+            inactive = tuple(i for i in msg.query_ids if i.member != self.member or i not in self.queries)
+            out.append(c.Send(peer=peer, message=QueriesInactive(query_ids=inactive)))
+        elif isinstance(msg, QueriesInactive):
+            for qid in msg.query_ids:
+                q = self.queries.get(qid)
+                if q is not None and qid.member == peer and q.phase is Phase.PENDING:
+                    self.counters["reaped"] += 1
+                    self._release(q, Step.INACTIVE, out)
+        else:
+            raise c.RemoteProtocolError(f"query role got an unexpected {type(msg).__name__} from {peer}")
+
+    def _on_cancel(self, peer: str, msg: QueryCancelled, out: list[c.Action]) -> None:
+        q = self.queries.get(msg.query_id)
+        if q is None:
+            self.counters["cancel_unknown"] += 1
+            return
+        if q.initiator:
+            self._fail(q, msg.code, msg.message, msg.origin, out, remote=True)
+        elif peer == msg.query_id.member:
+            self.counters["cancelled_remote"] += 1
+            self._release(q, Step.CANCEL, out)
+        else:
+            raise c.RemoteProtocolError(
+                f"cancel of query {msg.query_id} from {peer}, which is not its initiator"
+            )
+
+    # ------------------------------------------------------------------ failures and cleanup
+
+    def _fail(
+        self,
+        q: _Query,
+        code: ErrorCode,
+        message: str,
+        origin: str,
+        out: list[c.Action],
+        *,
+        remote: bool = False,
+    ) -> None:
+        """End ``q`` with an error: tell the user (initiator) and the members that must know (2N at most)."""
+        if q.phase is Phase.DONE:
+            return
+        if q.initiator:
+            error = QueryError(code, message, query_id=str(q.id), origin=origin)
+            if q.call_id is not None:
+                out.append(c.Reply(call_id=q.call_id, error=error.describe()))
+                q.call_id = None
+            cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)
+            for p in q.start.participants if q.start is not None else ():
+                if p not in (self.member, origin) and p in self.peers_up:
+                    out.append(c.Send(peer=p, message=cancel))
+        elif not remote and q.phase is Phase.RUNNING and q.id.member in self.peers_up:
+            cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)
+            out.append(c.Send(peer=q.id.member, message=cancel))
+        self.counters["failed"] += 1
+        self._release(q, Step.CANCEL if remote else Step.FAIL, out)
+
+    def _maybe_complete(self, q: _Query, out: list[c.Action]) -> None:
+        if q.phase is not Phase.RUNNING or q.call_id is not None:
+            return
+        if all(r.done for r in q.runs.values()) and all(b.finished for b in q.outboxes.values()):
+            self._release(q, Step.COMPLETE, out)
+
+    def _release(self, q: _Query, step: Step, out: list[c.Action]) -> None:
+        q.step(step)
+        if step is Step.INACTIVE and q.phase is not Phase.DONE:
+            return
+        for box in q.outboxes.values():
+            if not box.finished and (box.peer == self.member or box.peer in self.peers_up):
+                out.append(c.CloseStream(peer=box.peer, stream=box.stream))
+        for peer, key in sorted(q.inbound):
+            if peer == self.member or peer in self.peers_up:
+                out.append(c.CloseStream(peer=peer, stream=key))
+        if q.initiator and q.start is not None and q.start.timeout > 0:
+            out.append(c.CancelTimer(key=f"{_TIMEOUT_TIMER}{q.id}"))
+        q.pending.clear()
+        q.outboxes.clear()
+        q.inbound.clear()
+        q.runs.clear()
+        self.queries.pop(q.id, None)
+        for call_id in [k for k, v in self.calls.items() if v == q.id]:
+            del self.calls[call_id]
+
+    def _on_peer_lost(self, peer: str, out: list[c.Action]) -> None:
+        self.peers_up.discard(peer)
+        for q in list(self.queries.values()):
+            if q.initiator:
+                if q.start is not None and peer in q.start.participants:
+                    self._fail(q, ErrorCode.MEMBER_LEAVE, f"member {peer} left the cluster", self.member, out)
+            elif peer == q.id.member:
+                # The initiator is gone: clean up locally, without messages (spec 3.3).
+                self._release(q, Step.FAIL, out)
+            elif q.phase is Phase.RUNNING and any(p == peer for p, _ in [*q.inbound, *q.outboxes]):
+                self._fail(q, ErrorCode.MEMBER_LEAVE, f"member {peer} left the cluster", self.member, out)
+
+    # ------------------------------------------------------------------ timers
+
+    def _arm_check(self, now: float, out: list[c.Action]) -> None:
+        if self._check_at is None:
+            self._check_at = now + self.config.check_period
+            out.append(c.SetTimer(key=_CHECK_TIMER, at=self._check_at))
+
+    def _on_timer(self, key: str, now: float, out: list[c.Action]) -> None:
+        if key == _CHECK_TIMER:
+            self._check_at = None
+            self._check(now, out)
+        elif key.startswith(_TIMEOUT_TIMER):
+            try:
+                qid = QueryId.parse(key[len(_TIMEOUT_TIMER) :])
+            except ValueError:
+                return
+            q = self.queries.get(qid)
+            if q is not None and q.initiator:
+                assert q.start is not None
+                self._fail(
+                    q, ErrorCode.TIMEOUT, f"query timed out after {q.start.timeout:g} s", self.member, out
+                )
+
+    def _check(self, now: float, out: list[c.Action]) -> None:
+        """Ask each initiator about the queries here that never got start (protocol-facts 1.2)."""
+        suspects: dict[str, list[QueryId]] = {}
+        waiting = False
+        for q in list(self.queries.values()):
+            if q.phase is not Phase.PENDING:
+                continue
+            if q.id.member not in self.peers_up:
+                self._release(q, Step.FAIL, out)
+            elif now - q.created >= self.config.check_period:
+                suspects.setdefault(q.id.member, []).append(q.id)
+                waiting = True
+            else:
+                waiting = True
+        for member, ids in sorted(suspects.items()):
+            self.counters["checks_sent"] += 1
+            out.append(c.Send(peer=member, message=QueriesSuspected(query_ids=tuple(ids))))
+        if waiting:
+            self._arm_check(now, out)

@@ -1,0 +1,156 @@
+"""Seeded simulations of spec 3.5's races and failures, and cancel from each side."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from sparkbus.roles.query.role import QueryConfig
+
+from .cluster import Cluster
+
+SEEDS = [1, 2, 3]
+SMALL = QueryConfig(edge_credit=4096, batch_bytes=1024)
+
+
+def rows(t: pa.Table) -> list[dict[str, object]]:
+    return sorted(t.to_pylist(), key=repr)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_queries_match_the_reference(seed: int) -> None:
+    c = Cluster(seed)
+    got, err = c.outcome(c.execute("SELECT k, count(*) AS n, sum(x) AS s FROM t GROUP BY k"))
+    assert err is None and got is not None
+    ref = c.data.group_by(["k"]).aggregate([([], "count_all"), ("x", "sum")]).rename_columns(["k", "n", "s"])
+    assert rows(got) == rows(ref)
+    got, err = c.outcome(
+        c.execute("SELECT x, y FROM t WHERE x >= ? ORDER BY x DESC LIMIT 5", parameters=[10])
+    )
+    assert got is not None and got.column("x").to_pylist() == [399, 398, 397, 396, 395]
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_large_result_streams_under_small_credit(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    got, err = c.outcome(c.execute("SELECT x FROM t"))
+    assert err is None and got is not None
+    assert sorted(got.column("x").to_pylist()) == list(range(3000))
+    assert c.roles["p1"].counters["batches_out"] > 10  # many batches: the credit bounded each
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_batch_before_start_is_retained_and_replayed(seed: int) -> None:
+    c = Cluster(seed)
+    got, err = c.outcome(c.execute("SELECT k, count(*) AS n FROM t GROUP BY k", repartition=True))
+    assert err is None and got is not None
+    assert rows(got) == rows(c.data.group_by(["k"]).aggregate([([], "count_all")]).rename_columns(["k", "n"]))
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+def test_some_seed_delivers_a_batch_before_start() -> None:
+    created = 0
+    for seed in range(1, 9):
+        c = Cluster(seed)
+        c.outcome(c.execute("SELECT k, count(*) FROM t GROUP BY k", repartition=True))
+        created += c.roles["p1"].counters["created_by_batch"] + c.roles["p2"].counters["created_by_batch"]
+    assert created > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cancel_by_the_user(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    cid = c.execute("SELECT x FROM t")
+    cancelled = c.sim.result(c.sim.call("i", "query", "cancel", {"call_id": cid[1]}))
+    assert cancelled is True
+    got, err = c.outcome(cid)
+    assert got is None and err is not None and err.startswith("[1003 CANCELLED_BY_USER]")
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    assert c.sim.result(c.sim.call("i", "query", "cancel", {"call_id": cid[1]})) is False
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cancel_from_a_participant_goes_through_the_initiator(seed: int) -> None:
+    c = Cluster(seed)
+    c.load("p2", pa.table({"other": [1, 2]}), name="u")
+    c.load("p1", pa.table({"z": [1, 2]}), name="u")
+    got, err = c.outcome(c.execute("SELECT z FROM u"))
+    assert got is None and err is not None
+    assert err.startswith("[2000 DATA_EXCEPTION]") and "on p2" in err and "'z'" in err
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    # p2 sent one cancel to i; i sent one to p1 (not back to p2): 2 messages for N = 2.
+    assert c.roles["p2"].counters["cancelled_remote"] == 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_participant_crash_fails_fast_with_member_leave(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    cid = c.execute("SELECT x FROM t")
+    c.sim.run_for(0.002)
+    c.sim.crash("p2")
+    got, err = c.outcome(cid)
+    assert got is None and err is not None and err.startswith("[1002 MEMBER_LEAVE]") and "p2" in err
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_initiator_crash_releases_participants_silently(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    c.execute("SELECT x FROM t")
+    c.sim.run_for(0.003)
+    c.sim.crash("i")
+    c.settle()
+    assert c.leaks() == {"p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cut_link_between_participants_fails_the_query(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    cid = c.execute("SELECT k, count(*) FROM t GROUP BY k", repartition=True)
+    c.sim.cut("p1", "p2")
+    _, err = c.outcome(cid)
+    assert err is not None and "MEMBER" in err
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_timeout(seed: int) -> None:
+    c = Cluster(seed, rows=3000, config=SMALL)
+    got, err = c.outcome(c.execute("SELECT x FROM t", timeout=0.001))
+    assert got is None and err is not None and err.startswith("[1004 TIMEOUT]")
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+def test_errors_before_start() -> None:
+    c = Cluster(1)
+    _, err = c.outcome(c.execute("SELECT FROM WHERE"))
+    assert err is not None and err.startswith("[1005 PARSING] syntax error")
+    _, err = c.outcome(c.execute("SELECT x FROM missing"))
+    assert err is not None and "missing is not loaded on any participant" in err
+    _, err = c.outcome(c.execute("SELECT x FROM t", participants=["p1", "ghost"]))
+    assert err is not None and err.startswith("[1001 MEMBER_CONNECTION]")
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+def test_empty_and_filtered_results_keep_their_schema() -> None:
+    c = Cluster(2)
+    got, err = c.outcome(c.execute("SELECT k, x FROM t WHERE x < 0"))
+    assert err is None and got is not None and got.num_rows == 0 and got.column_names == ["k", "x"]
+    got, _ = c.outcome(c.execute("SELECT count(*) AS n, sum(x) AS s FROM t WHERE x < 0"))
+    assert got is not None and got.to_pylist() == [{"n": 0, "s": None}]
+    got, _ = c.outcome(c.execute("SELECT avg(y) AS a FROM t"))
+    assert got is not None and got.column("a")[0].as_py() == pytest.approx(
+        pc.mean(c.data.column("y")).as_py()
+    )
