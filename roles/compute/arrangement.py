@@ -15,7 +15,7 @@ from sparkbus.roles.compute.times import CLOSED, Frontier
 
 TIME = "__time"
 DIFF = "__diff"
-_UPDATE_FIELDS = (pa.field(TIME, pa.int64(), nullable=False), pa.field(DIFF, pa.int64(), nullable=False))
+_UPDATE_FIELDS = (pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64()))
 
 
 def update_schema(data: pa.Schema) -> pa.Schema:
@@ -105,7 +105,9 @@ class Arrangement:
     def append(self, updates: pa.Table, upper: int) -> None:
         """Add complete updates (times below ``upper``) and advance the upper to ``upper``."""
         if updates.num_rows:
-            self._parts.append(updates.select([*self.schema.names, TIME, DIFF]))
+            self._parts.append(
+                updates.select([*self.schema.names, TIME, DIFF]).cast(update_schema(self.schema))
+            )
             self._pending_rows += updates.num_rows
             # Consolidating on every append would cost O(size) per write; folding once the pending
             # updates outnumber the consolidated ones keeps appends amortised O(batch).
