@@ -1,1 +1,78 @@
 """Query execution (Hazelcast Mustang): plans, operators, initiator and participant."""
+
+from sparkbus.roles.query.engine import Inbox, PartitionStore, read_parquet, table_from_ipc, table_to_ipc
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError, SqlError
+from sparkbus.roles.query.messages import (
+    QueriesInactive,
+    QueriesSuspected,
+    QueryCancelled,
+    QueryId,
+    QueryStarted,
+    parse_stream_key,
+    stream_key,
+)
+from sparkbus.roles.query.plan import (
+    AggCall,
+    Aggregate,
+    Filter,
+    Fragment,
+    Limit,
+    MergeSort,
+    PlanNode,
+    Project,
+    Receive,
+    Scan,
+    Send,
+    Sort,
+    SortKey,
+    TopK,
+    fragment_from_plain,
+    fragment_to_plain,
+    plan_from_plain,
+    plan_to_plain,
+)
+from sparkbus.roles.query.planner import plan_fragments
+from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.sql import parse_sql
+
+__all__ = [
+    "AggCall",
+    "Aggregate",
+    "ErrorCode",
+    "ExecutionError",
+    "Filter",
+    "Fragment",
+    "Inbox",
+    "Limit",
+    "MergeSort",
+    "PartitionStore",
+    "PlanError",
+    "PlanNode",
+    "Project",
+    "QueriesInactive",
+    "QueriesSuspected",
+    "QueryCancelled",
+    "QueryConfig",
+    "QueryError",
+    "QueryId",
+    "QueryRole",
+    "QueryStarted",
+    "Receive",
+    "Scan",
+    "Send",
+    "Sort",
+    "SortKey",
+    "SqlError",
+    "TopK",
+    "fragment_from_plain",
+    "fragment_to_plain",
+    "parse_sql",
+    "parse_stream_key",
+    "plan_fragments",
+    "plan_from_plain",
+    "plan_to_plain",
+    "read_parquet",
+    "stream_key",
+    "table_from_ipc",
+    "table_to_ipc",
+]
