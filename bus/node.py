@@ -1,0 +1,403 @@
+"""The ZeroMQ node: sockets and the loop thread around a ``NodeCore``.
+
+Sockets, one set per node (DESIGN.md section 4): one ROUTER bound for control, one PULL bound for data; per
+peer one DEALER (identity = our node id) to its ROUTER and one PUSH to its PULL. Every socket has
+LINGER=0, explicit HWMs and MAXMSGSIZE; the ROUTER has ROUTER_MANDATORY; DEALER and PUSH have IMMEDIATE.
+Sends never block the loop (NOBLOCK): a message ZeroMQ will not take is counted, and the sequence gap it
+leaves makes the peer reset the link, so nothing is lost silently. One loop thread owns every socket;
+other threads talk to it through an inproc pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.config import BusConfig
+from sparkbus.bus.core import NodeCore
+from sparkbus.bus.state import Completed, Transmit
+
+log = logging.getLogger("sparkbus.bus")
+
+_CONTEXT: tuple[int, zmq.Context[zmq.Socket[bytes]]] | None = None
+_CONTEXT_LOCK = threading.Lock()
+
+
+def context() -> zmq.Context[zmq.Socket[bytes]]:
+    """The process's ZeroMQ context, created on first use in *this* process (fork-safe: PySpark forks its
+    Python workers, and a context must never cross a fork)."""
+    global _CONTEXT
+    with _CONTEXT_LOCK:
+        if _CONTEXT is None or _CONTEXT[0] != os.getpid():
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+            ctx.linger = 0
+            _CONTEXT = (os.getpid(), ctx)
+        return _CONTEXT[1]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a node listens."""
+
+    control: str
+    data: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"control": self.control, "data": self.data}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, str]) -> Endpoints:
+        return cls(control=raw["control"], data=raw["data"])
+
+
+class Node:
+    """A bus node running ``roles`` on real sockets.
+
+    Typical use::
+
+        node = Node("n1", BusConfig(), [MyRole()])
+        endpoints = node.bind()            # publish these to the peers
+        node.start({"n2": endpoints_of_n2})
+        node.wait_ready(timeout=10)
+        result = node.call("myrole", "do", {...}, timeout=5)
+        node.stop()
+
+    Args:
+        node_id: unique in the topology; also our DEALER routing id.
+        config: bus settings.
+        roles: the roles to run.
+        host: interface to bind (tests and the local runtime use 127.0.0.1).
+        transport: ``"tcp"`` or ``"ipc"`` (``ipc_dir`` then holds the socket files).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        config: BusConfig,
+        roles: Sequence[c.Role],
+        *,
+        host: str = "127.0.0.1",
+        transport: str = "tcp",
+        ipc_dir: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.core = NodeCore(node_id, config, roles, secrets.randbits)
+        self.host = host
+        self.transport = transport
+        self.ipc_dir = ipc_dir
+        self.clock = clock
+        self.endpoints: Endpoints | None = None
+        self._router: zmq.Socket[bytes] | None = None
+        self._pull: zmq.Socket[bytes] | None = None
+        self._dealers: dict[str, zmq.Socket[bytes]] = {}
+        self._pushes: dict[str, zmq.Socket[bytes]] = {}
+        self._monitors: dict[zmq.Socket[bytes], str] = {}
+        self._wake_rx: zmq.Socket[bytes] | None = None
+        self._wake_tx: zmq.Socket[bytes] | None = None
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._calls: dict[int, Future[Any]] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self.error: BaseException | None = None
+        self._graceful = False
+        self.drops: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ setup (caller's thread)
+
+    def bind(self) -> Endpoints:
+        """Bind the ROUTER and the PULL on ephemeral ports (or ipc files) and return where they listen."""
+        ctx = context()
+        limits = self.config.limits
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        pull = ctx.socket(zmq.PULL)
+        for sock in (router, pull):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, self.config.hwm)
+            sock.setsockopt(zmq.SNDHWM, self.config.hwm)
+            sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+        self._router, self._pull = router, pull
+        if self.transport == "ipc":
+            base = self.ipc_dir or "/tmp"
+            control, data = f"ipc://{base}/{self.node_id}-ctl", f"ipc://{base}/{self.node_id}-data"
+            router.bind(control)
+            pull.bind(data)
+        else:
+            router.bind(f"tcp://{self.host}:0")
+            pull.bind(f"tcp://{self.host}:0")
+            control = router.getsockopt_string(zmq.LAST_ENDPOINT)
+            data = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoints = Endpoints(control=control, data=data)
+        return self.endpoints
+
+    def start(self, peers: dict[str, Endpoints]) -> None:
+        """Connect to ``peers`` and start the loop thread (which owns every socket from now on)."""
+        if self.endpoints is None:
+            self.bind()
+        ctx = context()
+        wake_addr = f"inproc://sparkbus-wake-{id(self)}"
+        self._wake_rx = ctx.socket(zmq.PULL)
+        self._wake_rx.bind(wake_addr)
+        self._wake_tx = ctx.socket(zmq.PUSH)
+        self._wake_tx.setsockopt(zmq.LINGER, 0)
+        self._wake_tx.connect(wake_addr)
+        for peer, ep in peers.items():
+            if peer != self.node_id:
+                self._connect_peer(peer, ep)
+        self._thread = threading.Thread(target=self._run, name=f"sparkbus-node-{self.node_id}", daemon=True)
+        self._thread.start()
+
+        def add_peers() -> None:
+            for peer in peers:
+                if peer != self.node_id:
+                    self.core.add_peer(peer, self.clock())
+
+        self._submit(add_peers)
+
+    def _connect_peer(self, peer: str, ep: Endpoints) -> None:
+        ctx = context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, self.node_id.encode())
+        push = ctx.socket(zmq.PUSH)
+        for sock in (dealer, push):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.SNDHWM, self.config.hwm)
+            sock.setsockopt(zmq.RCVHWM, self.config.hwm)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+        dealer.connect(ep.control)
+        push.connect(ep.data)
+        self._dealers[peer] = dealer
+        self._pushes[peer] = push
+        self._monitors[monitor] = peer
+
+    # ------------------------------------------------------------------ API (any thread)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every peer is up; raise ``TimeoutError`` naming the ones that are not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.error is not None:
+                raise RuntimeError(f"node {self.node_id} loop failed: {self.error}") from self.error
+            status = self.status(timeout=max(0.1, deadline - time.monotonic()))
+            missing = [p for p, st in status["peers"].items() if not st["up"]]
+            if not missing and len(status["peers"]) >= len(self._dealers):
+                return
+            if status["refused"]:
+                raise ConnectionRefusedError(f"node {self.node_id}: links refused: {status['refused']}")
+            time.sleep(0.01)
+        raise TimeoutError(f"node {self.node_id}: peers not up after {timeout} s: {missing}")
+
+    def call(self, role: str, name: str, args: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
+        """A local call into a role; returns its result or raises ``RuntimeError`` with its error."""
+        return self.call_async(role, name, args).result(timeout=timeout)
+
+    def call_async(self, role: str, name: str, args: dict[str, Any] | None = None) -> Future[Any]:
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            cid = self.core.call(role, name, args or {}, self.clock())
+            self._calls[cid] = fut
+            self._flush()
+
+        self._submit(run)
+        return fut
+
+    def status(self, *, timeout: float = 5.0) -> dict[str, Any]:
+        """Peers, sessions, streams and counters (read on the loop thread)."""
+        fut: Future[dict[str, Any]] = Future()
+
+        def run() -> None:
+            st = self.core.status()
+            st["drops"] = dict(self.drops)
+            st["endpoints"] = self.endpoints.to_json() if self.endpoints else None
+            fut.set_result(st)
+
+        self._submit(run)
+        return fut.result(timeout=timeout)
+
+    def stop(self, *, timeout: float = 5.0) -> None:
+        """Say goodbye to the peers, stop the loop, close every socket."""
+        if self._thread is None:
+            self._close()
+            return
+        self._stopping.set()
+        self._submit(lambda: None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"node {self.node_id}: loop did not stop within {timeout} s")
+        self._thread = None
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _submit(self, fn: Callable[[], None]) -> None:
+        if self._thread is None or self._wake_tx is None:
+            raise RuntimeError(f"node {self.node_id} is not running")
+        self._commands.put(fn)
+        # The inproc PUSH is only written by callers, never by the loop; ZeroMQ sockets are not thread-safe,
+        # so callers serialise on a lock.
+        with _WAKE_LOCK, contextlib.suppress(zmq.Again):  # the loop has wake-ups queued already
+            self._wake_tx.send(b"", zmq.NOBLOCK)
+
+    # ------------------------------------------------------------------ the loop (its own thread)
+
+    def _run(self) -> None:
+        assert self._router is not None and self._pull is not None and self._wake_rx is not None
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        dealer_peer = {sock: peer for peer, sock in self._dealers.items()}
+        for sock in self._dealers.values():
+            poller.register(sock, zmq.POLLIN)
+        for mon in self._monitors:
+            poller.register(mon, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                deadline = self.core.next_deadline()
+                now = self.clock()
+                wait_ms = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000) + 1))
+                events = dict(poller.poll(wait_ms))
+                now = self.clock()
+                if self._wake_rx in events:
+                    self._drain_wake()
+                    while not self._commands.empty():
+                        self._commands.get_nowait()()
+                if self._router in events:
+                    self._drain(self._router, lambda m: self.core.on_control(m[0], m[1:], self.clock()))
+                if self._pull in events:
+                    self._drain(self._pull, lambda m: self.core.on_data(m, self.clock()), copy=False)
+                for sock, peer in dealer_peer.items():
+                    if sock in events:
+                        self._drain(sock, lambda m, p=peer: self.core.on_reply(p, m, self.clock()))  # type: ignore[misc]
+                for mon, peer in self._monitors.items():
+                    if mon in events:
+                        self._on_monitor(mon, peer)
+                self.core.tick(self.clock())
+                self._flush()
+            self.core.stop(self.clock())
+            self._flush()
+            self._graceful = True
+        except BaseException as exc:  # the loop must never die silently
+            self.error = exc
+            log.exception("node %s: loop failed", self.node_id)
+        finally:
+            for fut in self._calls.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
+            self._close()
+
+    def _drain_wake(self) -> None:
+        assert self._wake_rx is not None
+        while True:
+            try:
+                self._wake_rx.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _drain(
+        self, sock: zmq.Socket[bytes], handle: Callable[[list[Any]], None], *, copy: bool = True
+    ) -> None:
+        # Bounded per poll so one busy socket cannot starve the others or the timers.
+        for _ in range(256):
+            try:
+                raw = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                return
+            parts: list[Any] = [p.buffer if isinstance(p, zmq.Frame) else p for p in raw]
+            try:
+                handle(parts)
+            except Exception:
+                # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
+                self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
+                log.exception("node %s: error handling a message", self.node_id)
+            self._flush()
+
+    def _on_monitor(self, mon: zmq.Socket[bytes], peer: str) -> None:
+        while True:
+            try:
+                msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if msg["event"] == zmq.EVENT_DISCONNECTED:
+                self.core.on_transport_down(peer, self.clock(), "socket disconnected")
+
+    def _flush(self) -> None:
+        for out in self.core.take():
+            if isinstance(out, Completed):
+                fut = self._calls.pop(out.call_id, None)
+                if fut is not None and not fut.done():
+                    if out.error is None:
+                        fut.set_result(out.result)
+                    else:
+                        fut.set_exception(RuntimeError(out.error))
+                continue
+            assert isinstance(out, Transmit)
+            self._transmit(out)
+
+    def _transmit(self, out: Transmit) -> None:
+        if out.channel == "reply":
+            sock: zmq.Socket[bytes] | None = self._router
+            frames: list[Any] = [out.to, *out.frames]
+        else:
+            table = self._dealers if out.channel == "ctl" else self._pushes
+            sock = table.get(out.to if isinstance(out.to, str) else out.to.decode())
+            frames = list(out.frames)
+        if sock is None:
+            self._drop(f"{out.channel}_no_socket")
+            return
+        big = any(len(f) >= self.config.zero_copy_threshold for f in frames)
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=not big)
+        except zmq.Again:
+            self._drop(f"{out.channel}_would_block")
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._drop("reply_unroutable")
+            else:
+                raise
+
+    def _drop(self, what: str) -> None:
+        self.drops[what] = self.drops.get(what, 0) + 1
+
+    def _close(self) -> None:
+        socks: list[zmq.Socket[bytes] | None] = [self._router, self._pull, self._wake_rx, self._wake_tx]
+        socks += list(self._dealers.values()) + list(self._pushes.values())
+        for dealer in self._dealers.values():
+            dealer.disable_monitor()
+            # After a graceful stop, give the BYE we just queued a moment to leave.
+            dealer.close(linger=200 if self._graceful else 0)
+        socks += list(self._monitors)
+        for sock in socks:
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+        self._dealers.clear()
+        self._pushes.clear()
+        self._monitors.clear()
+        self._router = self._pull = self._wake_rx = self._wake_tx = None
+
+
+_WAKE_LOCK = threading.Lock()

@@ -1,0 +1,192 @@
+"""Real processes on 127.0.0.1: peer loss by SIGKILL and SIGSTOP, refusals, garbage at both sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import zmq
+
+from sparkbus.bus import BusConfig, ErrorCode, MessageReceived, PeerLost, PeerUp, Send
+from sparkbus.bus import contract as c
+from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
+from sparkbus.bus.node import Endpoints, Node, context
+from sparkbus.codecs import REGISTRY, EnvelopeCodec
+
+from .peer_proc import Note
+
+pytestmark = pytest.mark.integration
+PEER = Path(__file__).with_name("peer_proc.py")
+codec = EnvelopeCodec(REGISTRY)
+
+
+@dataclass
+class Probe:
+    """Puts every event on a thread-safe queue; sends Notes when asked."""
+
+    name: str = "echo"
+    messages: ClassVar[tuple[type, ...]] = (Note,)
+    events: queue.Queue[c.Event] = field(default_factory=queue.Queue)
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        self.events.put(event)
+        if isinstance(event, c.LocalCall):
+            return [*event.args["actions"], c.Reply(call_id=event.call_id)]
+        return []
+
+    def wait_for(self, kind: type, timeout: float = 10.0) -> c.Event:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if isinstance(event, kind):
+                return event
+        raise AssertionError(f"no {kind.__name__} within {timeout} s")
+
+
+class Peer:
+    def __init__(self, node_id: str, tag: str, hb: float = 0.3, timeout: float = 1.5) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER), node_id, tag, str(hb), str(timeout)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"peer {node_id} exited before binding (status {self.proc.poll()})"
+        self.endpoints = Endpoints.from_json(json.loads(line))
+
+    def give_peers(self, peers: dict[str, Endpoints]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({k: v.to_json() for k, v in peers.items()}) + "\n")
+        self.proc.stdin.flush()
+
+    def reap(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Node, Probe, Peer]]:
+    tag_of_peer = getattr(request, "param", "it")
+    probe = Probe()
+    node = Node("t", BusConfig(cluster_tag="it", heartbeat_interval=0.1, peer_timeout=0.8), [probe])
+    node.bind()
+    peer = Peer("p", tag_of_peer, 0.1, 0.8)
+    try:
+        peer.give_peers({"t": node.endpoints, "p": peer.endpoints})  # type: ignore[dict-item]
+        node.start({"p": peer.endpoints})
+        yield node, probe, peer
+    finally:
+        peer.reap()
+        node.stop()
+
+
+def test_messages_round_trip_between_processes(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, probe, _ = cluster
+    node.wait_ready(timeout=10)
+    node.call("echo", "send", {"actions": [Send(peer="p", message=Note(text=str(i))) for i in range(100)]})
+    texts = [probe.wait_for(MessageReceived).message.text for _ in range(100)]  # type: ignore[attr-defined]
+    assert texts == [f"echo:{i}" for i in range(100)]
+
+
+def test_sigkill_is_reported_lost_at_once(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, probe, peer = cluster
+    node.wait_ready(timeout=10)
+    probe.wait_for(PeerUp)
+    peer.proc.send_signal(signal.SIGKILL)
+    lost = probe.wait_for(PeerLost, timeout=5)
+    assert lost.peer == "p"  # type: ignore[attr-defined]
+
+
+def test_sigstop_is_reported_lost_after_the_timeout(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, probe, peer = cluster
+    node.wait_ready(timeout=10)
+    probe.wait_for(PeerUp)
+    peer.proc.send_signal(signal.SIGSTOP)
+    lost = probe.wait_for(PeerLost, timeout=10)
+    assert "silent" in lost.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cluster", ["another-cluster"], indirect=True)
+def test_a_peer_of_another_cluster_is_refused(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, _, _ = cluster
+    with pytest.raises(ConnectionRefusedError, match="CLUSTER_ID_MISMATCH"):
+        node.wait_ready(timeout=10)
+
+
+def raw_hello(endpoint: str, **kw: object) -> Reject:
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    try:
+        sock.connect(endpoint)
+        fields: dict[str, object] = dict(
+            magic=MAGIC,
+            version=(1, 0, 0),
+            features=features_to_bits([0]),
+            cluster_tag="it",
+            node_id="raw",
+            kind="client",
+            attempt=1,
+        )
+        fields.update(kw)
+        sock.send_multipart(codec.encode(Hello(**fields)))  # type: ignore[arg-type]
+        msg = codec.decode(sock.recv_multipart()).message
+        assert isinstance(msg, Reject)
+        return msg
+    finally:
+        sock.close()
+
+
+def test_wrong_magic_and_wrong_tag_get_their_error_codes(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, _, _ = cluster
+    node.wait_ready(timeout=10)
+    assert raw_hello(node.endpoints.control, magic=b"HTTP").code == ErrorCode.HANDSHAKE_HEADER  # type: ignore[union-attr]
+    assert raw_hello(node.endpoints.control, cluster_tag="x").code == ErrorCode.CLUSTER_ID_MISMATCH  # type: ignore[union-attr]
+    counts = node.status()["refusals"]
+    assert counts["HANDSHAKE_HEADER"] == 1 and counts["CLUSTER_ID_MISMATCH"] == 1
+
+
+def test_garbage_at_both_sockets_leaves_the_node_serving(cluster: tuple[Node, Probe, Peer]) -> None:
+    node, probe, _ = cluster
+    node.wait_ready(timeout=10)
+    ctx = context()
+    evil_ctl, evil_data = ctx.socket(zmq.DEALER), ctx.socket(zmq.PUSH)
+    try:
+        for s in (evil_ctl, evil_data):
+            s.setsockopt(zmq.LINGER, 0)
+        evil_ctl.connect(node.endpoints.control)  # type: ignore[union-attr]
+        evil_data.connect(node.endpoints.data)  # type: ignore[union-attr]
+        junk = [[b"\x00"], [b"\x96" * 9, b"x"], [os.urandom(5000)], [b"\xc1"] * 30]
+        for i in range(200):
+            evil_ctl.send_multipart(junk[i % len(junk)])
+            evil_data.send_multipart(junk[i % len(junk)])
+            if i % 20 == 0:
+                node.call("echo", "send", {"actions": [Send(peer="p", message=Note(text=str(i)))]})
+        got = [probe.wait_for(MessageReceived).message.text for _ in range(10)]  # type: ignore[attr-defined]
+        assert got == [f"echo:{i}" for i in range(0, 200, 20)]
+        status = node.status()
+        assert status["peers"]["p"]["up"]
+        assert status["counters"]["refused"] >= 200
+    finally:
+        evil_ctl.close()
+        evil_data.close()
