@@ -30,6 +30,7 @@ once (MaterializeInc/materialize#11781).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -168,6 +169,9 @@ class ComputeController:
         self.tables: dict[str, pa.Schema] = {}
         self._table_data: dict[str, list[pa.Table]] = {}
         self.collections: dict[str, Collection] = {}
+        #: View name -> collection id. Ids are never reused (a dropped id would poison the history).
+        self.views: dict[str, str] = {}
+        self._used_ids: set[str] = set()
         self.peeks: dict[str, PendingPeek] = {}
         self.subscribes: dict[str, SubscribeState] = {}
         self._peek_calls: dict[int, str] = {}
@@ -295,7 +299,11 @@ class ComputeController:
             raise RemoteProtocolError(
                 f"Frontiers from {peer}: the write frontier of {msg.id!r} regressed from {previous} to {msg.write}"
             )
-        link.frontiers[msg.id] = msg.write
+        if msg.write:
+            link.frontiers[msg.id] = msg.write
+        else:
+            # Empty: the collection was dropped and this replica sends nothing more for it.
+            link.frontiers.pop(msg.id, None)
         coll = self.collections.get(msg.id)
         if coll is not None:
             # Any replica's progress advances the collection (protocol-facts 5.5).
@@ -392,23 +400,31 @@ class ComputeController:
         if result is not _PENDING:
             self._out.append(Reply(call_id=call.call_id, result=result))
 
-    def _source_schema(self, name: str) -> tuple[pa.Schema, int]:
+    def _resolve(self, name: str) -> tuple[pa.Schema, int, str]:
+        """The schema, since and collection id of table or view ``name``."""
         if name in self.tables:
-            return self.tables[name], 0
-        coll = self.collections.get(name)
-        if coll is None or coll.subscribe:
+            return self.tables[name], 0, name
+        if name not in self.views:
             raise LocalProtocolError(f"no table or view named {name!r}")
-        return coll.schema, coll.since
+        coll = self.collections[self.views[name]]
+        return coll.schema, coll.since, coll.id
+
+    def _new_id(self, name: str) -> str:
+        self._counter += 1
+        id = name if name not in self._used_ids else f"{name}.{self._counter}"
+        self._used_ids.add(id)
+        return id
 
     def _call_create_table(self, call: LocalCall) -> Any:
         name, schema = call.args["name"], call.args["schema"]
         if not isinstance(schema, pa.Schema):
             schema = pa.ipc.read_schema(pa.py_buffer(schema))
-        if name in self.tables or name in self.collections:
+        if name in self.tables or name in self.views:
             raise LocalProtocolError(f"{name!r} already exists")
         if not schema.names or any(n.startswith("__") for n in schema.names):
             raise LocalProtocolError(f"table {name!r} needs columns, none starting with '__'")
         self.tables[name] = schema
+        self._used_ids.add(name)
         self._table_data[name] = []
         self._storage(self._snapshot(name))
         return {"upper": self.upper}
@@ -445,41 +461,38 @@ class ComputeController:
         name, view = call.args["name"], call.args["view"]
         if not isinstance(view, ViewDef):
             raise LocalProtocolError(f"view {name!r}: expected a ViewDef, got {type(view).__name__}")
-        if name in self.tables or name in self.collections:
+        if name in self.tables or name in self.views:
             raise LocalProtocolError(f"{name!r} already exists")
-        schema, since = self._source_schema(view.source)
+        schema, since, source = self._resolve(view.source)
         try:
             out = output_schema(view, schema, f"view {name!r}")
         except ViewError as exc:
             raise LocalProtocolError(str(exc)) from None
+        id = self._new_id(name)
+        view = dataclasses.replace(view, source=source)
         as_of = max(since, self.upper - 1)
-        desc = CreateDataflow(
-            name=name, as_of=(as_of,), imports=(view.source,), index_exports=(name,), view=view
-        )
-        self.collections[name] = Collection(id=name, source=view.source, schema=out, as_of=as_of, since=as_of)
+        desc = CreateDataflow(name=name, as_of=(as_of,), imports=(source,), index_exports=(id,), view=view)
+        self.collections[id] = Collection(id=id, source=source, schema=out, as_of=as_of, since=as_of)
+        self.views[name] = id
         self._broadcast(desc)
-        self._broadcast(Schedule(id=name))
-        return {"as_of": as_of}
+        self._broadcast(Schedule(id=id))
+        return {"as_of": as_of, "id": id}
 
     def _call_drop_view(self, call: LocalCall) -> Any:
         name = call.args["name"]
-        coll = self.collections.get(name)
-        if coll is None or coll.subscribe:
+        id = self.views.get(name)
+        if id is None:
             raise LocalProtocolError(f"no view named {name!r}")
-        users = sorted(c.id for c in self.collections.values() if c.source == name)
+        users = sorted(c.id for c in self.collections.values() if c.source == id)
         if users:
             raise LocalProtocolError(f"view {name!r} is read by {users}; drop those first")
-        self._drop_collection(name)
+        del self.views[name]
+        self._drop_collection(id)
         return None
 
     def _call_peek(self, call: LocalCall) -> Any:
-        target_id = call.args["view"]
-        if target_id in self.tables:
-            kind = TargetKind.PERSIST
-        elif target_id in self.collections and not self.collections[target_id].subscribe:
-            kind = TargetKind.INDEX
-        else:
-            raise LocalProtocolError(f"no table or view named {target_id!r}")
+        _, since, target_id = self._resolve(call.args["view"])
+        kind = TargetKind.PERSIST if target_id in self.tables else TargetKind.INDEX
         timestamp = call.args.get("timestamp")
         if timestamp is None:
             timestamp = self.upper - 1
@@ -488,10 +501,8 @@ class ComputeController:
             link = self.links.get(target_replica)
             if link is None or link.stage is Stage.DISCONNECTED:
                 raise LocalProtocolError(TARGET_FAILED)
-        if kind is TargetKind.INDEX and timestamp < self.collections[target_id].since:
-            raise LocalProtocolError(
-                f"timestamp {timestamp} is below the since {self.collections[target_id].since} of {target_id!r}"
-            )
+        if timestamp < since:
+            raise LocalProtocolError(f"timestamp {timestamp} is below the since {since} of {target_id!r}")
         self._counter += 1
         uuid = f"peek-{self._counter}"
         constraints = call.args.get("literal_constraints")
@@ -525,23 +536,22 @@ class ComputeController:
 
     def _call_subscribe(self, call: LocalCall) -> Any:
         view = call.args["view"]
-        coll = self.collections.get(view)
-        if coll is None or coll.subscribe:
+        if view not in self.views:
             raise LocalProtocolError(f"no view named {view!r}")
+        coll = self.collections[self.views[view]]
         target_replica = call.args.get("target_replica")
         if (
             target_replica is not None
             and self.links.get(target_replica, ReplicaLink()).stage is Stage.DISCONNECTED
         ):
             raise LocalProtocolError(TARGET_FAILED)
-        self._counter += 1
-        sid = f"{view}.subscribe-{self._counter}"
+        sid = self._new_id(f"{coll.id}.subscribe")
         as_of = max(coll.since, self.upper - 1)
         desc = CreateDataflow(
-            name=sid, as_of=(as_of,), imports=(view,), sink_exports=(sid,), view=ViewDef(source=view)
+            name=sid, as_of=(as_of,), imports=(coll.id,), sink_exports=(sid,), view=ViewDef(source=coll.id)
         )
         self.collections[sid] = Collection(
-            id=sid, source=view, schema=coll.schema, as_of=as_of, since=as_of, subscribe=True
+            id=sid, source=coll.id, schema=coll.schema, as_of=as_of, since=as_of, subscribe=True
         )
         self.subscribes[sid] = SubscribeState(upper=as_of, target_replica=target_replica)
         self._broadcast(desc)

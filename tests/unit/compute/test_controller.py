@@ -1,0 +1,389 @@
+"""The controller with replicas over in-memory links: peeks, targets, failures, rehydration, subscribes."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus.contract import LocalProtocolError, MessageReceived, RemoteProtocolError
+from sparkbus.roles.compute import (
+    TARGET_FAILED,
+    Aggregate,
+    AllowCompaction,
+    CancelPeek,
+    CreateTimely,
+    Finishing,
+    Frontiers,
+    Peek,
+    PeekResponse,
+    PeekResult,
+    SortKey,
+    Stage,
+    SubscribeBatch,
+    ViewDef,
+    decode_table,
+)
+
+from .harness import CTL, Cluster, ipc
+
+SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
+VIEW = ViewDef(
+    source="t",
+    group_by=("k",),
+    aggregates=(Aggregate(func="count", column=None, name="n"), Aggregate(func="sum", column="v", name="s")),
+)
+ORDERED = Finishing(order_by=(SortKey(column="k"),))
+
+
+def batch(*values: tuple[str, int], diff: int | None = None) -> bytes:
+    cols: dict[str, Any] = {
+        "k": pa.array([k for k, _ in values], pa.string()),
+        "v": pa.array([v for _, v in values], pa.int64()),
+    }
+    if diff is not None:
+        cols["__diff"] = pa.array([diff] * len(values), pa.int64())
+    return ipc(pa.table(cols))
+
+
+def cluster(replicas: tuple[str, ...] = ("r1", "r2"), **kw: Any) -> Cluster:
+    c = Cluster(replicas, **kw)
+    for r in replicas:
+        c.up(r)
+    c.run()
+    c.do("create_table", name="t", schema=SCHEMA)
+    c.do("write", table="t", batch=batch(("a", 1), ("b", 2), ("a", 3)))
+    c.do("create_view", name="v", view=VIEW)
+    return c
+
+
+def peek_rows(c: Cluster, cid: int) -> list[dict[str, Any]]:
+    return c.rows(cid)
+
+
+def test_write_view_peek_end_to_end() -> None:
+    c = cluster()
+    cid = c.call("peek", view="v", finishing=ORDERED)
+    c.run()
+    assert peek_rows(c, cid) == [{"k": "a", "n": 2, "s": 4}, {"k": "b", "n": 1, "s": 2}]
+    c.do("write", table="t", batch=batch(("a", 3), diff=-1))
+    cid = c.call("peek", view="v", finishing=ORDERED)
+    c.run()
+    assert peek_rows(c, cid) == [{"k": "a", "n": 1, "s": 1}, {"k": "b", "n": 1, "s": 2}]
+    cid = c.call("peek", view="t", timestamp=1, literal_constraints=[("b", 2)])
+    c.run()
+    assert peek_rows(c, cid) == [{"k": "b", "v": 2}]
+
+
+@pytest.mark.parametrize("first", ["r1", "r2"])
+def test_first_peek_response_wins_and_later_ones_are_ignored(first: str) -> None:
+    c = cluster()
+    cid = c.call("peek", view="v", finishing=ORDERED)
+    second = "r2" if first == "r1" else "r1"
+    c.step(CTL, first)
+    answer = c.step(first, CTL)
+    assert isinstance(answer, PeekResponse) and answer.result is PeekResult.ROWS
+    assert cid in c.replies
+    # The controller tells everyone to stop; the slower replica's answer (or Canceled) is dropped.
+    assert isinstance(c.pending(CTL, second)[-1], CancelPeek)
+    c.run()
+    assert len([r for r in c.replies if r == cid]) == 1
+    assert c.controller.peeks == {}
+
+
+def test_both_answers_arrive_and_only_the_first_counts() -> None:
+    c = cluster()
+    cid = c.call("peek", view="v")
+    c.step(CTL, "r1")
+    c.step(CTL, "r2")
+    c.step("r2", CTL)
+    rows = c.replies[cid].result
+    c.step("r1", CTL)  # a second ROWS answer for an already answered peek: ignored
+    assert c.replies[cid].result == rows
+    c.run()
+
+
+def test_targeted_peek_only_accepts_its_replica() -> None:
+    c = cluster()
+    cid = c.call("peek", view="v", target_replica="r2")
+    c.step(CTL, "r1")
+    c.step("r1", CTL)
+    assert cid not in c.replies
+    c.run()
+    assert c.replies[cid].error is None
+    assert c.controller.peeks == {}
+
+
+def test_targeted_peek_fails_when_its_replica_fails() -> None:
+    c = cluster()
+    cid = c.call("peek", view="v", target_replica="r1")
+    c.cut("r1")
+    assert c.replies[cid].error == TARGET_FAILED
+    cid = c.call("peek", view="v", target_replica="r1")
+    assert c.replies[cid].error is not None and TARGET_FAILED in c.replies[cid].error
+
+
+def test_replica_failing_mid_peek_leaves_the_other_to_answer() -> None:
+    c = cluster()
+    cid = c.call("peek", view="v", finishing=ORDERED)
+    c.step(CTL, "r1")
+    c.cut("r1")  # r1 had the peek and its answer is lost
+    c.run()
+    assert peek_rows(c, cid)[0] == {"k": "a", "n": 2, "s": 4}
+
+
+def test_peek_with_no_replica_waits_for_rehydration() -> None:
+    c = cluster(("r1",))
+    c.cut("r1")
+    cid = c.call("peek", view="v", finishing=ORDERED)
+    c.run()
+    assert cid not in c.replies
+    c.up("r1")
+    c.run()
+    assert peek_rows(c, cid)[1] == {"k": "b", "n": 1, "s": 2}
+
+
+def test_rehydration_bumps_the_epoch_and_replays_the_reduced_history() -> None:
+    c = cluster()
+    c.cut("r1")
+    c.do("write", table="t", batch=batch(("c", 9)))
+    sent_before = len(c.sent)
+    c.up("r1")
+    replay = [m for src, dst, m in c.sent[sent_before:] if dst == "r1"]
+    assert replay[0] == CreateTimely(epoch=2)
+    assert [type(m).__name__ for m in replay[:3]] == ["CreateTimely", "CreateInstance", "AppendUpdates"]
+    c.run()
+    assert c.replicas["r1"].epoch == 2
+    cid = c.call("peek", view="v", target_replica="r1", finishing=ORDERED)
+    c.run()
+    assert [r["k"] for r in peek_rows(c, cid)] == ["a", "b", "c"]
+
+
+def test_cancel_peek_races_the_answer() -> None:
+    c = cluster(("r1",))
+    cid = c.call("peek", view="v")
+    c.step(CTL, "r1")  # r1 answers at once; the answer is in flight
+    c.call("cancel_peek", call_id=cid)
+    c.run()
+    # Either variant may arrive after a cancel; the caller gets exactly one reply.
+    assert c.replies[cid].error is None or "canceled" in c.replies[cid].error
+    assert c.controller.peeks == {}
+
+
+def test_cancel_before_the_replica_can_answer_yields_canceled() -> None:
+    c = cluster(("r1",))
+    cid = c.call("peek", view="v", timestamp=50)  # waits for time 50
+    c.run()
+    cancel = c.call("cancel_peek", call_id=cid)
+    c.run()
+    assert c.result(cancel) is True
+    assert c.replies[cid].error is not None and "canceled" in c.replies[cid].error
+
+
+def test_cancel_with_no_replica_connected_answers_at_once() -> None:
+    c = cluster(("r1",))
+    c.cut("r1")
+    cid = c.call("peek", view="v")
+    c.call("cancel_peek", call_id=cid)
+    assert c.replies[cid].error is not None and "canceled" in c.replies[cid].error
+    c.up("r1")
+    c.run()
+    assert not any(isinstance(m, Peek) for m in c.controller.history)
+
+
+def test_canceled_without_a_cancel_is_a_remote_error() -> None:
+    c = cluster(("r1",))
+    cid = c.call("peek", view="v", timestamp=50)
+    uuid = c.controller._peek_calls[cid]
+    with pytest.raises(RemoteProtocolError, match="not canceled"):
+        c.deliver(
+            CTL, MessageReceived(peer="r1", message=PeekResponse(uuid=uuid, result=PeekResult.CANCELED))
+        )
+
+
+def test_responses_for_unknown_peeks_are_dropped() -> None:
+    c = cluster(("r1",))
+    c.deliver(
+        CTL, MessageReceived(peer="r1", message=PeekResponse(uuid="zz", result=PeekResult.ERROR, error="x"))
+    )
+    assert c.replies.keys() == {1, 2, 3}
+
+
+def test_regressing_frontiers_are_a_remote_error() -> None:
+    c = cluster(("r1",))
+    with pytest.raises(RemoteProtocolError, match="regressed"):
+        c.deliver(CTL, MessageReceived(peer="r1", message=Frontiers(id="v", write=(0,))))
+
+
+def test_responses_from_strangers_or_in_creation_are_remote_errors() -> None:
+    c = cluster(("r1",))
+    with pytest.raises(RemoteProtocolError, match="not a replica"):
+        c.deliver(CTL, MessageReceived(peer="zz", message=Frontiers(id="v", write=(9,))))
+    c.cut("r1")
+    with pytest.raises(RemoteProtocolError, match="disconnected"):
+        c.deliver(CTL, MessageReceived(peer="r1", message=Frontiers(id="v", write=(9,))))
+
+
+def test_write_frontier_advances_with_any_replica_and_compaction_follows() -> None:
+    c = cluster()
+    c.do("write", table="t", batch=batch(("z", 1)))
+    coll = c.controller.collections["v"]
+    assert coll.write == (c.controller.upper,)
+    assert coll.since == c.controller.upper - 1
+    compactions = [m for m in c.controller.history if isinstance(m, AllowCompaction)]
+    assert all(m.id == "v" for m in compactions)
+
+
+def test_compaction_holds_back_for_a_pending_peek() -> None:
+    c = cluster(compaction_lag=0)
+    cid = c.call("peek", view="v", timestamp=1, target_replica="r1")
+    # r1 does not hear of the peek yet, while r2 races ahead and advances the view's frontier.
+    for _ in range(3):
+        c.call("write", table="t", batch=batch(("q", 1)))
+    while c.pending(CTL, "r2") or c.pending("r2", CTL):
+        for key in ((CTL, "r2"), ("r2", CTL)):
+            if c.pending(*key):
+                c.step(*key)
+    assert c.controller.collections["v"].write == (c.controller.upper,)
+    assert c.controller.collections["v"].since == 1
+    c.run()
+    assert peek_rows(c, cid) != []
+    assert c.controller.collections["v"].since == c.controller.upper - 1
+
+
+def test_local_call_errors() -> None:
+    c = cluster(("r1",))
+    for name, args, needle in [
+        ("nope", {}, "no call"),
+        ("create_table", {"name": "t", "schema": SCHEMA}, "already exists"),
+        ("create_table", {"name": "u", "schema": pa.schema([("__x", pa.int64())])}, "'__'"),
+        ("write", {"table": "zz", "batch": batch()}, "no table"),
+        ("write", {"table": "t", "batch": b"junk"}, "IPC"),
+        ("write", {"table": "t", "batch": ipc(pa.table({"x": [1]}))}, "schema"),
+        (
+            "write",
+            {
+                "table": "t",
+                "batch": ipc(pa.table({"k": ["a"], "v": [1], "__diff": pa.array([1], pa.int32())})),
+            },
+            "int64",
+        ),
+        ("create_view", {"name": "w", "view": ViewDef(source="zz")}, "no table or view"),
+        ("create_view", {"name": "w", "view": ViewDef(source="t", project=("zz",))}, "zz"),
+        ("create_view", {"name": "w", "view": "SELECT 1"}, "ViewDef"),
+        ("drop_view", {"name": "t"}, "no view"),
+        ("peek", {"view": "zz"}, "no table or view"),
+        ("peek", {"view": "v", "timestamp": 0}, "below the since"),
+        ("peek", {"view": "v", "target_replica": "r9"}, TARGET_FAILED),
+        ("subscribe", {"view": "zz"}, "no view"),
+        ("fetch", {"id": "zz"}, "no subscribe"),
+        ("unsubscribe", {"id": "zz"}, "no subscribe"),
+    ]:
+        cid = c.call(name, **args)
+        error = c.replies[cid].error
+        assert error is not None and needle in error, (name, error)
+    c.do("create_view", name="w", view=ViewDef(source="v"))
+    cid = c.call("drop_view", name="v")
+    assert "read by" in (c.replies[cid].error or "")
+    with pytest.raises(LocalProtocolError):
+        Cluster(())
+
+
+def test_drop_view_drops_it_everywhere() -> None:
+    c = cluster()
+    c.do("drop_view", name="v")
+    assert all(r.collection("v") is None for r in c.replicas.values())
+    c.do("create_view", name="v", view=VIEW)  # the name is free again
+    cid = c.call("peek", view="v")
+    c.run()
+    assert len(peek_rows(c, cid)) == 2
+
+
+def test_subscribe_delivers_each_span_once_across_replicas() -> None:
+    c = cluster()
+    sub = c.do("subscribe", view="v")
+    c.do("write", table="t", batch=batch(("b", 5)))
+    c.do("write", table="t", batch=batch(("a", 1), diff=-1))
+    got = c.do("fetch", id=sub["id"])
+    spans = [(lo, hi) for lo, hi, _, _ in got["batches"]]
+    assert spans == sorted(spans) and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert spans[0][0] == sub["as_of"] and spans[-1][1] == got["upper"]
+    updates = pa.concat_tables([decode_table(d) for _, _, d, _ in got["batches"] if d is not None])
+    assert sorted((r["k"], r["n"], r["__diff"]) for r in updates.to_pylist()) == [
+        ("a", 1, 1),
+        ("a", 2, -1),
+        ("a", 2, 1),
+        ("b", 1, -1),
+        ("b", 1, 1),
+        ("b", 2, 1),
+    ]
+    c.do("unsubscribe", id=sub["id"])
+    assert all(r.dataflow(sub["id"]) is None for r in c.replicas.values())
+
+
+def test_subscribe_survives_a_replica_failure_without_duplicates() -> None:
+    c = cluster()
+    sub = c.do("subscribe", view="v")
+    c.cut("r1")
+    c.do("write", table="t", batch=batch(("c", 1)))
+    c.cut("r2")
+    c.up("r1")
+    c.run()
+    c.do("write", table="t", batch=batch(("d", 1)))
+    got = c.do("fetch", id=sub["id"])
+    updates = pa.concat_tables([decode_table(d) for _, _, d, _ in got["batches"] if d is not None])
+    keys = sorted(r["k"] for r in updates.to_pylist() if r["__diff"] > 0)
+    assert keys == ["a", "b", "c", "d"]
+
+
+def test_targeted_subscribe_gets_an_error_batch_when_its_replica_fails() -> None:
+    c = cluster()
+    sub = c.do("subscribe", view="v", target_replica="r1")
+    c.cut("r1")
+    got = c.do("fetch", id=sub["id"])
+    assert got["batches"][-1][3] == TARGET_FAILED and got["dropped_at"] is not None
+
+
+def test_subscribe_batch_beyond_the_delivered_upper_is_a_remote_error() -> None:
+    c = cluster(("r1",))
+    sub = c.do("subscribe", view="v")
+    bad = SubscribeBatch(id=sub["id"], lower=(99,), upper=(100,), error="x")
+    with pytest.raises(RemoteProtocolError, match="beyond"):
+        c.deliver(CTL, MessageReceived(peer="r1", message=bad))
+
+
+def test_read_only_controller_allows_writes_later() -> None:
+    c = cluster(("r1",), read_only=True)
+    assert c.replicas["r1"].stage is Stage.READ_ONLY
+    c.do("allow_writes")
+    assert c.replicas["r1"].stage is Stage.READ_WRITE
+    c.do("allow_writes")
+    assert c.replicas["r1"].stage is Stage.READ_WRITE
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_seeded_interleavings_agree(seed: int) -> None:
+    rng = random.Random(seed)
+    c = Cluster(("r1", "r2"))
+    c.up("r1")
+    c.up("r2")
+    c.do("create_table", rng, name="t", schema=SCHEMA)
+    c.do("create_view", rng, name="v", view=VIEW)
+    expected: dict[str, list[int]] = {}
+    calls = []
+    for i in range(12):
+        k = rng.choice("abc")
+        c.call("write", table="t", batch=batch((k, i)))
+        expected.setdefault(k, []).append(i)
+        if rng.random() < 0.3:
+            victim = rng.choice(["r1", "r2"])
+            c.run(rng)
+            c.cut(victim)
+            c.up(victim)
+        calls.append(c.call("peek", view="v", finishing=ORDERED))
+        c.run(rng)
+    last = peek_rows(c, calls[-1])
+    assert last == [{"k": k, "n": len(v), "s": sum(v)} for k, v in sorted(expected.items())]
