@@ -138,6 +138,9 @@ def unframe_pages(body: bytes) -> list[bytes]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body are separate writes: with Nagle on, each response waits for the client's delayed
+    # ACK (~40 ms), which would make the baseline look far worse than a real HTTP server.
+    disable_nagle_algorithm = True
     server: HttpExchangeServer
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -191,6 +191,7 @@ class Source:
     token: int = 0
     instance_id: str = ""
     complete: bool = False
+    end_delivered: bool = False
     closing: bool = False
     queue: deque[bytes] = field(default_factory=deque)
     queue_token: int = 0
@@ -361,6 +362,7 @@ class BinxClient:
         src.queue_token += len(pages)
         src.queue.clear()
         src.queued_bytes = 0
+        src.end_delivered = src.complete
         if src.complete and src.state is SourceState.DONE and not src.close_calls:
             self._drop(src)
 
@@ -480,6 +482,8 @@ class BinxClient:
                 out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was closed"))
                 src.fetch_call = None
             self._drop(src)
+        elif src.end_delivered:
+            self._drop(src)  # the caller already has every page and the end: nothing left to say
         else:
             self._deliver(src, out)
 

@@ -66,6 +66,19 @@ def test_full_transfer_then_delete() -> None:
     assert tokens == sorted(tokens) and tokens[0] == 0
 
 
+def test_source_is_dropped_when_the_delete_ack_comes_after_the_end_was_fetched() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [b"only"])
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.step()  # DATA -> server
+    pair.step()  # reply (complete) -> client: the end is delivered, DELETE goes out
+    assert pair.result(fetch) == {"pages": [b"only"], "token": 0, "complete": True}
+    assert pair.client.source(SERVER, T, B) is not None
+    pair.flush()  # DELETE acknowledged
+    assert pair.client.source(SERVER, T, B) is None
+
+
 def test_long_poll_delivers_pages_produced_later() -> None:
     pair = make_pair()
     pair.connect()

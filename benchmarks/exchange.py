@@ -1,0 +1,251 @@
+"""BinX against Presto's HTTP exchange, shaped like RFC-0009's micro-benchmark.
+
+Each cell: ``parallel`` exchanges each pull one buffer of ``chunks`` chunks of ``chunk`` bytes, one chunk
+per data request (BinX ``maxSizeOctets`` 1, HTTP ``X-Presto-Max-Size: 1B``), then DELETE it. Both servers
+run in their own processes over identical ``OutputBuffers``; the clients run in this process, one thread
+per exchange (pyzmq and http.client release the GIL while waiting).
+
+* BinX: the real ``BinxServer`` and ``BinxClient`` roles, their PDUs encoded by ``EnvelopeCodec``, carried
+  over a plain pyzmq ROUTER (server) / DEALER (one per exchange) pair, because the bus node loop is not
+  used here (see ``"binx_transport"`` in the JSON).
+* HTTP: ``HttpExchangeServer`` (ThreadingHTTPServer, keep-alive) and ``HttpExchangeClient``.
+
+Figures: the full matrix (MB/s for both, ratio binx/http), ``binx_vs_http_small_min_ratio`` (worst ratio
+over chunks <= 256 KiB) and ``binx_vs_http_large_min_ratio`` (chunks >= 1 MiB). Cells whose total would
+exceed ``--max-cell-bytes`` use fewer chunks per buffer (recorded per cell).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import parser, table, write
+
+from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, Send
+from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
+from sparkbus.codecs import EnvelopeCodec, Limits
+from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
+
+KiB, MiB = 1024, 1024 * 1024
+LIMITS = Limits(max_frame_bytes=64 * MiB, max_message_bytes=128 * MiB)
+
+
+def cell_plan(
+    sizes: list[int], parallel: list[int], chunks: int, max_cell_bytes: int
+) -> list[dict[str, int]]:
+    plan = []
+    for size in sizes:
+        for par in parallel:
+            n = max(4, min(chunks, max_cell_bytes // (size * par)))
+            plan.append({"chunk": size, "parallel": par, "chunks": n})
+    return plan
+
+
+def fill(plan: list[dict[str, int]]) -> OutputBuffers:
+    bufs = OutputBuffers(instance_id="bench", max_buffer_bytes=1 << 50, max_total_bytes=1 << 60)
+    payload = {c["chunk"]: random.Random(c["chunk"]).randbytes(c["chunk"]) for c in plan}
+    for c in plan:
+        for i in range(c["parallel"]):
+            task = f"c{c['chunk']}-p{c['parallel']}-{i}"
+            bufs.create(task, 0)
+            bufs.add_pages(task, 0, [payload[c["chunk"]]] * c["chunks"])  # one object, shared: no copies
+            bufs.no_more_pages(task, 0)
+    return bufs
+
+
+def binx_server_main(plan: list[dict[str, int]], port_q: Any) -> None:
+    server = BinxServer(fill(plan), max_wait=0.0)
+    codec = EnvelopeCodec(limits=LIMITS)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    port_q.put(port)
+    while True:
+        ident, *frames = sock.recv_multipart(copy=False)
+        if bytes(frames[0].buffer) == b"STOP":
+            break
+        msg = codec.decode([f.buffer for f in frames]).message
+        peer = bytes(ident.buffer).hex()
+        for action in server.handle(MessageReceived(peer=peer, message=msg), time.monotonic()):
+            if isinstance(action, Send):
+                sock.send_multipart([ident.bytes, *codec.encode(action.message)], copy=False)
+    sock.close()
+    ctx.term()
+
+
+def http_server_main(plan: list[dict[str, int]], port_q: Any, stop: Any) -> None:
+    server = HttpExchangeServer(fill(plan), host="127.0.0.1", port=0, max_wait=0.0).start()
+    port_q.put(server.port)
+    stop.wait()
+    server.close()
+
+
+def binx_exchange(ctx: zmq.Context[Any], port: int, task: str, out: list[int]) -> None:
+    """One exchange source: the real client role, driven by a minimal loop over a DEALER."""
+    codec = EnvelopeCodec(limits=LIMITS)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 30_000)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    client = BinxClient(rng=random.Random(0), max_request_bytes=1, max_wait=0.0)
+    list(client.handle(PeerUp(peer="srv"), 0.0))
+    call = 0
+    got = 0
+    pending: list[Any] = []
+
+    def run(actions: Any) -> None:
+        for a in actions:
+            if isinstance(a, Send):
+                sock.send_multipart(codec.encode(a.message), copy=False)
+            elif isinstance(a, Reply):
+                pending.append(a)
+
+    while True:
+        call += 1
+        run(
+            client.handle(
+                LocalCall(call_id=call, name="fetch", args={"peer": "srv", "task_id": task, "buffer_id": 0}),
+                0.0,
+            )
+        )
+        while not pending:
+            frames = sock.recv_multipart(copy=False)
+            msg = codec.decode([f.buffer for f in frames], copy_blobs=False).message
+            run(client.handle(MessageReceived(peer="srv", message=msg), 0.0))
+        reply = pending.pop()
+        if reply.error:
+            raise RuntimeError(reply.error)
+        got += sum(len(p) for p in reply.result["pages"])
+        if reply.result["complete"]:
+            break
+    while client.source("srv", task, 0) is not None or client._requests:
+        frames = sock.recv_multipart(copy=False)  # the DELETE acknowledgement
+        run(
+            client.handle(
+                MessageReceived(peer="srv", message=codec.decode([f.buffer for f in frames]).message), 0.0
+            )
+        )
+    sock.close()
+    out.append(got)
+
+
+def http_exchange(port: int, task: str, out: list[int]) -> None:
+    with HttpExchangeClient("127.0.0.1", port, timeout=30.0) as client:
+        out.append(sum(len(p) for p in client.fetch_all(task, 0, max_bytes=1, max_wait=0.0)))
+
+
+def run_cell(kind: str, port: int, cell: dict[str, int], ctx: zmq.Context[Any]) -> float:
+    out: list[int] = []
+    tasks = [f"c{cell['chunk']}-p{cell['parallel']}-{i}" for i in range(cell["parallel"])]
+    if kind == "binx":
+        threads = [threading.Thread(target=binx_exchange, args=(ctx, port, t, out)) for t in tasks]
+    else:
+        threads = [threading.Thread(target=http_exchange, args=(port, t, out)) for t in tasks]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    elapsed = time.perf_counter() - t0
+    expected = cell["chunk"] * cell["chunks"] * cell["parallel"]
+    if sum(out) != expected:
+        raise RuntimeError(f"{kind} {cell}: got {sum(out)} bytes, expected {expected}")
+    return elapsed
+
+
+def main() -> None:
+    p = parser(__doc__ or "")
+    p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
+    args = p.parse_args()
+    if args.quick:
+        sizes, parallel, chunks, cap = [32, 256 * KiB, 1 * MiB], [1, 4], 16, 64 * MiB
+    else:
+        sizes = [32, 1 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB]
+        parallel, chunks, cap = [1, 4, 16], 128, args.max_cell_bytes
+    plan = cell_plan(sizes, parallel, chunks, cap)
+    mpctx = mp.get_context("spawn")
+    port_q: Any = mpctx.Queue()
+    stop = mpctx.Event()
+    binx_proc = mpctx.Process(target=binx_server_main, args=(plan, port_q), daemon=True)
+    http_proc = mpctx.Process(target=http_server_main, args=(plan, port_q, stop), daemon=True)
+    binx_proc.start()
+    binx_port = port_q.get(timeout=120)
+    http_proc.start()
+    http_port = port_q.get(timeout=120)
+    ctx: zmq.Context[Any] = zmq.Context()
+    matrix = []
+    try:
+        for cell in plan:
+            total = cell["chunk"] * cell["chunks"] * cell["parallel"]
+            binx_s = run_cell("binx", binx_port, cell, ctx)
+            http_s = run_cell("http", http_port, cell, ctx)
+            matrix.append(
+                {
+                    **cell,
+                    "bytes": total,
+                    "binx_s": binx_s,
+                    "http_s": http_s,
+                    "binx_mb_s": total / binx_s / 1e6,
+                    "http_mb_s": total / http_s / 1e6,
+                    "binx_req_s": cell["chunks"] * cell["parallel"] / binx_s,
+                    "http_req_s": cell["chunks"] * cell["parallel"] / http_s,
+                    "ratio": http_s / binx_s,
+                }
+            )
+    finally:
+        stop.set()
+        stopper = ctx.socket(zmq.DEALER)
+        stopper.setsockopt(zmq.LINGER, 1000)
+        stopper.connect(f"tcp://127.0.0.1:{binx_port}")
+        stopper.send(b"STOP")
+        binx_proc.join(30)
+        http_proc.join(30)
+        stopper.close()
+        ctx.term()
+    small = [m["ratio"] for m in matrix if m["chunk"] <= 256 * KiB]
+    large = [m["ratio"] for m in matrix if m["chunk"] >= 1 * MiB]
+    figures = {
+        "binx_transport": "pyzmq DEALER/ROUTER carrying EnvelopeCodec-encoded BinX PDUs (not the bus node loop)",
+        "http_transport": "http.server.ThreadingHTTPServer (HTTP/1.1 keep-alive) and http.client",
+        "one_chunk_per_request": True,
+        "matrix": matrix,
+        "binx_vs_http_small_min_ratio": min(small) if small else None,
+        "binx_vs_http_large_min_ratio": min(large) if large else None,
+    }
+    write(args.out, "exchange", figures, args.quick)
+    rows = [
+        (
+            str(m["chunk"]),
+            str(m["parallel"]),
+            str(m["chunks"]),
+            f"{m['binx_mb_s']:.1f}",
+            f"{m['http_mb_s']:.1f}",
+            f"{m['binx_req_s']:.0f}",
+            f"{m['http_req_s']:.0f}",
+            f"{m['ratio']:.2f}",
+        )
+        for m in matrix
+    ]
+    print(
+        table(
+            rows,
+            ("chunk B", "parallel", "chunks", "binx MB/s", "http MB/s", "binx req/s", "http req/s", "ratio"),
+        )
+    )
+    print(
+        f"small min ratio {figures['binx_vs_http_small_min_ratio']}, large min ratio {figures['binx_vs_http_large_min_ratio']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
