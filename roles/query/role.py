@@ -369,7 +369,11 @@ class QueryRole:
     # ------------------------------------------------------------------ streams
 
     def _pump(self, q: _Query, box: _Outbox, out: list[c.Action]) -> None:
-        """Send what the credit allows; a batch is at most 40 % of the edge credit (see the module doc)."""
+        """Send what the credit allows; a batch is at most 40 % of the edge credit (see the module doc).
+
+        A sender waits when its credit is below the next batch; since a batch is at most 40 % of the
+        edge's credit, the sender is then at or below the low watermark and the receiver will grant.
+        """
         while not box.finished:
             if box.table is None:
                 out.append(c.SendBatch(peer=box.peer, stream=box.stream, data=b"", last=True))
@@ -377,11 +381,13 @@ class QueryRole:
                 break
             total = box.table.num_rows
             left = total - box.offset
-            target = max(1, min(self.config.batch_bytes, int(box.max_credit * 0.4), box.credit))
+            # Full-size batches only: filling a small leftover credit with a tiny batch would make every later
+            # grant small too (the silly-window syndrome). Waiting is safe: see the docstring.
+            target = max(1, min(self.config.batch_bytes, int(box.max_credit * 0.4)))
             width = max(1, box.table.nbytes // max(total, 1))
             rows = min(left, max(1, target // width))
             data = self._encode(box.table, box.offset, rows)
-            while len(data) > min(box.credit, target) and rows > 1:
+            while len(data) > target and rows > 1:
                 rows //= 2
                 data = self._encode(box.table, box.offset, rows)
             if len(data) > box.credit:
@@ -392,6 +398,7 @@ class QueryRole:
             last = box.offset + rows >= total
             out.append(c.SendBatch(peer=box.peer, stream=box.stream, data=data, last=last))
             self.counters["batches_out"] += 1
+            self.counters["bytes_out"] += len(data)
             box.credit -= len(data)
             box.offset += rows
             box.finished = last
