@@ -137,6 +137,9 @@ class ComputeController:
         read_only: start without ``AllowWrites`` (send it later with the ``allow_writes`` call).
         compaction_lag: how many timestamps below the write frontier a view stays readable.
         workers: the timely worker count sent in ``CreateTimely``.
+        generation: this controller's deployment generation, which must grow across controller restarts.
+            Epochs are ``generation << 32 | n`` for the n-th connection to a replica, so a restarted
+            controller's epochs exceed its predecessor's, like Materialize's ``(envd epoch, replica epoch)``.
     """
 
     name = "compute.controller"
@@ -151,8 +154,9 @@ class ComputeController:
         read_only: bool = False,
         compaction_lag: int = 0,
         workers: int = 1,
+        generation: int = 0,
     ) -> None:
-        self.links = {r: ReplicaLink() for r in replicas}
+        self.links = {r: ReplicaLink(epoch=generation << 32) for r in replicas}
         if not self.links:
             raise LocalProtocolError("a compute controller needs at least one replica")
         self.compaction_lag = compaction_lag
