@@ -49,6 +49,7 @@ from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Header
 log = logging.getLogger("sparkbus.bus")
 
 _HANDSHAKE_TYPES = frozenset({REGISTRY.code_of(Hello)})
+_BUS_MESSAGES = frozenset({Hello, Welcome, Reject, Heartbeat, Error, Bye, StreamBatch, FlowControl})
 
 
 class NodeCore(LinkLayer, StreamLayer):
@@ -79,6 +80,8 @@ class NodeCore(LinkLayer, StreamLayer):
                 raise ValueError(f"two roles named {role.name!r} on node {node_id}")
             self.roles[role.name] = role
             for cls in role.messages:
+                if cls in _BUS_MESSAGES:
+                    raise ValueError(f"role {role.name} cannot take the bus's own {cls.__name__}")
                 if cls in self._by_message:
                     raise ValueError(
                         f"{cls.__name__} is routed to both {self._by_message[cls].name} and {role.name}"
@@ -162,7 +165,7 @@ class NodeCore(LinkLayer, StreamLayer):
         inbound.seq = header.seq
         inbound.last_recv = now
         try:
-            env = self.codec.decode(frames)
+            env = self.codec.decode(frames, header=header)
         except DecodeError as exc:
             self._error_to(
                 inbound,
@@ -328,12 +331,15 @@ class NodeCore(LinkLayer, StreamLayer):
             "refusals": dict(self.refusals),
         }
 
-    # ------------------------------------------------------------------ handshake
-
     # ------------------------------------------------------------------ sessions
 
     def _on_session_message(self, inbound: _Inbound, header: Header, msg: Any, now: float) -> None:
         peer = inbound.peer
+        role = self._by_message.get(type(msg))
+        if role is not None and self._peers[peer].up:  # the hot path: a role's message on an open link
+            self.counters["messages_in"] += 1
+            self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
+            return
         if isinstance(msg, Heartbeat):
             self.counters["heartbeats_in"] += 1
             return
@@ -354,7 +360,6 @@ class NodeCore(LinkLayer, StreamLayer):
                 now,
             )
             return
-        role = self._by_message.get(type(msg))
         if role is None:
             self._error_to(
                 inbound,
@@ -364,13 +369,7 @@ class NodeCore(LinkLayer, StreamLayer):
                 now,
             )
             return
-        if not self._peers[peer].up:
-            self._hold_early(
-                inbound, lambda: self._on_session_message(inbound, header, msg, now), type(msg), now
-            )
-            return
-        self.counters["messages_in"] += 1
-        self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
+        self._hold_early(inbound, lambda: self._on_session_message(inbound, header, msg, now), type(msg), now)
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
         self._refusal(code)

@@ -14,6 +14,9 @@ from sparkbus.codecs.errors import DecodeError
 from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
 
 _NAME = "RowBatch"
+# An IPC stream ends with a continuation marker and a zero length; without the check, a stream cut just
+# before its end marker would still read as complete.
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:
@@ -32,6 +35,8 @@ def decode_batch(data: Buffer | pa.Buffer, *, limits: Limits = DEFAULT_LIMITS) -
     """
     if len(data) > limits.max_frame_bytes:
         raise DecodeError(_NAME, "<frame>", f"{len(data)} bytes, limit is {limits.max_frame_bytes}")
+    if bytes(memoryview(data)[-len(_EOS) :]) != _EOS:
+        raise DecodeError(_NAME, "<ipc>", "Arrow IPC stream does not end with its end-of-stream marker")
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data)
         batches = list(reader)

@@ -23,6 +23,7 @@ from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
 from sparkbus.codecs.schema import from_plain, schema_of, to_plain
 
 ENVELOPE_VERSION = 1
+_SCALARS = frozenset({int, str, bytes, float, bool, type(None)})
 _HEADER_LEN = 6
 _MAX_HEADER_BYTES = 4096
 
@@ -103,14 +104,21 @@ REGISTRY = Registry()
 message = REGISTRY.register
 
 
-def _unpack(data: Buffer, message_type: str, part: str) -> Any:
-    def no_ext(code: int, data: bytes) -> Any:
-        raise DecodeError(message_type, part, f"msgpack extension type {code} is not allowed")
+class _ExtensionRefused(Exception):
+    pass
 
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise _ExtensionRefused(code)
+
+
+def _unpack(data: Buffer, message_type: str, part: str) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=no_ext, use_list=True)
-    except DecodeError:
-        raise
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
+    except _ExtensionRefused as exc:
+        raise DecodeError(
+            message_type, part, f"msgpack extension type {exc.args[0]} is not allowed"
+        ) from None
     except msgpack.ExtraData:
         raise DecodeError(message_type, part, "trailing bytes after the msgpack value") from None
     except (ValueError, msgpack.UnpackException, TypeError) as exc:
@@ -151,7 +159,10 @@ class EnvelopeCodec:
         cls = type(msg)
         code = self.registry.code_of(cls)
         schema = schema_of(cls)
-        body = {n: to_plain(getattr(msg, n)) for n in schema.map_fields}
+        body: dict[str, Any] = {}
+        for n in schema.map_fields:
+            value = getattr(msg, n)
+            body[n] = value if type(value) in _SCALARS else to_plain(value)
         payload: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
         payload.extend(getattr(msg, n) for n in schema.blob_fields)
         zmask = 0
@@ -190,19 +201,23 @@ class EnvelopeCodec:
             raise DecodeError("?", "<header>.stream", f"expected str or nil, got {type(stream).__name__}")
         return Header(type=code, session=session, seq=seq, stream=stream, zmask=zmask)
 
-    def decode(self, frames: Sequence[Buffer], *, copy_blobs: bool = True) -> Envelope:
+    def decode(
+        self, frames: Sequence[Buffer], *, copy_blobs: bool = True, header: Header | None = None
+    ) -> Envelope:
         """Decode a whole message.
 
         Args:
             frames: the frames as received.
             copy_blobs: when false, blob fields hold the received buffers as they are (zero-copy;
                 they may be memoryviews).
+            header: the result of ``decode_header(frames)`` if the caller already has it.
 
         Raises:
             DecodeError: for an unknown type, a missing, extra or mistyped field, trailing bytes, a
                 wrong frame count, or any limit exceeded; it names the message type and the field.
         """
-        header = self.decode_header(frames)
+        if header is None:
+            header = self.decode_header(frames)
         cls = self.registry.class_of(header.type)
         if cls is None:
             raise DecodeError(f"<type {header.type:#x}>", "<header>.type", "unknown message type")

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +28,8 @@ def test_unknown_command_fails(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_entry_point_is_installed() -> None:
-    exe = shutil.which("sparkbus")
+    beside = Path(sys.executable).with_name("sparkbus")
+    exe = str(beside) if beside.exists() else shutil.which("sparkbus")
     assert exe is not None, "the sparkbus console script is not on PATH"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.startswith("sparkbus ")
