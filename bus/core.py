@@ -137,20 +137,13 @@ class NodeCore(LinkLayer, StreamLayer):
         if header.type in _HANDSHAKE_TYPES:
             self._on_hello(rid, frames, now)
             return
-        if inbound is None:
+        if inbound is None and header.session == 0:
             self._refuse_rid(rid, ErrorCode.HANDSHAKE_HEADER, "expected HELLO before any other message", now)
             return
-        if header.session != inbound.session:
-            self._reply(
-                rid,
-                Reject(
-                    code=ErrorCode.STALE_SESSION,
-                    message=f"unknown session {header.session}",
-                    version=self.config.versions[0],
-                ),
-                now,
-            )
-            self._refusal(ErrorCode.STALE_SESSION)
+        if inbound is None or header.session != inbound.session:
+            # A session we no longer have (we lost the link, or restarted): the sender must handshake
+            # again. Not final, unlike a peer that never said HELLO at all.
+            self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {header.session}", now)
             return
         if header.seq != inbound.seq + 1:
             reason = (

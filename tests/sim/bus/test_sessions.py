@@ -167,8 +167,10 @@ def test_wrong_magic_cluster_and_version_are_refused_with_codes() -> None:
     v = refusal(sim, "a", "v", hello(version=(9, 0, 0)))
     assert v.code == ErrorCode.PROTOCOL_COMPATIBILITY and v.version == (1, 0, 0)
     assert refusal(sim, "a", "g", [b"garbage"]).code == ErrorCode.MALFORMED
-    early = refusal(sim, "a", "e", [bytes(f) for f in codec.encode(Note(text="hi"), session=5, seq=1)])
+    early = refusal(sim, "a", "e", [bytes(f) for f in codec.encode(Note(text="hi"), session=0, seq=0)])
     assert early.code == ErrorCode.HANDSHAKE_HEADER and "HELLO" in early.message
+    stale = refusal(sim, "a", "s", [bytes(f) for f in codec.encode(Note(text="hi"), session=5, seq=1)])
+    assert stale.code == ErrorCode.STALE_SESSION
     assert refusal(sim, "a", "n", hello(kind="node", node_id="n")).code == ErrorCode.RESOURCE_NOT_FOUND
     refusals = sim.node("a").core.refusals
     assert refusals["HANDSHAKE_HEADER"] == 2 and refusals["CLUSTER_ID_MISMATCH"] == 1
@@ -236,3 +238,16 @@ def test_garbage_at_both_sockets_leaves_the_node_serving(seed: int) -> None:
     assert [e.message.text for e in a.of(MessageReceived)] == [str(i) for i in range(len(junk) * 5)]
     assert not a.of(PeerLost)
     assert sim.node("a").core.counters["refused"] >= len(junk) * 5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_message_on_a_session_the_receiver_dropped_leads_to_a_new_handshake(seed: int) -> None:
+    """One side lost the link (for example after a gap from an HWM drop) while the other still thinks it is
+    open: the stale session is refused as STALE_SESSION, never as a final refusal, and both come back."""
+    sim, a, _b = pair(seed)
+    sim.node("b").core._link_lost("a", "test: forgot the session", sim.now)
+    do(sim, "a", c.Send(peer="b", message=Note(text="into the void")))
+    sim.run_until(lambda: sim.all_up() and len(a.of(PeerUp)) == 2, limit=10)
+    assert sim.node("a").core.refused() == {}
+    assert sim.node("b").core.refusals["STALE_SESSION"] >= 1
+    assert a.of(PeerLost), "a must see the old session end, whichever side noticed first"
