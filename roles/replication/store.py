@@ -132,6 +132,7 @@ class PartitionStore:
         self._next_segment = 0
         self.recovered_partial = 0
         self.recovered_log_records = 0
+        self.recovered_torn_tail = False
 
     # ------------------------------------------------------------ open / recovery
 
@@ -203,6 +204,10 @@ class PartitionStore:
             table = pa.Table.from_batches([decode_batch(record["rows"])])
             self._to_memtable(table, now)
             self.recovered_log_records += 1
+        if pos < len(data):
+            # Cut the torn tail off (atomically), or every later append would sit behind it, unreadable.
+            write_whole(self.storage, WAL, [data[:pos]])
+            self.recovered_torn_tail = True
 
     def save_manifest(self) -> None:
         """Persist the segment list, root id, clock and role metadata atomically."""

@@ -46,6 +46,17 @@ from sparkbus.roles.replication.storage import MemoryStorage, SimulatedCrash
 CODEC = EnvelopeCodec()
 
 
+@dataclass(frozen=True)
+class _Returned:
+    """Credit returned by a receiver, applied when it reaches the sender, to the stream generation it
+    was meant for (a re-opened stream with the same key must not get a late grant of the old one)."""
+
+    peer: str
+    stream: str
+    size: int
+    generation: int
+
+
 @dataclass
 class Stats:
     messages: dict[str, int] = field(default_factory=dict)
@@ -71,9 +82,11 @@ class Cluster:
         self.roles: dict[str, ReplicationRole] = {}
         self.up: set[str] = set()
         self.cut_pairs: set[frozenset[str]] = set()
-        self.queues: dict[tuple[str, str, str], deque[Event]] = {}
+        self.queues: dict[tuple[str, str, str], deque[Event | _Returned]] = {}
         self.timers: dict[tuple[str, str], float] = {}
         self.credit: dict[tuple[str, str, str], int] = {}
+        self.generation: dict[tuple[str, str, str], int] = {}
+        self.ordinals: dict[tuple[str, str, str], int] = {}
         self.replies: dict[int, Reply] = {}
         self.stats = Stats()
         self._call_id = 0
@@ -121,7 +134,10 @@ class Cluster:
         self.cut_pairs.add(frozenset((a, b)))
 
     def heal(self, a: str, b: str) -> None:
-        self.cut_pairs.discard(frozenset((a, b)))
+        pair = frozenset((a, b))
+        if pair not in self.cut_pairs:
+            return
+        self.cut_pairs.discard(pair)
         if self._linked(a, b):
             self._deliver(a, PeerUp(peer=b))
             self._deliver(b, PeerUp(peer=a))
@@ -165,7 +181,7 @@ class Cluster:
         for action in actions:
             self._apply(node, action)
 
-    def _enqueue(self, src: str, dst: str, channel: str, event: Event) -> None:
+    def _enqueue(self, src: str, dst: str, channel: str, event: Event | _Returned) -> None:
         if not self._linked(src, dst):
             return
         self.queues.setdefault((src, dst, channel), deque()).append(event)
@@ -177,7 +193,10 @@ class Cluster:
             decoded = CODEC.decode(CODEC.encode(action.message)).message
             self._enqueue(node, action.peer, "control", MessageReceived(peer=node, message=decoded))
         elif isinstance(action, OpenStream):
-            self.credit[node, action.peer, action.stream] = action.credit
+            key = (node, action.peer, action.stream)
+            self.credit[key] = action.credit
+            self.generation[key] = self.generation.get(key, 0) + 1
+            self.ordinals[key] = 0
         elif isinstance(action, SendBatch):
             key = (node, action.peer, action.stream)
             left = self.credit.get(key, 0)
@@ -185,8 +204,8 @@ class Cluster:
                 raise LocalProtocolError(f"{action.stream}: {len(action.data)} bytes over credit {left}")
             self.credit[key] = left - len(action.data)
             self.stats.batch_bytes += len(action.data)
-            ordinal = self.credit.get((*key, "n"), 0)  # type: ignore[arg-type]
-            self.credit[(*key, "n")] = ordinal + 1  # type: ignore[index]
+            ordinal = self.ordinals.get(key, 0)
+            self.ordinals[key] = ordinal + 1
             event = BatchReceived(
                 peer=node,
                 stream=action.stream,
@@ -199,10 +218,8 @@ class Cluster:
             self._enqueue(node, action.peer, "data", event)
         elif isinstance(action, Consumed):
             key = (action.peer, node, action.stream)
-            if key in self.credit:
-                self.credit[key] += action.size
-                event = CreditChanged(peer=node, stream=action.stream, credit=self.credit[key])
-                self._enqueue(node, action.peer, "control", event)
+            returned = _Returned(node, action.stream, action.size, self.generation.get(key, 0))
+            self._enqueue(node, action.peer, "control", returned)
         elif isinstance(action, GrantCredit):
             key = (action.peer, node, action.stream)
             self.credit[key] = action.credit
@@ -212,7 +229,9 @@ class Cluster:
             self.timers.pop((node, action.key), None)
         elif isinstance(action, Reply):
             self.replies[action.call_id] = action
-        elif isinstance(action, AcceptStream | CloseStream):
+        elif isinstance(action, CloseStream):
+            self.credit.pop((node, action.peer, action.stream), None)
+        elif isinstance(action, AcceptStream):
             pass
         else:  # pragma: no cover - the contract has no other actions
             raise AssertionError(f"unknown action {action!r}")
@@ -224,6 +243,12 @@ class Cluster:
             return False
         key = ready[self.rng.randrange(len(ready))]
         event = self.queues[key].popleft()
+        if isinstance(event, _Returned):
+            credit_key = (key[1], event.peer, event.stream)
+            if credit_key not in self.credit or self.generation.get(credit_key) != event.generation:
+                return True  # the stream was closed or re-opened since: the grant is stale
+            self.credit[credit_key] += event.size
+            event = CreditChanged(peer=event.peer, stream=event.stream, credit=self.credit[credit_key])
         self._deliver(key[1], event)
         return True
 
@@ -255,7 +280,8 @@ class Cluster:
         self._call_id += 1
         cid = self._call_id
         self._deliver(node, LocalCall(call_id=cid, name=name, args=args))
-        return self.replies.pop(cid)
+        # A node that crashed while handling the call never replies: the caller sees no acknowledgement.
+        return self.replies.pop(cid, Reply(call_id=cid, error=f"{node} crashed"))
 
     def write(self, node: str, partition: str, rows: dict[str, list[Any]] | pa.RecordBatch) -> Reply:
         batch = rows if isinstance(rows, pa.RecordBatch) else pa.RecordBatch.from_pydict(rows)
