@@ -218,3 +218,30 @@ def test_split_while_a_replica_is_offline(async_split: bool) -> None:
         assert c.status("a")["partitions"][part]["lifecycle"] == "SERVE"
     assert c.write("a", low, {"key": [5], "v": ["new"]}).error is None
     assert c.write("a", P, {"key": [5], "v": ["old"]}).error is not None
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3, 5, 8])
+def test_a_receiver_crashing_mid_transit_catches_up(crash_at: int) -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=12)
+    keys = write_keys(c, "a", range(8))
+    c.storages["c", P].arm_crash(crash_at)  # strikes while c writes an incoming segment or its manifest
+    c.settle(5)
+    assert "c" not in c.up
+    leftovers = c.storages["c", P]._temps
+    c.restart("c")
+    assert not c.storages["c", P]._temps, f"partial files {sorted(leftovers)} were discarded"
+    c.settle(30)
+    assert_identical(c, NODES, keys)
+
+
+def test_a_leader_crashing_mid_flush_keeps_every_acknowledged_write() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=13)
+    keys = write_keys(c, "a", range(3))
+    c.storages["a", P].arm_crash(3)  # the log append of key 3 succeeds; the flush it triggers dies
+    reply = c.write("a", P, {"key": [3], "v": ["v3"]})
+    assert reply.error == "a crashed"
+    c.restart("a")
+    c.settle(30)
+    got = c.read("a", P)["key"]
+    assert set(keys) <= set(got) <= {*keys, 3}
+    assert_identical(c, NODES, got)

@@ -1,0 +1,103 @@
+"""Replication messages round-trip through the envelope; bad fields are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from sparkbus.codecs import DecodeError, EnvelopeCodec
+from sparkbus.roles.replication.layout import SplitTarget
+from sparkbus.roles.replication.messages import (
+    DeclineReason,
+    JoinFinalized,
+    SegmentAccepted,
+    SegmentAcked,
+    SegmentDeclined,
+    SegmentOffered,
+    SegmentTransited,
+    SplitFinalized,
+    stream_key,
+)
+
+CODEC = EnvelopeCodec()
+OFFER: dict[str, Any] = dict(
+    partition="t/0",
+    segment_id="1.2",
+    base_id="1.1",
+    included=("1.0",),
+    major=False,
+    rows=3,
+    max_lsn=9,
+    size=900,
+    checksum=b"\x01" * 16,
+    sender=1,
+    target=2,
+)
+SAMPLES = [
+    SegmentOffered(**OFFER),
+    SegmentAccepted(partition="t/0", segment_id="1.2", stream=stream_key("t/0", "1.2"), credit=1024),
+    SegmentDeclined(partition="t/0", segment_id="1.2", reason=DeclineReason.INFLIGHT, detail="busy"),
+    SegmentTransited(partition="t/0", segment_id="1.2", size=900, chunks=3),
+    SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=True),
+    SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=False, error="checksum"),
+    JoinFinalized(partition="t/0", placement=4),
+    SplitFinalized(
+        partition="t/0", targets=(SplitTarget(partition="t/1", high=10), SplitTarget(partition="t/2", low=10))
+    ),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: Any) -> None:
+    assert CODEC.decode(CODEC.encode(msg)).message == msg
+
+
+def test_codes_are_in_the_family_range() -> None:
+    for msg in SAMPLES:
+        assert 0x0120 <= CODEC.registry.code_of(type(msg)) <= 0x013F
+    assert CODEC.registry.code_of(SegmentOffered) == 0x0120
+    assert CODEC.registry.code_of(SegmentAcked) == 0x0124
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"base_id": None}, "base_id"),
+        ({"size": -1}, "size"),
+        ({"segment_id": "a/b"}, "segment_id"),
+        ({"partition": ""}, "partition"),
+    ],
+)
+def test_invalid_offers_are_refused(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SegmentOffered(**{**OFFER, **change})
+
+
+def test_a_decoded_offer_with_a_bad_field_names_it() -> None:
+    frames = CODEC.encode(SAMPLES[0])
+    body = msgpack.unpackb(frames[1])
+    body["rows"] = "three"
+    with pytest.raises(DecodeError, match="rows"):
+        CODEC.decode([frames[0], msgpack.packb(body)])
+
+
+def test_an_unknown_decline_reason_is_refused() -> None:
+    frames = CODEC.encode(SAMPLES[2])
+    body = msgpack.unpackb(frames[1])
+    body["reason"] = 42
+    with pytest.raises(DecodeError, match="reason"):
+        CODEC.decode([frames[0], msgpack.packb(body)])
+
+
+def test_accept_must_name_the_segment_stream() -> None:
+    with pytest.raises(ValueError, match="stream"):
+        SegmentAccepted(partition="t/0", segment_id="1.2", stream="replication/t/0/9.9", credit=1)
+
+
+def test_ack_is_either_ok_or_an_error() -> None:
+    with pytest.raises(ValueError):
+        SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=True, error="x")
+    with pytest.raises(ValueError):
+        SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=False)
