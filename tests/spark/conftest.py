@@ -1,0 +1,46 @@
+"""One SparkSession (local[2]) for the whole test session, built the way sparkbus builds it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from sparkbus.topologies.schema import load, shipped  # noqa: E402
+from sparkbus.topologies.spark import embedded_session  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    topo = load(shipped("local.toml"))
+    session = embedded_session(
+        topo,
+        **{
+            "spark.barrier.sync.timeout": "10s",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            # a killed task's Python worker is reaped this long after the kill
+            "spark.python.task.killTimeout": "1s",
+        },
+    )
+    session.sparkContext.setLogLevel(
+        "ERROR"
+    )  # failure tests fail stages on purpose; keep the output readable
+    gateway = session.sparkContext._gateway
+    try:
+        yield session
+    finally:
+        session.stop()
+        # The JVM is a child of this process: shut it down so no process outlives the tests.
+        proc = getattr(gateway, "proc", None)
+        gateway.shutdown()
+        if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()  # PySpark keeps the JVM's stdin open to tie its life to ours
+            proc.terminate()
+            proc.wait(timeout=30)
+        pyspark.SparkContext._gateway = None
+        pyspark.SparkContext._jvm = None

@@ -1,0 +1,163 @@
+"""The Spark runtime on local[2]: rendezvous, data hand-off, orderly stop, and prompt, named failures."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import zmq
+from pyspark import BarrierTaskContext, cloudpickle
+
+from sparkbus.topologies.probe import ProbeFactory
+from sparkbus.topologies.schema import load, shipped
+from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, _explain
+
+from . import faults
+
+pytestmark = pytest.mark.spark
+
+# The test helpers are not importable in Spark's Python workers: ship them by value.
+cloudpickle.register_pickle_by_value(faults)
+
+
+def _exchange(_: Any) -> Any:
+    """Inside a barrier task: bind REP on an ephemeral port, allGather it, REQ the other task, answer it."""
+    ctx = BarrierTaskContext.get()
+    me = ctx.partitionId()
+    zctx = zmq.Context()
+    rep = zctx.socket(zmq.REP)
+    req = zctx.socket(zmq.REQ)
+    try:
+        for sock in (rep, req):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 5000)
+            sock.setsockopt(zmq.SNDTIMEO, 5000)
+        port = rep.bind_to_random_port("tcp://127.0.0.1")
+        peers = [json.loads(a) for a in ctx.allGather(json.dumps({"task": me, "port": port}))]
+        other = next(p for p in peers if p["task"] != me)
+        req.connect(f"tcp://127.0.0.1:{other['port']}")
+        req.send_string(f"hello from {me}")
+        asked = rep.recv_string()
+        rep.send_string(f"{me} got: {asked}")
+        answer = req.recv_string()
+    finally:
+        rep.close()
+        req.close()
+        zctx.term()
+    yield (me, port, answer)
+
+
+def test_barrier_tasks_exchange_messages_through_allgather(spark: Any) -> None:
+    rdd = spark.sparkContext.parallelize(range(2), 2)
+    out = sorted(rdd.barrier().mapPartitions(_exchange).collect())
+    assert [(task, answer) for task, _, answer in out] == [
+        (0, "1 got: hello from 0"),
+        (1, "0 got: hello from 1"),
+    ]
+    assert out[0][1] != out[1][1]
+
+
+def test_runtime_brings_every_node_up_and_stops(spark: Any) -> None:
+    topo = load(shipped("local.toml"))
+    with SparkRuntime(topo, spark, ProbeFactory(), ready_timeout=30) as rt:
+        assert rt.rendezvous_seconds is not None
+        print(f"spark_rendezvous_s={rt.rendezvous_seconds:.3f}")
+        assert set(rt.endpoints) == {"coordinator", "store-0", "store-1"}
+        assert len({ep.control for ep in rt.endpoints.values()}) == 3
+        rt.check()
+        results = rt.stop()
+    by_node = {r.node: r for r in results}
+    assert set(by_node) == {"coordinator", "store-0", "store-1"}
+    assert by_node["store-0"].partition == 0 and by_node["store-1"].partition == 1
+    for r in results:
+        assert r.status == "stopped"
+        assert r.counters["ready"] is True
+        assert r.counters["peers"] == 2
+        assert r.counters["peers_welcomed"] == 2  # every peer answered this node's hello ...
+        assert r.counters["peers_greeted"] == 2  # ... and said hello to it
+
+
+def test_each_node_gets_its_input_partition(spark: Any) -> None:
+    topo = load(shipped("local.toml"))
+    data = spark.range(1000)
+    with SparkRuntime(topo, spark, ProbeFactory(), data=data, ready_timeout=30) as rt:
+        results = rt.stop()
+    rows = {r.node: r.counters["rows"] for r in results}
+    assert rows["coordinator"] == 0
+    assert rows["store-0"] + rows["store-1"] == 1000
+    assert rows["store-0"] > 0 and rows["store-1"] > 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "cause"),
+    [
+        ("raise", "ValueError: disk on fire"),
+        ("bind", "OSError: address already in use"),
+        ("exit", "Python worker exited unexpectedly"),
+        ("sigkill", "Python worker exited unexpectedly"),
+    ],
+)
+def test_a_dying_node_fails_the_stage_with_its_name(spark: Any, mode: str, cause: str) -> None:
+    topo = load(shipped("local.toml"))
+    rt = SparkRuntime(topo, spark, faults.FailingFactory(victim="store-1", mode=mode), ready_timeout=30)
+    began = time.monotonic()
+    with pytest.raises(SparkRuntimeError) as err:
+        rt.start()
+    print(f"{mode}: {time.monotonic() - began:.2f}s to: {err.value}")
+    assert err.value.node == "store-1"
+    assert err.value.task == 1
+    assert str(err.value).startswith("sparkbus node store-1 (barrier task 1) failed: ")
+    assert cause in str(err.value)
+    # The runtime is usable again afterwards: the failed stage released every slot.
+    with SparkRuntime(topo, spark, ProbeFactory(), ready_timeout=30) as rt2:
+        assert len(rt2.stop()) == 3
+
+
+def test_explain_names_the_node_from_spark_messages() -> None:
+    ids = ("store-0", "store-1")
+    crash = RuntimeError(
+        "Job aborted due to stage failure: ... barrier task ResultTask(9, 1) finished unsuccessfully.\n"
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider ..."
+    )
+    err = _explain(crash, ids)
+    assert (err.node, err.task) == ("store-1", 1)
+    assert err.cause.startswith("Python worker exited unexpectedly (crashed)")
+    quoted = RuntimeError(
+        "    raise RuntimeError(f\"node {first['node']} could not bind: {first['error']}\")\n"
+        "RuntimeError: sparkbus node store-0 (barrier task 0) failed: RuntimeError: node store-1 could not bind: "
+        "OSError: in use\n"
+    )
+    err = _explain(quoted, ids)
+    assert str(err) == "sparkbus node store-1 (barrier task 1) failed: could not bind: OSError: in use"
+    unknown = _explain(RuntimeError("something else\nentirely"), ids)
+    assert (unknown.node, str(unknown)) == (None, "the sparkbus barrier stage failed: something else")
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class _Session:
+    def __init__(self, values: dict[str, str]) -> None:
+        conf = _Conf(values)
+        self.sparkContext = type("SC", (), {"getConf": lambda _self: conf})()
+
+
+def test_a_session_without_a_barrier_timeout_is_refused() -> None:
+    topo = load(shipped("local.toml"))
+    with pytest.raises(SparkRuntimeError, match=r"365 days.*set spark\.barrier\.sync\.timeout"):
+        SparkRuntime(topo, _Session({}), ProbeFactory())
+    with pytest.raises(SparkRuntimeError, match="refuse dynamic allocation"):
+        SparkRuntime(
+            topo,
+            _Session({"spark.barrier.sync.timeout": "5s", "spark.dynamicAllocation.enabled": "true"}),
+            ProbeFactory(),
+        )
+    with pytest.raises(SparkRuntimeError, match="no \\[spark\\] section"):
+        SparkRuntime(load(shipped("processes.toml")), _Session({}), ProbeFactory())

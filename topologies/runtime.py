@@ -1,0 +1,111 @@
+"""What a runtime (local processes or Spark) needs from a node, whichever node implementation it is.
+
+Runtimes never construct the bus node directly: they call a ``NodeFactory`` with a ``NodeRequest`` and
+drive the ``NodeHandle`` it returns through ``bind`` -> ``set_peers`` -> ``start`` -> ``wait_ready`` ->
+``stop``. ``sparkbus.topologies.probe`` is a plain-ZeroMQ node that only checks every pair of nodes can
+talk (a connectivity probe, and the stand-in until the bus node is wired in).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.registry import RoleContext
+
+#: Bind addresses that mean "every interface": a node bound there advertises its machine's address.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "*", "::", ""})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoints:
+    """Where a node can be reached: its control (messages) and data (stream batches) sockets."""
+
+    control: str
+    data: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"control": self.control, "data": self.data}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Endpoints:
+        """Parse what a peer published; raises ValueError naming what is wrong."""
+        if not isinstance(raw, dict) or set(raw) != {"control", "data"}:
+            raise ValueError(f"endpoints must be an object with 'control' and 'data', got {json.dumps(raw)}")
+        if not all(isinstance(v, str) and "://" in v for v in raw.values()):
+            raise ValueError(
+                f"endpoints must be ZeroMQ addresses such as tcp://host:port, got {json.dumps(raw)}"
+            )
+        return cls(control=raw["control"], data=raw["data"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeRequest:
+    """What a factory is told about the node to build.
+
+    Attributes:
+        node_id: the node's id in the topology.
+        topology: the validated topology.
+        advertise_host: the address peers should use to reach this node (the bind host, or this
+            machine's address when the topology binds every interface).
+        local_data: Arrow record batches this node loads (a Spark task's input partition).
+    """
+
+    node_id: str
+    topology: Topology
+    advertise_host: str
+    local_data: tuple[Any, ...] = field(default=())
+
+    def role_context(self) -> RoleContext:
+        return RoleContext(
+            node_id=self.node_id,
+            spec=self.topology.spec_of(self.node_id),
+            topology=self.topology,
+            local_data=self.local_data,
+        )
+
+
+@runtime_checkable
+class NodeHandle(Protocol):
+    """A node as runtimes drive it. Every method may raise; the runtime reports the error with the node id."""
+
+    node_id: str
+
+    def bind(self) -> Endpoints:
+        """Bind the node's sockets (ephemeral ports unless the topology fixes a range); return them."""
+        ...
+
+    def set_peers(self, peers: Mapping[str, Endpoints]) -> None:
+        """Every other node of the topology and where it listens."""
+        ...
+
+    def start(self) -> None:
+        """Start serving in the background and connect to the peers."""
+        ...
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once every link has completed its handshake; raise TimeoutError naming the missing peers."""
+        ...
+
+    def failure(self) -> str | None:
+        """None while the node is healthy; the cause once it has died."""
+        ...
+
+    def counters(self) -> dict[str, Any]:
+        """JSON-serialisable counters (messages, bytes, peers) for the runtime's report."""
+        ...
+
+    def stop(self) -> None:
+        """Stop serving and release every socket; idempotent."""
+        ...
+
+
+NodeFactory = Callable[[NodeRequest], NodeHandle]
+
+
+def advertise_host(bind_host: str, machine_address: str) -> str:
+    """The address peers should dial for a node bound on ``bind_host`` on a machine at ``machine_address``."""
+    return machine_address if bind_host in WILDCARD_HOSTS else bind_host

@@ -1,0 +1,529 @@
+"""The Spark runtime: executor-placed nodes as one barrier stage, driver-placed nodes in the driver.
+
+Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
+
+1. The driver binds a small runtime channel (a ZeroMQ ROUTER on an ephemeral port) and the driver-placed
+   nodes, then launches one barrier stage with one task per executor-placed node
+   (``rdd.barrier().mapPartitions``) from a background thread, in its own job group. The task's input
+   partition reaches its node as Arrow record batches.
+2. Each task, after the fork, builds its node through the ``NodeFactory``, binds ephemeral ports, and
+   publishes ``{"node", "endpoints", "error"}`` with ``BarrierTaskContext.allGather``. Every task calls
+   ``allGather`` exactly once, even when its own bind failed, so a failure is reported by name instead of
+   as a barrier timeout. The answers plus the driver nodes' endpoints are the peer table.
+3. The task starts its node, tells the driver it is bound, waits for its links, tells the driver it is
+   ready, then serves until the driver says stop or the node dies. It yields one result row.
+4. The driver starts its own nodes once every task is bound and returns from ``start`` when every node
+   is ready. ``stop`` tells each task to stop and collects the result rows.
+
+A task that raises, or whose Python worker dies, fails the barrier stage; Spark then kills the other
+tasks. The driver turns the job failure into a ``SparkRuntimeError`` naming the node, its barrier task and
+the cause. ``spark.barrier.sync.timeout`` bounds the rendezvous (Spark's own default is a year).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import zmq
+from pyspark import BarrierTaskContext
+from pyspark.sql import SparkSession
+
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
+
+_TASK_TAG = re.compile(r"sparkbus node (?P<node>\S+) \(barrier task (?P<task>\d+)\)")
+_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<task>\d+)\)")
+_UNBOUND = re.compile(r"node (?P<node>\S+) could not bind: (?P<cause>[^\n]+)")
+_CRASHED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
+_SPARK_TASK = re.compile(r"Task (?P<task>\d+) in stage \S+ failed")
+_POLL_MS = 100
+
+
+class SparkRuntimeError(RuntimeError):
+    """The barrier stage or a node failed.
+
+    Attributes:
+        node: the node that failed, when known.
+        task: its barrier task (partition) index, when known.
+        cause: what went wrong, as reported by the task or by Spark.
+    """
+
+    def __init__(
+        self, message: str, *, node: str | None = None, task: int | None = None, cause: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.task = task
+        self.cause = cause
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeResult:
+    """One node's report at stop."""
+
+    node: str
+    partition: int | None
+    status: str
+    counters: dict[str, Any]
+
+
+# ---------------------------------------------------------------- the SparkSession
+
+
+def embedded_session(topology: Topology, **extra_conf: str) -> Any:
+    """Build (or get) the SparkSession a topology asks for, with the settings barrier stages need.
+
+    Sets ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` to this interpreter (the one with sparkbus
+    installed), ``spark.barrier.sync.timeout`` from ``spark.barrier_timeout``,
+    ``spark.stage.maxConsecutiveAttempts`` 1 (a failed barrier stage is reported, not retried) and
+    ``spark.ui.enabled`` false, then the topology's ``[spark.conf]`` and ``extra_conf``.
+    """
+    spark = topology.spark
+    if spark is None:
+        raise SparkRuntimeError(f"{topology.source}: no [spark] section; run it with `sparkbus up` instead")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    conf = {
+        "spark.barrier.sync.timeout": f"{max(1, round(spark.barrier_timeout))}s",
+        "spark.stage.maxConsecutiveAttempts": "1",
+        "spark.ui.enabled": "false",
+        **dict(spark.conf),
+        **extra_conf,
+    }
+    builder = SparkSession.builder.master(spark.master).appName(spark.app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _check_session(session: Any) -> None:
+    timeout = session.sparkContext.getConf().get("spark.barrier.sync.timeout")
+    if timeout is None:
+        raise SparkRuntimeError(
+            "the SparkSession leaves spark.barrier.sync.timeout at Spark's default of 365 days, so a task that "
+            "never reaches the rendezvous would hang the job for a year; build the session with "
+            "sparkbus.topologies.spark.embedded_session, or set spark.barrier.sync.timeout (e.g. 30s)"
+        )
+    if session.sparkContext.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
+        raise SparkRuntimeError(
+            "barrier stages refuse dynamic allocation; set spark.dynamicAllocation.enabled=false"
+        )
+
+
+# ---------------------------------------------------------------- inside a barrier task
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TaskPlan:
+    """Everything a barrier task needs, pickled into the closure (no sockets, no SparkContext)."""
+
+    topology: Topology
+    node_ids: tuple[str, ...]
+    driver_nodes: Mapping[str, Endpoints]
+    channel: str
+    factory: NodeFactory
+    ready_timeout: float
+    with_data: bool
+
+
+def _tagged(node_id: str, task: int, cause: str) -> str:
+    return f"sparkbus node {node_id} (barrier task {task}) failed: {cause}"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Task:
+    """One barrier task's life: rendezvous, serve, stop, report."""
+
+    def __init__(self, plan: _TaskPlan, rows: Iterator[Any]) -> None:
+        self.plan = plan
+        self.ctx = BarrierTaskContext.get()
+        self.task = self.ctx.partitionId()
+        self.node_id = plan.node_ids[self.task]
+        self.local_data = _to_batches(rows) if plan.with_data else ()
+        self.node: NodeHandle | None = None
+        self.endpoints = Endpoints(control="", data="")
+        self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.channel = self.zctx.socket(zmq.DEALER)
+        self.channel.setsockopt(zmq.LINGER, 1000)
+        self.channel.setsockopt(zmq.IDENTITY, self.node_id.encode())
+        self.channel.connect(plan.channel)
+
+    def run(self) -> dict[str, Any]:
+        try:
+            peers = self._rendezvous()
+            assert self.node is not None
+            self.node.set_peers(peers)
+            self.node.start()
+            self._tell("bound", self.endpoints.to_json())
+            self.node.wait_ready(self.plan.ready_timeout)
+            self._tell("ready", {})
+            self._serve()
+            counters = self.node.counters()
+        except Exception as exc:
+            raise RuntimeError(_tagged(self.node_id, self.task, _describe(exc))) from exc
+        finally:
+            try:
+                if self.node is not None:
+                    self.node.stop()
+            finally:
+                self.channel.close()
+                self.zctx.term()
+        return {
+            "node": self.node_id,
+            "partition": self.task,
+            "status": "stopped",
+            "counters": json.dumps(counters),
+        }
+
+    def _rendezvous(self) -> dict[str, Endpoints]:
+        mine: dict[str, Any] = {"node": self.node_id, "endpoints": None, "error": None}
+        try:
+            infos = self.ctx.getTaskInfos()
+            machine = infos[self.task].address.rsplit(":", 1)[0]
+            host = advertise_host(self.plan.topology.bus.host, machine)
+            request = NodeRequest(
+                node_id=self.node_id,
+                topology=self.plan.topology,
+                advertise_host=host,
+                local_data=self.local_data,
+            )
+            self.node = self.plan.factory(request)
+            self.endpoints = self.node.bind()
+            mine["endpoints"] = self.endpoints.to_json()
+        except Exception as exc:
+            mine["error"] = _describe(exc)
+        # Every task calls allGather once, failed or not: the others learn who failed and why at once.
+        answers = [json.loads(a) for a in self.ctx.allGather(json.dumps(mine))]
+        failed = [a for a in answers if a["error"] is not None]
+        if failed:
+            first = failed[0]
+            raise RuntimeError(f"node {first['node']} could not bind: {first['error']}")
+        peers = {a["node"]: Endpoints.from_json(a["endpoints"]) for a in answers if a["node"] != self.node_id}
+        return {**peers, **{k: v for k, v in self.plan.driver_nodes.items() if k != self.node_id}}
+
+    def _tell(self, event: str, body: dict[str, Any]) -> None:
+        self.channel.send_multipart([event.encode(), json.dumps(body).encode()])
+
+    def _serve(self) -> None:
+        assert self.node is not None
+        while True:
+            if self.channel.poll(_POLL_MS):
+                frames = self.channel.recv_multipart()
+                if frames[:1] == [b"stop"]:
+                    return
+            failure = self.node.failure()
+            if failure is not None:
+                raise RuntimeError(f"node died: {failure}")
+
+
+def _to_batches(rows: Iterator[Any], chunk: int = 65_536) -> tuple[pa.RecordBatch, ...]:
+    """Spark rows to Arrow record batches of at most ``chunk`` rows."""
+    batches: list[pa.RecordBatch] = []
+    buffer: list[dict[str, Any]] = []
+    for row in rows:
+        buffer.append(row.asDict())
+        if len(buffer) == chunk:
+            batches.extend(pa.Table.from_pylist(buffer).to_batches())
+            buffer = []
+    if buffer:
+        batches.extend(pa.Table.from_pylist(buffer).to_batches())
+    return tuple(batches)
+
+
+def _barrier_task(plan: _TaskPlan) -> Any:
+    def run(rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
+        yield _Task(plan, rows).run()
+
+    return run
+
+
+# ---------------------------------------------------------------- the driver side
+
+
+def _explain(exc: BaseException, node_ids: tuple[str, ...]) -> SparkRuntimeError:
+    """Name the node and the cause in a Spark job failure."""
+    text = str(exc)
+    # Tracebacks quote source lines too (f"node {...} could not bind"): only matches that name a node count.
+    tagged = next((m for m in _TASK_TAG.finditer(text) if m["node"] in node_ids), None)
+    unbound = next((m for m in _UNBOUND.finditer(text) if m["node"] in node_ids), None)
+    node: str | None
+    if unbound is not None:
+        # Every task hears of a failed bind at the rendezvous; name the node that failed, not the reporter.
+        node = unbound["node"]
+        task = node_ids.index(node)
+        cause = f"could not bind: {unbound['cause'].strip()}"
+    elif tagged is not None:
+        node = tagged["node"]
+        task = int(tagged["task"])
+        cause = text[tagged.end() :].removeprefix(" failed: ").splitlines()[0].strip()
+    else:
+        spark_task = _SPARK_TASK.search(text) or _BARRIER_TASK.search(text)
+        task = int(spark_task["task"]) if spark_task else -1
+        node = node_ids[task] if 0 <= task < len(node_ids) else None
+        crashed = _CRASHED.search(text)
+        if crashed is not None:
+            cause = f"{crashed[0]}: its process died (killed, out of memory, or exited)"
+        else:
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            cause = lines[0] if lines else type(exc).__name__
+    if node is None:
+        return SparkRuntimeError(f"the sparkbus barrier stage failed: {cause}", cause=cause)
+    return SparkRuntimeError(
+        f"sparkbus node {node} (barrier task {task}) failed: {cause}", node=node, task=task, cause=cause
+    )
+
+
+@dataclass
+class _Progress:
+    bound: set[str] = field(default_factory=set)
+    ready: set[str] = field(default_factory=set)
+
+
+class SparkRuntime:
+    """Runs a topology's nodes on Spark: executor-placed ones in a barrier stage, driver-placed ones here.
+
+    Args:
+        topology: a validated topology with a ``[spark]`` section.
+        session: the SparkSession (``embedded_session(topology)`` builds the right one).
+        node_factory: builds each node (the bus node, or ``ProbeFactory`` for a connectivity probe).
+        data: a DataFrame whose rows the executor nodes load, repartitioned to one partition per node; None
+            gives each node no data.
+        ready_timeout: seconds for every node to complete its handshakes once the stage runs.
+
+    Use as a context manager, or call ``start`` and then ``stop``.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        session: Any,
+        node_factory: NodeFactory,
+        *,
+        data: Any = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        if topology.spark is None:
+            raise SparkRuntimeError(
+                f"{topology.source}: no [spark] section; run it with `sparkbus up` instead"
+            )
+        _check_session(session)
+        self.topology = topology
+        self.session = session
+        self.factory = node_factory
+        self.data = data
+        self.ready_timeout = ready_timeout
+        self.executor_ids = tuple(nid for nid, _ in topology.placed("executor"))
+        self.driver_ids = tuple(nid for nid, _ in topology.placed("driver"))
+        self.endpoints: dict[str, Endpoints] = {}
+        self.rendezvous_seconds: float | None = None
+        self._group = f"sparkbus-{topology.cluster.name}-{uuid.uuid4().hex[:8]}"
+        self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._channel: zmq.Socket[bytes] | None = None
+        self._driver_nodes: dict[str, NodeHandle] = {}
+        self._thread: threading.Thread | None = None
+        self._rows: list[dict[str, Any]] | None = None
+        self._error: BaseException | None = None
+        self._progress = _Progress()
+
+    def __enter__(self) -> SparkRuntime:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- start
+
+    def start(self) -> None:
+        """Launch the stage and the driver nodes; return when every node is ready.
+
+        Raises:
+            SparkRuntimeError: a node failed (named), or not every node was ready in time. Everything
+                started so far has been stopped.
+        """
+        started = time.monotonic()
+        try:
+            self._start_driver_side()
+            self._launch()
+            self._await(lambda p: p.bound >= set(self.executor_ids), "bind and start")
+            self._start_driver_nodes()
+            self._await(lambda p: p.ready >= set(self.executor_ids), "complete their handshakes")
+            for node in self._driver_nodes.values():
+                node.wait_ready(max(0.1, self.ready_timeout - (time.monotonic() - started)))
+        except BaseException:
+            self._abort()  # the failure that brought us here is the one to report
+            raise
+        self.rendezvous_seconds = time.monotonic() - started
+
+    def _start_driver_side(self) -> None:
+        self._zctx = zmq.Context()
+        self._channel = self._zctx.socket(zmq.ROUTER)
+        self._channel.setsockopt(zmq.LINGER, 0)
+        host = self._driver_host()
+        spark = self.topology.spark
+        # Local tasks reach the driver on loopback; cluster executors reach it on spark.driver.host.
+        bind = "127.0.0.1" if spark is not None and spark.is_local else "*"
+        port = self._channel.bind_to_random_port(f"tcp://{bind}")
+        self._channel_endpoint = f"tcp://{host}:{port}"
+        for nid in self.driver_ids:
+            request = NodeRequest(
+                node_id=nid,
+                topology=self.topology,
+                advertise_host=advertise_host(self.topology.bus.host, host),
+            )
+            node = self.factory(request)
+            self._driver_nodes[nid] = node
+            self.endpoints[nid] = node.bind()
+
+    def _driver_host(self) -> str:
+        spark = self.topology.spark
+        if spark is not None and spark.is_local:
+            return "127.0.0.1"  # spark.driver.host is the machine's name, which may not resolve to loopback
+        host: str = self.session.sparkContext.getConf().get("spark.driver.host") or "127.0.0.1"
+        return host
+
+    def _launch(self) -> None:
+        n = len(self.executor_ids)
+        plan = _TaskPlan(
+            topology=self.topology,
+            node_ids=self.executor_ids,
+            driver_nodes=dict(self.endpoints),
+            channel=self._channel_endpoint,
+            factory=self.factory,
+            ready_timeout=self.ready_timeout,
+            with_data=self.data is not None,
+        )
+        sc = self.session.sparkContext
+        # rdd.barrier() rather than mapInArrow(barrier=True): PySpark's mapInArrow requires pandas.
+        source = self.data.repartition(n).rdd if self.data is not None else sc.parallelize(range(n), n)
+        job = source.barrier().mapPartitions(_barrier_task(plan))
+
+        def run() -> None:
+            sc.setJobGroup(self._group, f"sparkbus {self.topology.cluster.name}: {n} nodes", True)
+            try:
+                self._rows = job.collect()
+            except BaseException as exc:
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"sparkbus-stage-{self._group}", daemon=True)
+        self._thread.start()
+
+    def _await(self, done: Any, what: str) -> None:
+        assert self._channel is not None and self._thread is not None
+        deadline = time.monotonic() + self.ready_timeout
+        while not done(self._progress):
+            self._raise_if_failed()
+            if not self._thread.is_alive():
+                raise SparkRuntimeError("the sparkbus barrier stage ended before every node was ready")
+            for nid, node in self._driver_nodes.items():
+                if (failure := node.failure()) is not None:
+                    raise SparkRuntimeError(
+                        f"sparkbus node {nid} (driver) failed: {failure}", node=nid, cause=failure
+                    )
+            if time.monotonic() >= deadline:
+                late = sorted(set(self.executor_ids) - (self._progress.ready | self._progress.bound))
+                raise SparkRuntimeError(
+                    f"nodes {', '.join(late) or '(all bound)'} did not {what} within {self.ready_timeout:g}s "
+                    f"(are there {len(self.executor_ids)} free task slots?)"
+                )
+            if self._channel.poll(_POLL_MS):
+                who, event, body = self._channel.recv_multipart()
+                node_id = who.decode()
+                if event == b"bound":
+                    self.endpoints[node_id] = Endpoints.from_json(json.loads(body))
+                    self._progress.bound.add(node_id)
+                elif event == b"ready":
+                    self._progress.ready.add(node_id)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise _explain(self._error, self.executor_ids) from self._error
+
+    def _start_driver_nodes(self) -> None:
+        # By now self.endpoints holds the driver nodes' and, from the tasks' "bound" reports, the executors'.
+        for nid, node in self._driver_nodes.items():
+            node.set_peers({k: v for k, v in self.endpoints.items() if k != nid})
+            node.start()
+
+    # -- running and stopping
+
+    def check(self) -> None:
+        """Raise ``SparkRuntimeError`` if the stage or a driver node has failed since ``start``."""
+        self._raise_if_failed()
+        if self._thread is not None and not self._thread.is_alive() and self._rows is None:
+            raise SparkRuntimeError("the sparkbus barrier stage ended unexpectedly")
+        for nid, node in self._driver_nodes.items():
+            if (failure := node.failure()) is not None:
+                raise SparkRuntimeError(
+                    f"sparkbus node {nid} (driver) failed: {failure}", node=nid, cause=failure
+                )
+
+    def stop(self, timeout: float = 30.0) -> list[NodeResult]:
+        """Tell every task to stop, collect their results, stop the driver nodes.
+
+        Raises:
+            SparkRuntimeError: a node had failed, or the stage did not end within ``timeout`` (it is
+                then cancelled).
+        """
+        results: list[NodeResult] = []
+        try:
+            if self._channel is not None:
+                for nid in self.executor_ids:
+                    self._channel.send_multipart([nid.encode(), b"stop", b"{}"])
+            if self._thread is not None:
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    raise SparkRuntimeError(
+                        f"the sparkbus barrier stage did not stop within {timeout:g}s; cancelled"
+                    )
+            self._raise_if_failed()
+            for row in self._rows or []:
+                counters = json.loads(row["counters"])
+                results.append(
+                    NodeResult(
+                        node=row["node"], partition=row["partition"], status=row["status"], counters=counters
+                    )
+                )
+            for nid, node in self._driver_nodes.items():
+                results.append(
+                    NodeResult(node=nid, partition=None, status="stopped", counters=node.counters())
+                )
+        finally:
+            errors = self._abort()
+        if errors:
+            raise SparkRuntimeError(f"driver nodes did not stop cleanly: {'; '.join(errors)}")
+        return results
+
+    def _abort(self) -> list[str]:
+        """Cancel the stage if it still runs, stop the driver nodes, close the channel; returns the
+        driver nodes' stop errors. Idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            self.session.sparkContext.cancelJobGroup(self._group)
+            self._thread.join(30)
+        errors: list[str] = []
+        for nid, node in self._driver_nodes.items():
+            try:
+                node.stop()
+            except Exception as exc:
+                errors.append(f"{nid}: {_describe(exc)}")
+        self._driver_nodes.clear()
+        if self._channel is not None:
+            self._channel.close(linger=0)
+            self._channel = None
+        if self._zctx is not None:
+            self._zctx.term()
+            self._zctx = None
+        return errors
