@@ -349,6 +349,20 @@ def iter_batches(storage: Storage, name: str) -> Iterator[pa.RecordBatch]:
         f.close()
 
 
+def read_schema(storage: Storage, name: str) -> pa.Schema:
+    """The Arrow schema of a stored segment (reads the IPC schema message only)."""
+    _, body = read_header(storage, name)
+    f = storage.open(name)
+    try:
+        f.seek(body)
+        schema: pa.Schema = pa.ipc.open_stream(pa.PythonFile(f, mode="r")).schema
+        return schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
+    finally:
+        f.close()
+
+
 def read_table(storage: Storage, name: str) -> pa.Table:
     """All rows of a stored segment as one table."""
     _, body = read_header(storage, name)

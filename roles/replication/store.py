@@ -35,6 +35,7 @@ from sparkbus.roles.replication.segments import (
     SegmentHeader,
     chain,
     iter_batches,
+    read_schema,
     read_table,
     verify_segment,
     write_segment,
@@ -158,7 +159,7 @@ class PartitionStore:
                 if verify_segment(storage, segment_file(entry.segment_id)) != entry.checksum:
                     raise SegmentCorrupt(segment_file(entry.segment_id), "checksum differs from the manifest")
         if store.schema is None and store.entries:
-            store.schema = read_table(storage, segment_file(store.entries[-1].segment_id)).schema
+            store.schema = read_schema(storage, segment_file(store.entries[-1].segment_id))
         if store._wal_flushed == 1 << 62:
             store._wal_flushed = store._wal_seq = 0
             storage.delete(WAL)
@@ -388,7 +389,7 @@ class PartitionStore:
     def add_segment(self, entry: SegmentEntry) -> None:
         """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root."""
         if self.schema is None:
-            self.schema = read_table(self.storage, segment_file(entry.segment_id)).schema
+            self.schema = read_schema(self.storage, segment_file(entry.segment_id))
         self.entries.append(entry)
         self.root = entry.segment_id
         self.lamport = max(self.lamport, entry.max_lsn)
