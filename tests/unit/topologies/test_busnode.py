@@ -1,0 +1,62 @@
+"""The bus-node adapter: BusConfig from the topology, roles from the registry, clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkbus.topologies import load, loads, shipped
+from sparkbus.topologies.busnode import BusNodeFactory, RoleUnavailable, build_roles, bus_config, unavailable
+from sparkbus.topologies.runtime import NodeRequest
+
+ECHO_ONLY = """
+[cluster]
+name = "t"
+tag = "x"
+[bus]
+heartbeat = "100ms"
+peer_timeout = "1s"
+batch_size = "64KiB"
+initial_credit = "1MiB"
+[bus.compression]
+enabled = true
+level = 3
+[[nodes]]
+name = "n"
+placement = "host"
+host = "127.0.0.1"
+count = 2
+services = ["echo"]
+"""
+
+
+def test_bus_config_follows_the_topology() -> None:
+    cfg = bus_config(loads(ECHO_ONLY))
+    assert cfg.cluster_tag == "t/x"
+    assert cfg.heartbeat_interval == pytest.approx(0.1)
+    assert cfg.peer_timeout == pytest.approx(1.0)
+    assert cfg.batch_size == 64 * 1024
+    assert cfg.initial_credit == 1 << 20
+    assert cfg.compression is not None and cfg.compression.level == 3
+
+
+def test_unavailable_roles_are_refused_by_name() -> None:
+    topo = load(shipped("processes.toml"))
+    req = NodeRequest(node_id="store-0", topology=topo, advertise_host="127.0.0.1")
+    missing = unavailable(topo, "store-0")
+    if not missing:
+        pytest.skip("every protocol family is installed")
+    with pytest.raises(RoleUnavailable, match="node store-0: cannot build"):
+        build_roles(req)
+    roles = build_roles(req, skip_unavailable=True)
+    assert [r.name for r in roles] == ["echo"]
+
+
+def test_echo_nodes_bind_and_stop_without_starting() -> None:
+    topo = loads(ECHO_ONLY)
+    handle = BusNodeFactory()(NodeRequest(node_id="n-0", topology=topo, advertise_host="127.0.0.1"))
+    try:
+        ep = handle.bind()
+        assert ep.control.startswith("tcp://127.0.0.1:")
+        assert handle.failure() is None
+    finally:
+        handle.stop()
