@@ -6,7 +6,9 @@ calls ``role.handle(event, now)`` and carries out the actions it returns. Time i
 Routing:
     * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class.
     * Stream events go to the role whose ``name`` is the stream key's first ``/``-separated part: a role
-      names its streams ``f"{receiving role name}/..."``.
+      names its streams ``f"{receiving role name}/..."``. A key names one stream between two peers: do not
+      reopen a key right after its last batch (a flow-control grant for the old stream may still be in
+      flight); put an attempt number in the key instead.
     * ``TimerFired`` goes to the role that set the timer; ``LocalCall`` to the role it names.
     * ``PeerUp`` and ``PeerLost`` go to every role.
 
