@@ -1,5 +1,7 @@
 """Query execution (Hazelcast Mustang): plans, operators, initiator and participant."""
 
+from sparkbus.roles.query.api import Query, Target, error_from_reply, load, result_table
+from sparkbus.roles.query.api import sql as _sql
 from sparkbus.roles.query.engine import Inbox, PartitionStore, read_parquet, table_from_ipc, table_to_ipc
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError, SqlError
 from sparkbus.roles.query.messages import (
@@ -35,6 +37,9 @@ from sparkbus.roles.query.planner import plan_fragments
 from sparkbus.roles.query.role import QueryConfig, QueryRole
 from sparkbus.roles.query.sql import parse_sql
 
+# Importing the submodule ``sql`` above bound the package attribute ``sql`` to it; the API function wins.
+sql = _sql
+
 __all__ = [
     "AggCall",
     "Aggregate",
@@ -51,6 +56,7 @@ __all__ = [
     "Project",
     "QueriesInactive",
     "QueriesSuspected",
+    "Query",
     "QueryCancelled",
     "QueryConfig",
     "QueryError",
@@ -63,15 +69,20 @@ __all__ = [
     "Sort",
     "SortKey",
     "SqlError",
+    "Target",
     "TopK",
+    "error_from_reply",
     "fragment_from_plain",
     "fragment_to_plain",
+    "load",
     "parse_sql",
     "parse_stream_key",
     "plan_fragments",
     "plan_from_plain",
     "plan_to_plain",
     "read_parquet",
+    "result_table",
+    "sql",
     "stream_key",
     "table_from_ipc",
     "table_to_ipc",
