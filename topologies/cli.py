@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from rich.console import Console
 
+from sparkbus.topologies.launcher import status_command, up_command
 from sparkbus.topologies.schema import TopologyError, load
 from sparkbus.topologies.summary import print_summary
 
@@ -58,6 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
         "found (file, key path, reason) and exits with status 1.",
     )
     validate.add_argument("topology", help="the topology file (shipped ones: see docs/TOPOLOGIES.md)")
+    up = sub.add_parser(
+        "up",
+        help="start every node of a topology as a local process",
+        description="Start each node of a processes-style topology (host placements on 127.0.0.1) as a child "
+        "process, wait until every link has completed its handshake, print where each node listens, and run "
+        "until Ctrl-C or SIGTERM. When a node dies the others are stopped and the exit status is 1.",
+    )
+    up.add_argument("topology", help="the topology file, e.g. topologies/processes.toml")
+    up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for every link (default 30)")
+    up.add_argument(
+        "--skip-unavailable",
+        action="store_true",
+        help="run only the roles and services that can be loaded (the others are listed, not run)",
+    )
+    status = sub.add_parser(
+        "status",
+        help="peers, sessions, streams and counters of each running node",
+        description="Ask each node of a cluster started by `sparkbus up FILE` (or one status endpoint "
+        "tcp://HOST:PORT) for its peers, sessions, streams and counters.",
+    )
+    status.add_argument("target", help="the topology file given to `sparkbus up`, or a tcp:// status address")
+    status.add_argument("--timeout", type=float, default=3.0, help="seconds to wait per node (default 3)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -70,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "validate":
         return validate_command(args.topology)
+    if args.command == "up":
+        return up_command(args.topology, ready_timeout=args.timeout, skip_unavailable=args.skip_unavailable)
+    if args.command == "status":
+        return status_command(args.target, timeout=args.timeout, as_json=args.json)
     if args.command == "run":
         print(
             "sparkbus run: the main job is not built yet. It will start the topology on Spark local[2],\n"

@@ -1,0 +1,438 @@
+"""``sparkbus up FILE`` and ``sparkbus status FILE``: a topology as local processes.
+
+Each node of a processes-style topology (every node ``placement = "host"`` on this machine) runs as a
+child process (``sparkbus.topologies.nodeproc``) in its own process group. The launcher collects every
+child's endpoints over its stdout, sends each the peer table over its stdin, waits until every node
+reports all its links handshaken, prints where each listens, and records the cluster's status endpoints in
+a state file so that ``sparkbus status FILE`` finds them. It then watches: SIGINT or SIGTERM stops every
+node and exits 0; a node that dies stops the others and exits 1 naming it and its exit status.
+
+No orphans: a child stops when its stdin closes (the launcher died, however it died), and the launcher
+kills any child's process group that does not stop in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import zmq
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sparkbus.topologies.busnode import unavailable
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.schema import TopologyError, load
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+STOP_GRACE = 5.0
+
+
+def _console() -> Console:
+    """Full-width tables when the output is a file or a pipe (tests, logs), the terminal's width otherwise."""
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+class LaunchError(RuntimeError):
+    """The topology cannot be started, or a node failed; the message names the node."""
+
+
+@dataclass
+class Child:
+    node_id: str
+    proc: subprocess.Popen[str]
+    endpoints: dict[str, str] | None = None
+    status: str | None = None
+    ready: bool = False
+    skipped: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"sparkbus-{os.getuid()}"
+
+
+def state_file(topology_path: str | os.PathLike[str]) -> Path:
+    """Where ``sparkbus up`` records the running cluster started from ``topology_path``."""
+    resolved = str(Path(topology_path).resolve())
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return state_dir() / f"up-{Path(resolved).stem}-{digest}.json"
+
+
+def check_local(topo: Topology, *, skip_unavailable: bool) -> list[str]:
+    """Problems that keep ``sparkbus up`` from starting ``topo`` (empty: it can start)."""
+    problems: list[str] = []
+    if topo.spark is not None:
+        problems.append(
+            "the topology has a [spark] section: run it with the Spark runtime, not `sparkbus up`"
+        )
+    for spec in topo.nodes:
+        if spec.placement != "host":
+            problems.append(
+                f"node {spec.name}: placement {spec.placement!r}; `sparkbus up` runs host nodes only"
+            )
+        elif spec.host not in LOCAL_HOSTS:
+            problems.append(f"node {spec.name}: host {spec.host!r} is not this machine (127.0.0.1)")
+    if not problems:
+        for node_id in topo.node_ids():
+            missing = unavailable(topo, node_id)
+            if missing and (not skip_unavailable or set(missing) >= set(topo.spec_of(node_id).runs)):
+                problems.append(
+                    f"node {node_id}: {', '.join(sorted(missing))} cannot be loaded (protocol family not "
+                    "installed yet); --skip-unavailable runs the rest"
+                )
+    return problems
+
+
+class Launcher:
+    """Start, watch and stop the nodes of one topology. ``run()`` is ``sparkbus up``."""
+
+    def __init__(
+        self,
+        path: str,
+        topo: Topology,
+        *,
+        console: Console,
+        ready_timeout: float = 30.0,
+        skip_unavailable: bool = False,
+        state_path: Path | None = None,
+    ) -> None:
+        self.path = path
+        self.topo = topo
+        self.console = console
+        self.ready_timeout = ready_timeout
+        self.skip_unavailable = skip_unavailable
+        self.state_path = state_path or state_file(path)
+        self.children: dict[str, Child] = {}
+        self.events: queue.SimpleQueue[tuple[str, dict[str, Any] | None]] = queue.SimpleQueue()
+
+    # -- starting
+
+    def spawn(self) -> None:
+        cmd = [sys.executable, "-m", "sparkbus.topologies.nodeproc", self.path]
+        extra = ["--ready-timeout", str(self.ready_timeout)]
+        if self.skip_unavailable:
+            extra.append("--skip-unavailable")
+        for node_id in self.topo.node_ids():
+            proc = subprocess.Popen(
+                [*cmd, node_id, *extra],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                process_group=0,
+            )
+            self.children[node_id] = Child(node_id=node_id, proc=proc)
+            assert proc.stdout is not None
+            threading.Thread(
+                target=self._read, args=(node_id, proc.stdout), name=f"read-{node_id}", daemon=True
+            ).start()
+
+    def _read(self, node_id: str, stream: IO[str]) -> None:
+        for line in stream:
+            with contextlib.suppress(ValueError):
+                self.events.put((node_id, json.loads(line)))
+        self.events.put((node_id, None))
+
+    def _send(self, child: Child, msg: dict[str, Any]) -> None:
+        if child.proc.stdin is not None and not child.proc.stdin.closed:
+            with contextlib.suppress(OSError, ValueError):
+                child.proc.stdin.write(json.dumps(msg) + "\n")
+                child.proc.stdin.flush()
+
+    def _dead(self, node_id: str) -> LaunchError:
+        child = self.children[node_id]
+        try:
+            code = child.proc.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            code = None
+        why = f": {child.error}" if child.error else ""
+        return LaunchError(f"node {node_id} (pid {child.proc.pid}) {describe_exit(code)}{why}")
+
+    def _next(self, deadline: float) -> tuple[str, dict[str, Any] | None] | None:
+        try:
+            return self.events.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+        except queue.Empty:
+            return None
+
+    def _handle(self, node_id: str, msg: dict[str, Any] | None) -> None:
+        child = self.children[node_id]
+        if msg is None:
+            raise self._dead(node_id)
+        event = msg.get("event")
+        if event == "error":
+            child.error = str(msg.get("error"))
+        elif event == "bound":
+            child.endpoints = msg["endpoints"]
+            child.status = msg["status"]
+            child.skipped = list(msg.get("skipped", []))
+        elif event == "ready":
+            child.ready = True
+
+    def start(self, stop_flag: threading.Event) -> None:
+        """Spawn, exchange endpoints and wait until every link is up; raises LaunchError naming a node."""
+        deadline = time.monotonic() + self.ready_timeout
+        self.spawn()
+        n = len(self.children)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        ) as progress:
+            bound = progress.add_task("binding", total=n)
+            ready = progress.add_task("handshakes", total=n)
+            while not all(c.ready for c in self.children.values()):
+                if stop_flag.is_set():
+                    raise LaunchError("interrupted before every node was ready")
+                if time.monotonic() >= deadline:
+                    waiting = sorted(c.node_id for c in self.children.values() if not c.ready)
+                    raise LaunchError(
+                        f"not every link was up within {self.ready_timeout:g}s; waiting for {', '.join(waiting)}"
+                    )
+                item = self._next(deadline)
+                if item is None:
+                    continue
+                node_id, msg = item
+                had_endpoints = all(c.endpoints for c in self.children.values())
+                self._handle(node_id, msg)
+                progress.update(bound, completed=sum(1 for c in self.children.values() if c.endpoints))
+                progress.update(ready, completed=sum(1 for c in self.children.values() if c.ready))
+                if not had_endpoints and all(c.endpoints for c in self.children.values()):
+                    peers = {c.node_id: c.endpoints for c in self.children.values()}
+                    for child in self.children.values():
+                        self._send(child, {"cmd": "peers", "peers": peers})
+
+    def write_state(self) -> None:
+        self.state_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        body = {
+            "topology": str(Path(self.path).resolve()),
+            "cluster": self.topo.cluster.name,
+            "launcher_pid": os.getpid(),
+            "nodes": {
+                c.node_id: {"pid": c.proc.pid, "status": c.status, **(c.endpoints or {})}
+                for c in self.children.values()
+            },
+        }
+        tmp = self.state_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(body, indent=2))
+        tmp.replace(self.state_path)
+
+    def print_endpoints(self) -> None:
+        table = Table(title=f"sparkbus up: {self.topo.cluster.name} ready ({len(self.children)} nodes)")
+        for col in ("node", "pid", "control", "data", "status", "skipped"):
+            table.add_column(col)
+        for c in self.children.values():
+            ep = c.endpoints or {}
+            table.add_row(
+                c.node_id,
+                str(c.proc.pid),
+                ep.get("control", ""),
+                ep.get("data", ""),
+                c.status or "",
+                ", ".join(c.skipped),
+            )
+        self.console.print(table)
+        self.console.print(f"state: {self.state_path}  (sparkbus status {self.path})")
+
+    # -- watching and stopping
+
+    def watch(self, stop_flag: threading.Event) -> None:
+        """Until ``stop_flag`` is set; raises LaunchError when a node dies."""
+        while not stop_flag.is_set():
+            item = self._next(time.monotonic() + 0.2)
+            if item is not None:
+                self._handle(*item)
+            for c in self.children.values():
+                if c.proc.poll() is not None:
+                    raise self._dead(c.node_id)
+
+    def stop(self) -> None:
+        """Stop every child: ask, then SIGTERM, then SIGKILL its process group; reap each."""
+        for c in self.children.values():
+            self._send(c, {"cmd": "stop"})
+            if c.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    c.proc.stdin.close()
+        deadline = time.monotonic() + STOP_GRACE
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for c in self.children.values():
+                if c.proc.poll() is None and sig is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(c.proc.pid, sig)
+            for c in self.children.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if all(c.proc.poll() is not None for c in self.children.values()):
+                break
+            deadline = time.monotonic() + 2.0
+        for c in self.children.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(c.proc.pid, signal.SIGKILL)  # anything the node itself started
+            if c.proc.stdout is not None:
+                c.proc.stdout.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.state_path.unlink()
+
+    def run(self) -> int:
+        stop_flag = threading.Event()
+        received: list[int] = []
+
+        def on_signal(signum: int, _frame: object) -> None:
+            received.append(signum)
+            stop_flag.set()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start(stop_flag)
+            self.write_state()
+            self.print_endpoints()
+            self.watch(stop_flag)
+            names = ", ".join(signal.Signals(s).name for s in received)
+            self.console.print(f"sparkbus up: {names}: stopping {len(self.children)} nodes")
+            return 0
+        except LaunchError as exc:
+            self.console.print(f"[red]sparkbus up: {exc}; stopping the other nodes[/red]")
+            return 1
+        finally:
+            self.stop()
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> int:
+    """``sparkbus up FILE``."""
+    try:
+        topo = load(path)
+    except TopologyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    problems = check_local(topo, skip_unavailable=skip_unavailable)
+    if problems:
+        for p in problems:
+            print(f"{path}: cannot start: {p}", file=sys.stderr)
+        return 1
+    launcher = Launcher(
+        path,
+        topo,
+        console=_console(),
+        ready_timeout=ready_timeout,
+        skip_unavailable=skip_unavailable,
+    )
+    return launcher.run()
+
+
+# -- status
+
+
+def ask_status(address: str, timeout: float = 3.0) -> dict[str, Any]:
+    """One node's status from its status endpoint; raises TimeoutError when it does not answer."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        sock.send(b"status")
+        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
+            raise TimeoutError(f"no answer from {address} within {timeout:g}s")
+        body: dict[str, Any] = json.loads(sock.recv())
+        sock.close(linger=0)
+        return body
+    finally:
+        ctx.destroy(linger=0)
+
+
+def status_targets(target: str) -> dict[str, str]:
+    """Node name (or address) -> status endpoint, for a topology file or a ``tcp://`` address."""
+    if "://" in target:
+        return {target: target}
+    path = state_file(target)
+    if not path.exists():
+        raise LaunchError(
+            f"no running cluster recorded for {target} (looked for {path}); is `sparkbus up` running?"
+        )
+    state = json.loads(path.read_text())
+    return {node: info["status"] for node, info in state["nodes"].items()}
+
+
+def status_table(answers: dict[str, dict[str, Any] | str]) -> Table:
+    table = Table(title="sparkbus status")
+    for col in (
+        "node",
+        "peers up",
+        "sessions out/in",
+        "streams out/in",
+        "msgs out/in",
+        "bytes out/in",
+        "refused",
+        "drops",
+    ):
+        table.add_column(col)
+    for name, ans in answers.items():
+        if isinstance(ans, str):
+            table.add_row(name, f"[red]{ans}[/red]", "", "", "", "", "", "")
+            continue
+        st = ans["status"]
+        peers = st["peers"]
+        cnt = st["counters"]
+        up = [p for p, v in peers.items() if v["up"]]
+        table.add_row(
+            ans.get("node", name),
+            f"{len(up)}/{len(peers)}",
+            f"{sum(1 for v in peers.values() if v['outbound'] == 'established')}/"
+            f"{sum(1 for v in peers.values() if v['inbound_session'])}",
+            f"{sum(v['streams_out'] for v in peers.values())}/{sum(v['streams_in'] for v in peers.values())}",
+            f"{cnt.get('messages_out', 0)}/{cnt.get('messages_in', 0)}",
+            f"{cnt.get('bytes_out', 0)}/{cnt.get('bytes_in', 0)}",
+            ", ".join(f"{k}: {v}" for k, v in st.get("refused", {}).items()) or "-",
+            ", ".join(f"{k}: {v}" for k, v in st.get("drops", {}).items()) or "-",
+        )
+    return table
+
+
+def status_command(target: str, *, timeout: float = 3.0, as_json: bool = False) -> int:
+    """``sparkbus status FILE|ADDRESS``: 0 when every node answered, 1 otherwise."""
+    try:
+        targets = status_targets(target)
+    except (LaunchError, OSError, ValueError, KeyError) as exc:
+        print(f"sparkbus status: {exc}", file=sys.stderr)
+        return 1
+    answers: dict[str, dict[str, Any] | str] = {}
+    for name, address in targets.items():
+        try:
+            ans = ask_status(address, timeout)
+            answers[name] = ans if ans.get("ok") else f"error: {ans.get('error')}"
+        except (TimeoutError, zmq.ZMQError, ValueError) as exc:
+            answers[name] = f"unreachable: {exc}"
+    if as_json:
+        print(json.dumps(answers, indent=2, default=str))
+    else:
+        _console().print(status_table(answers))
+    return 0 if all(not isinstance(a, str) for a in answers.values()) else 1
