@@ -281,21 +281,12 @@ class Node:
                 now = self.clock()
                 wait_ms = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000) + 1))
                 events = dict(poller.poll(wait_ms))
-                now = self.clock()
-                if self._wake_rx in events:
-                    self._drain_wake()
-                    while not self._commands.empty():
-                        self._commands.get_nowait()()
-                if self._router in events:
-                    self._drain(self._router, lambda m: self.core.on_control(m[0], m[1:], self.clock()))
-                if self._pull in events:
-                    self._drain(self._pull, lambda m: self.core.on_data(m, self.clock()), copy=False)
-                for sock, peer in dealer_peer.items():
-                    if sock in events:
-                        self._drain(sock, lambda m, p=peer: self.core.on_reply(p, m, self.clock()))  # type: ignore[misc]
-                for mon, peer in self._monitors.items():
-                    if mon in events:
-                        self._on_monitor(mon, peer)
+                started = self.clock()
+                self._handle(events, dealer_peer)
+                if self.clock() - started > self.config.heartbeat_interval:
+                    # We were busy long enough for peers' heartbeats to queue up unread: read them before
+                    # judging anyone silent, or our own stall would be blamed on the peers.
+                    self._handle(dict(poller.poll(0)), dealer_peer)
                 self.core.tick(self.clock())
                 self._flush()
             self.core.stop(self.clock())
@@ -309,6 +300,22 @@ class Node:
                 if not fut.done():
                     fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
             self._close()
+
+    def _handle(self, events: dict[Any, int], dealer_peer: dict[zmq.Socket[bytes], str]) -> None:
+        if self._wake_rx in events:
+            self._drain_wake()
+            while not self._commands.empty():
+                self._commands.get_nowait()()
+        if self._router is not None and self._router in events:
+            self._drain(self._router, lambda m: self.core.on_control(m[0], m[1:], self.clock()))
+        if self._pull is not None and self._pull in events:
+            self._drain(self._pull, lambda m: self.core.on_data(m, self.clock()), copy=False)
+        for sock, peer in dealer_peer.items():
+            if sock in events:
+                self._drain(sock, lambda m, p=peer: self.core.on_reply(p, m, self.clock()))  # type: ignore[misc]
+        for mon, peer in self._monitors.items():
+            if mon in events:
+                self._on_monitor(mon, peer)
 
     def _drain_wake(self) -> None:
         assert self._wake_rx is not None
