@@ -11,6 +11,7 @@ from sparkbus.roles.exchange.buffers import (
     Waiter,
 )
 from sparkbus.roles.exchange.client import CLIENT_ROLE, BinxClient, Source, SourceEvent, SourceState
+from sparkbus.roles.exchange.factories import make_client, make_server
 from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
 from sparkbus.roles.exchange.server import SERVER_ROLE, BinxServer, reply_for
 
@@ -36,5 +37,7 @@ __all__ = [
     "SourceEvent",
     "SourceState",
     "Waiter",
+    "make_client",
+    "make_server",
     "reply_for",
 ]

@@ -1,0 +1,19 @@
+"""Factories the topology registry calls (``binx.server``, ``binx.client``) to put these roles on a node."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from sparkbus.roles.exchange.client import BinxClient
+from sparkbus.roles.exchange.server import BinxServer
+
+
+def make_server(ctx: Any) -> BinxServer:
+    """A BinX server with empty output buffers (producers on the node fill them)."""
+    return BinxServer()
+
+
+def make_client(ctx: Any) -> BinxClient:
+    """A BinX client whose back-off jitter is seeded by the node id, so a node's retries are reproducible."""
+    return BinxClient(rng=random.Random(f"binx-client/{getattr(ctx, 'node_id', '')}"))
