@@ -47,8 +47,9 @@ def test_unavailable_roles_are_refused_by_name() -> None:
         pytest.skip("every protocol family is installed")
     with pytest.raises(RoleUnavailable, match="node store-0: cannot build"):
         build_roles(req)
-    roles = build_roles(req, skip_unavailable=True)
-    assert [r.name for r in roles] == ["echo"]
+    names = [r.name for r in build_roles(req, skip_unavailable=True)]
+    assert "echo" in names
+    assert not set(names) & set(missing)
 
 
 def test_echo_nodes_bind_and_stop_without_starting() -> None:
