@@ -72,7 +72,8 @@ def generate(rows: int, seed: int = SEED) -> pa.Table:
 
 
 def _config() -> BusConfig:
-    return BusConfig(cluster_tag="bench-query", hwm=100_000)
+    # A participant busy sorting 500k rows can miss heartbeats on a loaded machine: be patient.
+    return BusConfig(cluster_tag="bench-query", hwm=100_000, heartbeat_interval=1.0, peer_timeout=15.0)
 
 
 # ---------------------------------------------------------------- sparkbus side
