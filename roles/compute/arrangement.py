@@ -18,6 +18,12 @@ DIFF = "__diff"
 _UPDATE_FIELDS = (pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64()))
 
 
+def i64(value: int) -> pa.Scalar:
+    """An int64 scalar. Compute functions given a plain Python int convert it on every call, which in
+    pyarrow means a failed ``dateutil`` import each time (0.2 ms); a typed scalar costs nothing."""
+    return pa.scalar(value, pa.int64())
+
+
 def update_schema(data: pa.Schema) -> pa.Schema:
     """``data``'s columns followed by ``__time`` and ``__diff``."""
     return pa.schema([*data, *_UPDATE_FIELDS])
@@ -39,7 +45,7 @@ def consolidate(updates: pa.Table) -> pa.Table:
     keys = [n for n in updates.column_names if n != DIFF]
     summed = updates.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.rename_columns([*keys, DIFF])
-    summed = summed.filter(pc.not_equal(summed[DIFF], 0))
+    summed = summed.filter(pc.not_equal(summed[DIFF], i64(0)))
     return summed.select(updates.column_names).cast(updates.schema)
 
 
@@ -48,13 +54,13 @@ def advance_times(updates: pa.Table, since: int) -> pa.Table:
     if updates.num_rows == 0:
         return updates
     i = updates.schema.get_field_index(TIME)
-    return updates.set_column(i, updates.schema.field(i), pc.max_element_wise(updates[TIME], since))
+    return updates.set_column(i, updates.schema.field(i), pc.max_element_wise(updates[TIME], i64(since)))
 
 
 def expand(rows: pa.Table, counts: pa.ChunkedArray | pa.Array) -> pa.Table:
     """``rows`` with row i repeated ``counts[i]`` times (counts are >= 0), without a Python loop."""
     counts = counts.combine_chunks() if isinstance(counts, pa.ChunkedArray) else counts
-    if rows.num_rows == 0 or pc.all(pc.equal(counts, 1)).as_py():
+    if rows.num_rows == 0 or pc.all(pc.equal(counts, i64(1))).as_py():
         return rows
     total = pc.sum(counts).as_py() or 0
     offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(counts.cast(pa.int64()))])
@@ -91,6 +97,10 @@ class Arrangement:
         self._parts: list[pa.Table] = []
         self._consolidated = empty_updates(schema)
         self._pending_rows = 0
+        self._dirty = False
+        self._max_time = -1
+        #: The rows at every time >= ``_max_time`` (reads at the latest time are the common case).
+        self._latest: pa.Table | None = None
 
     @property
     def updates(self) -> pa.Table:
@@ -109,6 +119,9 @@ class Arrangement:
                 updates.select([*self.schema.names, TIME, DIFF]).cast(update_schema(self.schema))
             )
             self._pending_rows += updates.num_rows
+            self._dirty = True
+            self._latest = None
+            self._max_time = max(self._max_time, pc.max(updates[TIME]).as_py())
             # Consolidating on every append would cost O(size) per write; folding once the pending
             # updates outnumber the consolidated ones keeps appends amortised O(batch).
             if self._pending_rows > max(1024, self._consolidated.num_rows):
@@ -124,14 +137,17 @@ class Arrangement:
             self._parts = []
             self._consolidated = empty_updates(self.schema)
             self._pending_rows = 0
+            self._latest = None
             return
         if self.since and since[0] > self.since[0]:
             self.since = since
+            self._dirty = True
             self._fold()
 
     def _fold(self) -> None:
-        if not self._parts and (not self.since or self._consolidated.num_rows == 0):
+        if not self._dirty:
             return
+        self._dirty = False
         merged = pa.concat_tables([self._consolidated, *self._parts])
         self._parts = []
         self._pending_rows = 0
@@ -145,13 +161,19 @@ class Arrangement:
 
     def read_at(self, t: int) -> pa.Table:
         """The rows at time ``t`` (each repeated by its multiplicity); negative multiplicities are dropped."""
+        latest = t >= self._max_time
+        if latest and self._latest is not None:
+            return self._latest
         updates = self.updates
         if updates.num_rows == 0:
             return self.schema.empty_table()
-        at = updates.filter(pc.less_equal(updates[TIME], t)) if pc.max(updates[TIME]).as_py() > t else updates
+        at = updates if latest else updates.filter(pc.less_equal(updates[TIME], i64(t)))
         names = self.schema.names
         counts = (
             at.group_by(names, use_threads=False).aggregate([(DIFF, "sum")]).rename_columns([*names, DIFF])
         )
-        counts = counts.filter(pc.greater(counts[DIFF], 0))
-        return expand(counts.select(names), counts[DIFF]).cast(self.schema)
+        counts = counts.filter(pc.greater(counts[DIFF], i64(0)))
+        rows = expand(counts.select(names), counts[DIFF]).cast(self.schema).combine_chunks()
+        if latest:
+            self._latest = rows
+        return rows

@@ -53,7 +53,7 @@ from sparkbus.bus.contract import (
     Send,
 )
 from sparkbus.codecs import DecodeError
-from sparkbus.roles.compute.arrangement import DIFF, TIME, decode_table, encode_table, update_schema
+from sparkbus.roles.compute.arrangement import DIFF, TIME, decode_table, encode_table, i64, update_schema
 from sparkbus.roles.compute.dataflow import ViewError, output_schema
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
@@ -361,7 +361,7 @@ class ComputeController:
             except DecodeError as exc:
                 raise RemoteProtocolError(f"SubscribeBatch from {peer} for {msg.id!r}: {exc}") from None
             if msg.lower[0] < sub.upper and updates.num_rows:
-                updates = updates.filter(pc.greater_equal(updates[TIME], sub.upper))
+                updates = updates.filter(pc.greater_equal(updates[TIME], i64(sub.upper)))
             sub.batches.append((sub.upper, new_upper, encode_table(updates), None))
         sub.upper = new_upper
 

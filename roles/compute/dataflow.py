@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.roles.compute.arrangement import DIFF, TIME, advance_times, consolidate, update_schema
+from sparkbus.roles.compute.arrangement import DIFF, TIME, advance_times, consolidate, i64, update_schema
 from sparkbus.roles.compute.plans import Aggregate, Finishing, MapExpr, Predicate, ViewDef
 
 _COMPARE = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal}
@@ -146,31 +146,54 @@ class Reduction:
             if column is None or slot.count is None:
                 continue
             valid = pc.is_valid(delta[column])
-            cols[slot.count] = pc.if_else(valid, diff, 0)
+            cols[slot.count] = pc.if_else(valid, diff, i64(0))
             if slot.total is not None:
                 tp = self.acc_schema.field(slot.total).type
                 value = pc.multiply(pc.cast(delta[column], tp), pc.cast(diff, tp))
                 cols[slot.total] = pc.if_else(valid, value, pa.scalar(0, tp))
         ext = pa.table(cols).cast(self.acc_schema)
-        self.acc = self._merge(self.acc, ext, self.keys, _N)
-        for slot in self.slots:
-            if slot.extreme is None or slot.agg.column is None:
-                continue
+        # Only the groups the delta touches change: split every state table into those groups and the rest
+        # (a cheap membership test), fold the delta into the touched part, and diff only that part's output.
+        acc_hit, acc_rest = self._split(self.acc, delta)
+        acc_hit = self._merge(acc_hit, ext, self.keys, _N)
+        mult_hits: list[pa.Table] = []
+        for i, slot in enumerate(s for s in self.slots if s.extreme is not None):
+            assert slot.agg.column is not None
             column = delta[slot.agg.column]
-            valid = pc.is_valid(column)
             part = {k: delta[k] for k in self.keys} | {"__v": column, "__m": diff}
-            mult = pa.table(part).filter(valid).cast(self.mults[slot.extreme].schema)
-            self.mults[slot.extreme] = self._merge(self.mults[slot.extreme], mult, [*self.keys, "__v"], "__m")
-        new = self._output()
-        old, self.output = self.output, new
-        ones = pa.array([1] * 2, pa.int64())
+            mult = pa.table(part).filter(pc.is_valid(column)).cast(self.mults[i].schema)
+            hit, rest = self._split(self.mults[i], delta)
+            hit = self._merge(hit, mult, [*self.keys, "__v"], "__m")
+            mult_hits.append(hit)
+            self.mults[i] = _append(rest, hit)
+        self.acc = _append(acc_rest, acc_hit)
+        new = self._output(acc_hit, mult_hits)
+        old, out_rest = self._split(self.output, delta)
+        self.output = _append(out_rest, new)
         changes = pa.concat_tables(
             [
-                old.append_column(DIFF, pc.multiply(pa.repeat(ones[0], old.num_rows), -1)),
-                new.append_column(DIFF, pa.repeat(ones[1], new.num_rows)),
+                old.append_column(DIFF, pa.repeat(pa.scalar(-1, pa.int64()), old.num_rows)),
+                new.append_column(DIFF, pa.repeat(pa.scalar(1, pa.int64()), new.num_rows)),
             ]
         )
         return consolidate(changes)
+
+    def _split(self, table: pa.Table, delta: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """The rows of ``table`` whose group may occur in ``delta``, and the others.
+
+        Per-column membership over-approximates for several key columns; the extra groups are merged with
+        nothing and their old and new output rows cancel, so this stays exact. Null matches null.
+        """
+        if not self.keys or table.num_rows == 0:
+            return table, table.slice(0, 0)
+        mask = None
+        for k in self.keys:
+            values = pc.unique(
+                delta[k].combine_chunks() if isinstance(delta[k], pa.ChunkedArray) else delta[k]
+            )
+            member = pc.is_in(table[k], value_set=values, skip_nulls=False)
+            mask = member if mask is None else pc.and_(mask, member)
+        return table.filter(mask), table.filter(pc.invert(mask))
 
     @staticmethod
     def _merge(state: pa.Table, ext: pa.Table, keys: list[str], count: str) -> pa.Table:
@@ -178,17 +201,17 @@ class Reduction:
         sums = [c for c in state.column_names if c not in keys]
         merged = both.group_by(keys, use_threads=False).aggregate([(c, "sum") for c in sums])
         merged = merged.rename_columns([*keys, *sums] if keys else sums).select(state.column_names)
-        return merged.filter(pc.not_equal(merged[count], 0)).cast(state.schema)
+        return merged.filter(pc.not_equal(merged[count], i64(0))).cast(state.schema)
 
-    def _output(self) -> pa.Table:
-        acc = self.acc
-        if any(s.extreme is not None for s in self.slots):
+    def _output(self, acc: pa.Table, mults: list[pa.Table]) -> pa.Table:
+        """The output rows of the groups in ``acc`` (and their value multiplicities in ``mults``)."""
+        if mults:
             parts = [acc]
             for slot in self.slots:
                 if slot.extreme is None:
                     continue
-                mult = self.mults[slot.extreme]
-                live = mult.filter(pc.greater(mult["__m"], 0))
+                mult = mults[slot.extreme]
+                live = mult.filter(pc.greater(mult["__m"], i64(0)))
                 func = "min" if slot.agg.func == "min" else "max"
                 best = live.group_by(self.keys, use_threads=False).aggregate([("__v", func)])
                 parts.append(best.rename_columns([*self.keys, f"__x{slot.extreme}"]))
@@ -199,7 +222,7 @@ class Reduction:
             acc = acc.rename_columns(
                 [*self.keys, *(a[0] for a in aggs)] if self.keys else [a[0] for a in aggs]
             )
-        acc = acc.filter(pc.greater(acc[_N], 0))
+        acc = acc.filter(pc.greater(acc[_N], i64(0)))
         if acc.num_rows == 0 and self.global_agg:
             # SQL: a global aggregate over no rows is one row (count 0, everything else null).
             return pa.table(
@@ -219,18 +242,24 @@ class Reduction:
             elif slot.total is None:
                 out[name] = acc[slot.count]
             else:
-                some = pc.greater(acc[slot.count], 0)
+                some = pc.greater(acc[slot.count], i64(0))
                 if func == "sum":
-                    out[name] = pc.if_else(some, acc[slot.total], None)
+                    out[name] = pc.if_else(some, acc[slot.total], pa.scalar(None, acc[slot.total].type))
                 else:
                     mean = pc.divide(
                         pc.cast(acc[slot.total], pa.float64()), pc.cast(acc[slot.count], pa.float64())
                     )
-                    out[name] = pc.if_else(some, mean, None)
+                    out[name] = pc.if_else(some, mean, pa.scalar(None, pa.float64()))
         return pa.table(out).cast(self.out_schema) if out else self.out_schema.empty_table()
 
     def _is_count(self, name: str) -> bool:
         return any(s.agg.name == name and s.agg.func == "count" for s in self.slots)
+
+
+def _append(rest: pa.Table, part: pa.Table) -> pa.Table:
+    """``rest`` with ``part``'s rows added; chunks are merged now and then so filters stay fast."""
+    table = pa.concat_tables([rest, part])
+    return table.combine_chunks() if table.column(0).num_chunks > 16 else table
 
 
 # ---------------------------------------------------------------- dataflows
@@ -281,8 +310,8 @@ class Dataflow:
         if not self._started:
             # The first step happens at as_of even without input: a global aggregate has a row there.
             self._started = True
-            first = linear.filter(pc.equal(linear[TIME], self.as_of))
-            linear = linear.filter(pc.not_equal(linear[TIME], self.as_of))
+            first = linear.filter(pc.equal(linear[TIME], i64(self.as_of)))
+            linear = linear.filter(pc.not_equal(linear[TIME], i64(self.as_of)))
             outputs.append(self._step(first, self.as_of))
         if linear.num_rows:
             ordered = linear.sort_by(TIME)
@@ -336,9 +365,9 @@ def constrain(rows: pa.Table, key: list[str], constraints: tuple[tuple[object, .
     marks = wanted.append_column(idx, pa.repeat(pa.scalar(-1, pa.int64()), wanted.num_rows))
     grouped = pa.concat_tables([numbered, marks]).group_by(key, use_threads=False)
     grouped = grouped.aggregate([(idx, "min"), (idx, "list")])
-    grouped = grouped.filter(pc.equal(grouped[f"{idx}_min"], -1))
+    grouped = grouped.filter(pc.equal(grouped[f"{idx}_min"], i64(-1)))
     keep = pc.list_flatten(grouped[f"{idx}_list"])
-    keep = keep.filter(pc.greater_equal(keep, 0))
+    keep = keep.filter(pc.greater_equal(keep, i64(0)))
     return rows.take(keep.take(pc.array_sort_indices(keep)))
 
 

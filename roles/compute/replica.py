@@ -45,6 +45,7 @@ from sparkbus.roles.compute.arrangement import (
     data_schema,
     decode_table,
     encode_table,
+    i64,
     update_schema,
 )
 from sparkbus.roles.compute.dataflow import Dataflow, ViewError, constrain, finish, index_key
@@ -459,7 +460,9 @@ class ComputeReplica:
         if msg.upper > current:
             # A replay (after a reconnect) overlaps what this replica already has: keep only the new times.
             fresh = (
-                updates.filter(pc.greater_equal(updates[TIME], current)) if msg.lower < current else updates
+                updates.filter(pc.greater_equal(updates[TIME], i64(current)))
+                if msg.lower < current
+                else updates
             )
             fresh = consolidate(fresh.cast(update_schema(table.schema)))
             table.append(fresh, msg.upper)
