@@ -105,6 +105,9 @@ class SimBus:
     def _make(self, name: str, roles: Sequence[c.Role], cfg: BusConfig) -> SimNode:
         node_rng = random.Random(f"{self.seed}/{name}/{self._incarnation[name]}")
         core = NodeCore(name, cfg, roles, node_rng.getrandbits)
+        # Call ids stay unique across restarts, so a crashed incarnation's reply is never mistaken for a
+        # new call's.
+        core._next_call = self._incarnation[name] * 1_000_000 + 1
         node = SimNode(name, core)
         self._nodes[name] = node
         return node

@@ -251,3 +251,13 @@ def test_a_message_on_a_session_the_receiver_dropped_leads_to_a_new_handshake(se
     assert sim.node("a").core.refused() == {}
     assert sim.node("b").core.refusals["STALE_SESSION"] >= 1
     assert a.of(PeerLost), "a must see the old session end, whichever side noticed first"
+
+
+def test_call_ids_are_not_reused_across_a_restart() -> None:
+    sim, _a, _b = pair(1)
+    first = sim.call("b", "rec", "do", {"actions": []})
+    sim.crash("b")
+    sim.restart("b", [Recorder()])
+    second = sim.call("b", "rec", "do", {"actions": []})
+    assert first != second
+    assert sim.result(second) == "ok"
