@@ -327,7 +327,7 @@ def peer_loss_kill_ms() -> float:
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
     q = args.quick
-    n1m, n64k, nctl, nrtt = (200, 2000, 20_000, 500) if q else (2000, 20_000, 200_000, 5000)
+    n1m, n64k, nctl, nrtt = (200, 2000, 20_000, 500) if q else (2000, 20_000, 60_000, 5000)
     credit = 8 * MiB
     f: dict[str, Any] = {}
     f["stream_1mib_bus_mb_s"] = bus_stream(MiB, n1m, credit) / 1e6
