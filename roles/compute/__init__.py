@@ -8,6 +8,7 @@ docs/COMPUTE.md.
 from sparkbus.roles.compute.arrangement import DIFF, TIME, Arrangement, decode_table, encode_table
 from sparkbus.roles.compute.controller import TARGET_FAILED, ComputeController
 from sparkbus.roles.compute.dataflow import Dataflow, ViewError
+from sparkbus.roles.compute.factories import make_controller, make_replica
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
     AllowCompaction,
@@ -75,4 +76,6 @@ __all__ = [
     "ViewError",
     "decode_table",
     "encode_table",
+    "make_controller",
+    "make_replica",
 ]

@@ -4,6 +4,7 @@ from sparkbus.roles.query.api import Query, Target, error_from_reply, load, resu
 from sparkbus.roles.query.api import sql as _sql
 from sparkbus.roles.query.engine import Inbox, PartitionStore, read_parquet, table_from_ipc, table_to_ipc
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError, SqlError
+from sparkbus.roles.query.factory import make_role
 from sparkbus.roles.query.messages import (
     QueriesInactive,
     QueriesSuspected,
@@ -75,6 +76,7 @@ __all__ = [
     "fragment_from_plain",
     "fragment_to_plain",
     "load",
+    "make_role",
     "parse_sql",
     "parse_stream_key",
     "plan_fragments",
