@@ -9,6 +9,7 @@ from sparkbus.roles.replication.layout import (
     Replica,
     SplitTarget,
 )
+from sparkbus.roles.replication.local import ReplicationConfig
 from sparkbus.roles.replication.messages import (
     DeclineReason,
     JoinFinalized,
@@ -19,7 +20,7 @@ from sparkbus.roles.replication.messages import (
     SegmentTransited,
     SplitFinalized,
 )
-from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
+from sparkbus.roles.replication.role import ReplicationRole
 from sparkbus.roles.replication.storage import DiskStorage, MemoryStorage, SimulatedCrash, Storage
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig, StoreError
 

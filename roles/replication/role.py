@@ -19,17 +19,15 @@ order, so each target sees them sequentially (spec 3.4). Choices where the spec 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from sparkbus.bus.contract import (
-    AcceptStream,
     Action,
     BatchReceived,
     CloseStream,
-    Consumed,
     CreditChanged,
     Event,
     HandlerFailed,
@@ -56,6 +54,7 @@ from sparkbus.roles.replication.layout import (
     Replica,
     SplitTarget,
 )
+from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import (
     MESSAGES,
     DeclineReason,
@@ -68,48 +67,18 @@ from sparkbus.roles.replication.messages import (
     SplitFinalized,
     stream_key,
 )
+from sparkbus.roles.replication.receiving import Receiving, _In, _parse_stream
 from sparkbus.roles.replication.segments import (
-    SegmentCorrupt,
     SegmentEntry,
-    TrailerCheck,
     is_reference_weak,
     is_referenced,
     latest_major_index,
 )
-from sparkbus.roles.replication.storage import FileWriter, Storage
-from sparkbus.roles.replication.store import PartitionStore, StoreConfig, StoreError, segment_file
-from sparkbus.roles.replication.transfers import InEvent, InState, OutEvent, OutState, next_in, next_out
+from sparkbus.roles.replication.storage import Storage
+from sparkbus.roles.replication.store import PartitionStore, StoreError, segment_file
+from sparkbus.roles.replication.transfers import InEvent, OutEvent, OutState, next_in, next_out
 
 TICK = "replication/tick"
-Decision = Literal["ff", "merge"] | DeclineReason
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReplicationConfig:
-    """Settings of the role.
-
-    Attributes:
-        store: thresholds of every partition store.
-        max_incoming: MAX_REPL_INCOMING_SEGMENTS: concurrent incoming transfers before OVERLOADED.
-            Default 6, EventQL's ``kDefaultReplicationConcurrency``.
-        chunk_bytes: bytes per stream batch of a transit.
-        credit_bytes: initial credit (the most a receiver buffers per transit).
-        tick: seconds between runs of the replication procedures.
-        retry_after: seconds before retrying a target after OVERLOADED, INVALID, INFLIGHT or an error.
-    """
-
-    store: StoreConfig = field(default_factory=StoreConfig)
-    max_incoming: int = 6
-    chunk_bytes: int = 1 << 20
-    credit_bytes: int = 4 << 20
-    tick: float = 1.0
-    retry_after: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.max_incoming < 1 or self.chunk_bytes < 1 or self.credit_bytes < 1:
-            raise ValueError("max_incoming, chunk_bytes and credit_bytes must be >= 1")
-        if self.tick <= 0 or self.retry_after < 0:
-            raise ValueError("tick must be > 0 and retry_after >= 0")
 
 
 @dataclass(kw_only=True)
@@ -132,48 +101,7 @@ class _Out:
         return f"{self.dest[1]}/{self.segment_id} -> {self.peer} (placement {self.dest[2]})"
 
 
-@dataclass(kw_only=True)
-class _In:
-    """One incoming transfer, keyed by (partition, segment id)."""
-
-    offer: SegmentOffered
-    peer: str
-    writer: FileWriter
-    check: TrailerCheck
-    state: InState = InState.RECEIVING
-    received: int = 0
-    chunks: int = 0
-    summary: SegmentTransited | None = None
-
-    @property
-    def what(self) -> str:
-        return f"{self.offer.partition}/{self.offer.segment_id} <- {self.peer}"
-
-
-@dataclass(kw_only=True)
-class _Local:
-    """This node's replica of one partition."""
-
-    spec: PartitionSpec
-    me: Replica
-    store: PartitionStore
-    leader: Replica | None = None
-    term: int = 0
-
-    @property
-    def lifecycle(self) -> Lifecycle:
-        return Lifecycle(self.store.meta.get("lifecycle", int(self.spec.lifecycle)))
-
-    def set_lifecycle(self, lifecycle: Lifecycle) -> None:
-        self.store.meta["lifecycle"] = int(lifecycle)
-        self.store.save_manifest()
-
-    @property
-    def leads(self) -> bool:
-        return self.leader is not None and self.leader.node == self.me.node
-
-
-class ReplicationRole:
+class ReplicationRole(Receiving):
     """Segment replication (spec 001) for every partition replica on ``node``.
 
     Args:
@@ -201,7 +129,7 @@ class ReplicationRole:
         self.config = config or ReplicationConfig()
         self.election = election or FirstLiveElection()
         self.live: set[str] = {node}
-        self.local: dict[str, _Local] = {}
+        self.local: dict[str, LocalReplica] = {}
         self.outgoing: dict[tuple[str, str, int], _Out] = {}
         self.incoming: dict[tuple[str, str], _In] = {}
         self.retry_at: dict[tuple[str, str, int], float] = {}
@@ -270,7 +198,7 @@ class ReplicationRole:
         store = PartitionStore.open(
             self.storage_for(spec.partition), spec.partition, me.placement, self.config.store, self._now
         )
-        self.local[spec.partition] = _Local(spec=spec, me=me, store=store)
+        self.local[spec.partition] = LocalReplica(spec=spec, me=me, store=store)
 
     def _elect(self) -> None:
         live = frozenset(self.live)
@@ -301,7 +229,7 @@ class ReplicationRole:
                 self._count("store_errors")
                 raise LocalProtocolError(f"{rep.spec.partition}: {exc}") from exc
 
-    def _run(self, rep: _Local) -> None:
+    def _run(self, rep: LocalReplica) -> None:
         lifecycle = rep.lifecycle
         if lifecycle == Lifecycle.UNLOAD_FINAL:
             return
@@ -330,13 +258,13 @@ class ReplicationRole:
                     self._replicate_to(rep, target.partition, leader, target)
             self._maybe_finalize_split(rep)
 
-    def _flush(self, rep: _Local) -> SegmentEntry | None:
+    def _flush(self, rep: LocalReplica) -> SegmentEntry | None:
         entry = rep.store.flush()
         if entry is not None:
             self._count("flushes")
         return entry
 
-    def _replicate_partition(self, rep: _Local) -> None:
+    def _replicate_partition(self, rep: LocalReplica) -> None:
         """Leader: delete weakly referenced segments; merge, then delete, unreferenced ones."""
         store = rep.store
         merged = False
@@ -357,13 +285,13 @@ class ReplicationRole:
     def _sending(self, partition: str) -> set[str]:
         return {o.segment_id for o in self.outgoing.values() if o.dest[0] == partition}
 
-    def _candidates(self, rep: _Local) -> list[SegmentEntry]:
+    def _candidates(self, rep: LocalReplica) -> list[SegmentEntry]:
         """Segments from the most recent major referenced by the root, old to new."""
         start = latest_major_index(rep.store.entries, rep.store.root)
         return list(rep.store.entries[start or 0 :])
 
     def _replicate_to(
-        self, rep: _Local, target_partition: str, replica: Replica, split: SplitTarget | None = None
+        self, rep: LocalReplica, target_partition: str, replica: Replica, split: SplitTarget | None = None
     ) -> None:
         """``replicate_partition_to``: offer the first segment ``replica`` has not acked."""
         for entry in self._candidates(rep):
@@ -373,7 +301,7 @@ class ReplicationRole:
         if split is None and replica.joining and replica.node in self.live and rep.store.root is not None:
             self._finalize_join(rep, replica)
 
-    def _follow(self, rep: _Local) -> None:
+    def _follow(self, rep: LocalReplica) -> None:
         """Follower: delete what the leader holds; push to the leader what it has not acked."""
         leader = rep.leader
         if leader is None or leader.node not in self.live:
@@ -392,7 +320,7 @@ class ReplicationRole:
                 self._offer(rep, rep.spec.partition, leader, entry, None)
                 return
 
-    def _unload(self, rep: _Local) -> None:
+    def _unload(self, rep: LocalReplica) -> None:
         """UNLOAD (spec 3.8): push every segment to every split target's leader, then drop the partition."""
         done = True
         for target in rep.spec.split_targets:
@@ -412,7 +340,7 @@ class ReplicationRole:
 
     # ------------------------------------------------------------ metadata operations (3.7, 3.8)
 
-    def _finalize_join(self, rep: _Local, replica: Replica) -> None:
+    def _finalize_join(self, rep: LocalReplica, replica: Replica) -> None:
         msg = JoinFinalized(partition=rep.spec.partition, placement=replica.placement)
         for r in rep.spec.replicas:
             if r.node != self.node:
@@ -428,7 +356,7 @@ class ReplicationRole:
                 self._set_spec(spec.with_replica(replace(r, joining=False)))
                 self._count("joins_finalized")
 
-    def _maybe_finalize_split(self, rep: _Local) -> None:
+    def _maybe_finalize_split(self, rep: LocalReplica) -> None:
         leaders = [self._leader_of(t.partition) for t in rep.spec.split_targets]
         if any(leader is None for leader in leaders):
             return
@@ -436,7 +364,7 @@ class ReplicationRole:
         if all(leader is not None and leader.placement in e.acked for leader in leaders for e in candidates):
             self._finalize_split(rep)
 
-    def _finalize_split(self, rep: _Local) -> None:
+    def _finalize_split(self, rep: LocalReplica) -> None:
         msg = SplitFinalized(
             partition=rep.spec.partition, targets=rep.spec.split_targets, async_split=rep.spec.async_split
         )
@@ -486,7 +414,7 @@ class ReplicationRole:
 
     def _offer(
         self,
-        rep: _Local,
+        rep: LocalReplica,
         target_partition: str,
         replica: Replica,
         entry: SegmentEntry,
@@ -629,187 +557,6 @@ class ReplicationRole:
             self._count("ack_errors")
             self._end_out(out, retry=True)
 
-    # ------------------------------------------------------------ receiving
-
-    def _decide(self, rep: _Local, offer: SegmentOffered, peer: str) -> Decision:
-        """The receive procedure of spec 3.5 after the OVERLOADED and INFLIGHT checks."""
-        store = rep.store
-        if rep.lifecycle not in (Lifecycle.LOAD, Lifecycle.SERVE) or offer.target != rep.me.placement:
-            return DeclineReason.INVALID
-        if rep.leads:
-            if offer.base_id == store.root:
-                return "ff"
-            if rep.lifecycle == Lifecycle.LOAD and store.root is None:
-                return "ff"
-            if is_referenced(store.entries, store.root, offer.segment_id):
-                return DeclineReason.SEGMENT_EXISTS
-            return "merge"
-        leader = rep.leader
-        if leader is None or leader.node != peer or leader.placement != offer.sender:
-            return DeclineReason.INVALID
-        if offer.base_id == store.root:
-            return "ff"
-        if is_referenced(store.entries, store.root, offer.segment_id):
-            return DeclineReason.SEGMENT_EXISTS
-        if offer.major:
-            return "ff"
-        return DeclineReason.OUT_OF_ORDER
-
-    def _on_offered(self, peer: str, offer: SegmentOffered) -> None:
-        def decline(reason: DeclineReason, detail: str) -> None:
-            self._count(f"sent_decline_{reason.name}")
-            self._emit(
-                Send(
-                    peer=peer,
-                    message=SegmentDeclined(
-                        partition=offer.partition, segment_id=offer.segment_id, reason=reason, detail=detail
-                    ),
-                )
-            )
-
-        if len(self.incoming) >= self.config.max_incoming:
-            return decline(DeclineReason.OVERLOADED, f"{len(self.incoming)} segments incoming")
-        key = (offer.partition, offer.segment_id)
-        if key in self.incoming or any(k[1] == offer.segment_id for k in self.incoming):
-            return decline(DeclineReason.INFLIGHT, "the same segment is already incoming")
-        rep = self.local.get(offer.partition)
-        if rep is None:
-            return decline(DeclineReason.INVALID, f"{self.node} holds no replica of {offer.partition}")
-        decision = self._decide(rep, offer, peer)
-        if isinstance(decision, DeclineReason):
-            return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
-        stream = stream_key(offer.partition, offer.segment_id)
-        writer = rep.store.storage.create(f"in-{offer.segment_id}")
-        self.incoming[key] = _In(offer=offer, peer=peer, writer=writer, check=TrailerCheck(stream))
-        credit = self.config.credit_bytes
-        self._emit(AcceptStream(peer=peer, stream=stream, credit=credit))
-        self._emit(
-            Send(
-                peer=peer,
-                message=SegmentAccepted(
-                    partition=offer.partition, segment_id=offer.segment_id, stream=stream, credit=credit
-                ),
-            )
-        )
-        return None
-
-    def _on_batch(self, event: BatchReceived) -> None:
-        partition, segment_id = _parse_stream(event.stream)
-        inc = self.incoming.get((partition, segment_id))
-        self._emit(Consumed(peer=event.peer, stream=event.stream, size=event.size))
-        if inc is None or inc.peer != event.peer:
-            self._count("stray_batches")
-            return
-        inc.state = next_in(inc.state, InEvent.LAST_CHUNK if event.last else InEvent.CHUNK, inc.what)
-        data = bytes(event.data)
-        inc.received += len(data)
-        inc.chunks += 1
-        if inc.received > inc.offer.size:
-            self._fail_in(inc, f"received {inc.received} bytes, offered {inc.offer.size}")
-            return
-        inc.writer.append(data)
-        inc.check.feed(data)
-        if inc.state is InState.COMPLETE:
-            self._complete_in(inc)
-
-    def _on_transited(self, peer: str, msg: SegmentTransited) -> None:
-        inc = self.incoming.get((msg.partition, msg.segment_id))
-        if inc is None or inc.peer != peer:
-            self._count("stray_transit")
-            return
-        inc.state = next_in(inc.state, InEvent.SUMMARY, inc.what)
-        inc.summary = msg
-        if inc.state is InState.COMPLETE:
-            self._complete_in(inc)
-
-    def _fail_in(self, inc: _In, error: str) -> None:
-        self._count("incoming_failed")
-        inc.writer.abort()
-        self.incoming.pop((inc.offer.partition, inc.offer.segment_id), None)
-        self._emit(CloseStream(peer=inc.peer, stream=stream_key(inc.offer.partition, inc.offer.segment_id)))
-        rep = self.local.get(inc.offer.partition)
-        placement = rep.me.placement if rep is not None else inc.offer.target
-        self._emit(
-            Send(
-                peer=inc.peer,
-                message=SegmentAcked(
-                    partition=inc.offer.partition,
-                    segment_id=inc.offer.segment_id,
-                    placement=placement,
-                    ok=False,
-                    error=error,
-                ),
-            )
-        )
-
-    def _complete_in(self, inc: _In) -> None:
-        offer = inc.offer
-        rep = self.local.get(offer.partition)
-        summary = inc.summary
-        assert summary is not None
-        if rep is None:
-            return self._fail_in(inc, "partition no longer hosted here")
-        if summary.size != inc.received or summary.chunks != inc.chunks or inc.received != offer.size:
-            return self._fail_in(
-                inc, f"got {inc.received} bytes in {inc.chunks} chunks, sender says {summary}"
-            )
-        try:
-            checksum = inc.check.finish()
-        except SegmentCorrupt as exc:
-            return self._fail_in(inc, str(exc))
-        if checksum != offer.checksum:
-            return self._fail_in(inc, "checksum differs from the offer")
-        inc.writer.commit()
-        self.incoming.pop((offer.partition, offer.segment_id))
-        self._emit(CloseStream(peer=inc.peer, stream=stream_key(offer.partition, offer.segment_id)))
-        store = rep.store
-        temp = f"in-{offer.segment_id}"
-        # The partition may have moved on while the bytes travelled: decide again on what we have now.
-        decision = self._decide(rep, offer, inc.peer)
-        if decision == "ff":
-            if store.entry(offer.segment_id) is not None:
-                store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
-            store.storage.rename(temp, segment_file(offer.segment_id))
-            store.add_segment(
-                SegmentEntry(
-                    segment_id=offer.segment_id,
-                    base_id=offer.base_id,
-                    included=offer.included,
-                    major=offer.major,
-                    acked=frozenset({offer.sender}),
-                    rows=offer.rows,
-                    max_lsn=offer.max_lsn,
-                    size=offer.size,
-                    checksum=offer.checksum,
-                )
-            )
-            self._count("fast_forwards")
-        elif decision == "merge":
-            store.merge_segment_file(temp, self._now)
-            store.storage.delete(temp)
-            self._count("merges")
-            self._flush(rep)
-        else:
-            store.storage.delete(temp)
-            if decision is not DeclineReason.SEGMENT_EXISTS:
-                return self._send_ack(inc, rep, f"segment no longer applies: {decision.name}")
-        self._send_ack(inc, rep, "")
-        return None
-
-    def _send_ack(self, inc: _In, rep: _Local, error: str) -> None:
-        self._emit(
-            Send(
-                peer=inc.peer,
-                message=SegmentAcked(
-                    partition=inc.offer.partition,
-                    segment_id=inc.offer.segment_id,
-                    placement=rep.me.placement,
-                    ok=not error,
-                    error=error,
-                ),
-            )
-        )
-
     # ------------------------------------------------------------ messages and peers
 
     def _on_message(self, peer: str, msg: Any) -> None:
@@ -867,7 +614,7 @@ class ReplicationRole:
             self._emit(Reply(call_id=call.call_id, result=result))
         self._run_all()
 
-    def _rep(self, args: dict[str, Any]) -> _Local:
+    def _rep(self, args: dict[str, Any]) -> LocalReplica:
         partition = args["partition"]
         rep = self.local.get(partition)
         if rep is None:
@@ -959,11 +706,3 @@ class _Refused(Exception):
     def __init__(self, message: str, result: Any) -> None:
         super().__init__(message)
         self.result = result
-
-
-def _parse_stream(stream: str) -> tuple[str, str]:
-    prefix = "replication/"
-    if not stream.startswith(prefix) or "/" not in stream[len(prefix) :]:
-        raise RemoteProtocolError(f"stream {stream!r} is not a replication stream")
-    partition, segment_id = stream[len(prefix) :].rsplit("/", 1)
-    return partition, segment_id

@@ -1,0 +1,59 @@
+"""This node's replica of a partition, and the settings of the replication role."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica
+from sparkbus.roles.replication.store import PartitionStore, StoreConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicationConfig:
+    """Settings of the role.
+
+    Attributes:
+        store: thresholds of every partition store.
+        max_incoming: MAX_REPL_INCOMING_SEGMENTS: concurrent incoming transfers before OVERLOADED.
+            Default 6, EventQL's ``kDefaultReplicationConcurrency``.
+        chunk_bytes: bytes per stream batch of a transit.
+        credit_bytes: initial credit (the most a receiver buffers per transit).
+        tick: seconds between runs of the replication procedures.
+        retry_after: seconds before retrying a target after OVERLOADED, INVALID, INFLIGHT or an error.
+    """
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    max_incoming: int = 6
+    chunk_bytes: int = 1 << 20
+    credit_bytes: int = 4 << 20
+    tick: float = 1.0
+    retry_after: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_incoming < 1 or self.chunk_bytes < 1 or self.credit_bytes < 1:
+            raise ValueError("max_incoming, chunk_bytes and credit_bytes must be >= 1")
+        if self.tick <= 0 or self.retry_after < 0:
+            raise ValueError("tick must be > 0 and retry_after >= 0")
+
+
+@dataclass(kw_only=True)
+class LocalReplica:
+    """This node's replica of one partition."""
+
+    spec: PartitionSpec
+    me: Replica
+    store: PartitionStore
+    leader: Replica | None = None
+    term: int = 0
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        return Lifecycle(self.store.meta.get("lifecycle", int(self.spec.lifecycle)))
+
+    def set_lifecycle(self, lifecycle: Lifecycle) -> None:
+        self.store.meta["lifecycle"] = int(lifecycle)
+        self.store.save_manifest()
+
+    @property
+    def leads(self) -> bool:
+        return self.leader is not None and self.leader.node == self.me.node

@@ -1,0 +1,262 @@
+"""The receiving side of segment replication: the receive procedure of spec 3.5 and incoming transfers.
+
+Mixed into ``ReplicationRole``; the decision order is protocol-facts 2.2's (OVERLOADED, INFLIGHT, then
+leader or follower rules), and it runs again when the bytes are complete, because the partition may have
+moved on while they travelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sparkbus.bus.contract import (
+    AcceptStream,
+    Action,
+    BatchReceived,
+    CloseStream,
+    Consumed,
+    RemoteProtocolError,
+    Send,
+)
+from sparkbus.roles.replication.layout import Lifecycle
+from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.messages import (
+    DeclineReason,
+    SegmentAccepted,
+    SegmentAcked,
+    SegmentDeclined,
+    SegmentOffered,
+    SegmentTransited,
+    stream_key,
+)
+from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, TrailerCheck, is_referenced
+from sparkbus.roles.replication.storage import FileWriter
+from sparkbus.roles.replication.store import segment_file
+from sparkbus.roles.replication.transfers import InEvent, InState, next_in
+
+Decision = Literal["ff", "merge"] | DeclineReason
+
+
+@dataclass(kw_only=True)
+class _In:
+    """One incoming transfer, keyed by (partition, segment id)."""
+
+    offer: SegmentOffered
+    peer: str
+    writer: FileWriter
+    check: TrailerCheck
+    state: InState = InState.RECEIVING
+    received: int = 0
+    chunks: int = 0
+    summary: SegmentTransited | None = None
+
+    @property
+    def what(self) -> str:
+        return f"{self.offer.partition}/{self.offer.segment_id} <- {self.peer}"
+
+
+class Receiving:
+    """Incoming offers and transfers; ``ReplicationRole`` provides the state and the hooks."""
+
+    node: str
+    config: ReplicationConfig
+    local: dict[str, LocalReplica]
+    incoming: dict[tuple[str, str], _In]
+    _now: float
+
+    def _emit(self, action: Action) -> None:
+        raise NotImplementedError
+
+    def _count(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _flush(self, rep: LocalReplica) -> SegmentEntry | None:
+        raise NotImplementedError
+
+    def _decide(self, rep: LocalReplica, offer: SegmentOffered, peer: str) -> Decision:
+        """The receive procedure of spec 3.5 after the OVERLOADED and INFLIGHT checks."""
+        store = rep.store
+        if rep.lifecycle not in (Lifecycle.LOAD, Lifecycle.SERVE) or offer.target != rep.me.placement:
+            return DeclineReason.INVALID
+        if rep.leads:
+            if offer.base_id == store.root:
+                return "ff"
+            if rep.lifecycle == Lifecycle.LOAD and store.root is None:
+                return "ff"
+            if is_referenced(store.entries, store.root, offer.segment_id):
+                return DeclineReason.SEGMENT_EXISTS
+            return "merge"
+        leader = rep.leader
+        if leader is None or leader.node != peer or leader.placement != offer.sender:
+            return DeclineReason.INVALID
+        if offer.base_id == store.root:
+            return "ff"
+        if is_referenced(store.entries, store.root, offer.segment_id):
+            return DeclineReason.SEGMENT_EXISTS
+        if offer.major:
+            return "ff"
+        return DeclineReason.OUT_OF_ORDER
+
+    def _on_offered(self, peer: str, offer: SegmentOffered) -> None:
+        def decline(reason: DeclineReason, detail: str) -> None:
+            self._count(f"sent_decline_{reason.name}")
+            self._emit(
+                Send(
+                    peer=peer,
+                    message=SegmentDeclined(
+                        partition=offer.partition, segment_id=offer.segment_id, reason=reason, detail=detail
+                    ),
+                )
+            )
+
+        if len(self.incoming) >= self.config.max_incoming:
+            return decline(DeclineReason.OVERLOADED, f"{len(self.incoming)} segments incoming")
+        key = (offer.partition, offer.segment_id)
+        if key in self.incoming or any(k[1] == offer.segment_id for k in self.incoming):
+            return decline(DeclineReason.INFLIGHT, "the same segment is already incoming")
+        rep = self.local.get(offer.partition)
+        if rep is None:
+            return decline(DeclineReason.INVALID, f"{self.node} holds no replica of {offer.partition}")
+        decision = self._decide(rep, offer, peer)
+        if isinstance(decision, DeclineReason):
+            return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
+        stream = stream_key(offer.partition, offer.segment_id)
+        writer = rep.store.storage.create(f"in-{offer.segment_id}")
+        self.incoming[key] = _In(offer=offer, peer=peer, writer=writer, check=TrailerCheck(stream))
+        credit = self.config.credit_bytes
+        self._emit(AcceptStream(peer=peer, stream=stream, credit=credit))
+        self._emit(
+            Send(
+                peer=peer,
+                message=SegmentAccepted(
+                    partition=offer.partition, segment_id=offer.segment_id, stream=stream, credit=credit
+                ),
+            )
+        )
+        return None
+
+    def _on_batch(self, event: BatchReceived) -> None:
+        partition, segment_id = _parse_stream(event.stream)
+        inc = self.incoming.get((partition, segment_id))
+        self._emit(Consumed(peer=event.peer, stream=event.stream, size=event.size))
+        if inc is None or inc.peer != event.peer:
+            self._count("stray_batches")
+            return
+        inc.state = next_in(inc.state, InEvent.LAST_CHUNK if event.last else InEvent.CHUNK, inc.what)
+        data = bytes(event.data)
+        inc.received += len(data)
+        inc.chunks += 1
+        if inc.received > inc.offer.size:
+            self._fail_in(inc, f"received {inc.received} bytes, offered {inc.offer.size}")
+            return
+        inc.writer.append(data)
+        inc.check.feed(data)
+        if inc.state is InState.COMPLETE:
+            self._complete_in(inc)
+
+    def _on_transited(self, peer: str, msg: SegmentTransited) -> None:
+        inc = self.incoming.get((msg.partition, msg.segment_id))
+        if inc is None or inc.peer != peer:
+            self._count("stray_transit")
+            return
+        inc.state = next_in(inc.state, InEvent.SUMMARY, inc.what)
+        inc.summary = msg
+        if inc.state is InState.COMPLETE:
+            self._complete_in(inc)
+
+    def _fail_in(self, inc: _In, error: str) -> None:
+        self._count("incoming_failed")
+        inc.writer.abort()
+        self.incoming.pop((inc.offer.partition, inc.offer.segment_id), None)
+        self._emit(CloseStream(peer=inc.peer, stream=stream_key(inc.offer.partition, inc.offer.segment_id)))
+        rep = self.local.get(inc.offer.partition)
+        placement = rep.me.placement if rep is not None else inc.offer.target
+        self._emit(
+            Send(
+                peer=inc.peer,
+                message=SegmentAcked(
+                    partition=inc.offer.partition,
+                    segment_id=inc.offer.segment_id,
+                    placement=placement,
+                    ok=False,
+                    error=error,
+                ),
+            )
+        )
+
+    def _complete_in(self, inc: _In) -> None:
+        offer = inc.offer
+        rep = self.local.get(offer.partition)
+        summary = inc.summary
+        assert summary is not None
+        if rep is None:
+            return self._fail_in(inc, "partition no longer hosted here")
+        if summary.size != inc.received or summary.chunks != inc.chunks or inc.received != offer.size:
+            return self._fail_in(
+                inc, f"got {inc.received} bytes in {inc.chunks} chunks, sender says {summary}"
+            )
+        try:
+            checksum = inc.check.finish()
+        except SegmentCorrupt as exc:
+            return self._fail_in(inc, str(exc))
+        if checksum != offer.checksum:
+            return self._fail_in(inc, "checksum differs from the offer")
+        inc.writer.commit()
+        self.incoming.pop((offer.partition, offer.segment_id))
+        self._emit(CloseStream(peer=inc.peer, stream=stream_key(offer.partition, offer.segment_id)))
+        store = rep.store
+        temp = f"in-{offer.segment_id}"
+        # The partition may have moved on while the bytes travelled: decide again on what we have now.
+        decision = self._decide(rep, offer, inc.peer)
+        if decision == "ff":
+            if store.entry(offer.segment_id) is not None:
+                store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
+            store.storage.rename(temp, segment_file(offer.segment_id))
+            store.add_segment(
+                SegmentEntry(
+                    segment_id=offer.segment_id,
+                    base_id=offer.base_id,
+                    included=offer.included,
+                    major=offer.major,
+                    acked=frozenset({offer.sender}),
+                    rows=offer.rows,
+                    max_lsn=offer.max_lsn,
+                    size=offer.size,
+                    checksum=offer.checksum,
+                )
+            )
+            self._count("fast_forwards")
+        elif decision == "merge":
+            store.merge_segment_file(temp, self._now)
+            store.storage.delete(temp)
+            self._count("merges")
+            self._flush(rep)
+        else:
+            store.storage.delete(temp)
+            if decision is not DeclineReason.SEGMENT_EXISTS:
+                return self._send_ack(inc, rep, f"segment no longer applies: {decision.name}")
+        self._send_ack(inc, rep, "")
+        return None
+
+    def _send_ack(self, inc: _In, rep: LocalReplica, error: str) -> None:
+        self._emit(
+            Send(
+                peer=inc.peer,
+                message=SegmentAcked(
+                    partition=inc.offer.partition,
+                    segment_id=inc.offer.segment_id,
+                    placement=rep.me.placement,
+                    ok=not error,
+                    error=error,
+                ),
+            )
+        )
+
+
+def _parse_stream(stream: str) -> tuple[str, str]:
+    prefix = "replication/"
+    if not stream.startswith(prefix) or "/" not in stream[len(prefix) :]:
+        raise RemoteProtocolError(f"stream {stream!r} is not a replication stream")
+    partition, segment_id = stream[len(prefix) :].rsplit("/", 1)
+    return partition, segment_id
