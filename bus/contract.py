@@ -10,6 +10,8 @@ Routing:
       reopen a key right after its last batch (a flow-control grant for the old stream may still be in
       flight); put an attempt number in the key instead.
     * ``TimerFired`` goes to the role that set the timer; ``LocalCall`` to the role it names.
+    * A role can call another role on the same node with ``Call``: the target gets a ``LocalCall`` and its
+      ``Reply`` comes back to the caller as ``CallResult`` (never to the driver).
     * ``PeerUp`` and ``PeerLost`` go to every role.
 
 If ``handle`` raises, the node logs the error with the event, counts it, and delivers ``HandlerFailed``
@@ -27,9 +29,14 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeerUp:
-    """Both directions of the link to ``peer`` completed their handshake (a new session)."""
+    """Both directions of the link to ``peer`` completed their handshake (a new session).
+
+    ``connection_id`` is the session's logical connection id (IEP-90; 128 random bits, hex) for a thin client
+    (peer ``"client:<routing id hex>"``), and empty for a node.
+    """
 
     peer: str
+    connection_id: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +106,18 @@ class LocalCall:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CallResult:
+    """The answer to this role's ``Call(tag=...)``: ``error`` None means success with ``result``.
+
+    An unknown role, or a target role that raised while handling the call, gives an error result.
+    """
+
+    tag: str
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HandlerFailed:
     """This role's ``handle`` raised while handling ``event``; the actions of that call were discarded."""
 
@@ -114,6 +133,7 @@ Event = (
     | CreditChanged
     | TimerFired
     | LocalCall
+    | CallResult
     | HandlerFailed
 )
 
@@ -208,6 +228,17 @@ class Reply:
     error: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Call:
+    """Call role ``role`` on this node: it gets ``LocalCall(name, args)`` with a fresh call id, and its
+    ``Reply`` comes back to the calling role as ``CallResult(tag=tag)``."""
+
+    role: str
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""
+
+
 Action = (
     Send
     | OpenStream
@@ -219,6 +250,7 @@ Action = (
     | SetTimer
     | CancelTimer
     | Reply
+    | Call
 )
 
 

@@ -98,6 +98,7 @@ class NodeCore(LinkLayer, StreamLayer):
         self._timer_heap: list[tuple[float, str, str]] = []
         self._local: deque[tuple[c.Role, c.Event]] = deque()
         self._next_call = 1
+        self._role_calls: dict[int, tuple[str, str]] = {}  # call id -> (calling role, tag)
         self.out: list[Output] = []
         self.counters: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
@@ -136,6 +137,7 @@ class NodeCore(LinkLayer, StreamLayer):
         inbound = self._by_rid.get(rid)
         if header.type in _HANDSHAKE_TYPES:
             self._on_hello(rid, frames, now)
+            self._drain_local(now)
             return
         if inbound is None and header.session == 0:
             self._refuse_rid(rid, ErrorCode.HANDSHAKE_HEADER, "expected HELLO before any other message", now)
@@ -401,6 +403,11 @@ class NodeCore(LinkLayer, StreamLayer):
         try:
             actions = list(role.handle(event, now))
         except Exception as exc:
+            if isinstance(event, c.LocalCall) and event.call_id in self._role_calls:
+                # A role's call must always be answered, or its caller would wait for ever.
+                self._call_answered(
+                    event.call_id, None, f"role {role.name} failed: {type(exc).__name__}: {exc}"
+                )
             self._role_failed(role, event, exc, now)
             return
         for action in actions:
@@ -459,9 +466,31 @@ class NodeCore(LinkLayer, StreamLayer):
         elif isinstance(action, c.CancelTimer):
             self._timers.pop((role.name, action.key), None)
         elif isinstance(action, c.Reply):
-            self.out.append(Completed(action.call_id, action.result, action.error))
+            if action.call_id in self._role_calls:
+                self._call_answered(action.call_id, action.result, action.error)
+            else:
+                self.out.append(Completed(action.call_id, action.result, action.error))
+        elif isinstance(action, c.Call):
+            self._act_call(role, action)
         else:
             raise c.LocalProtocolError(f"unknown action {action!r}")
+
+    def _act_call(self, caller: c.Role, action: c.Call) -> None:
+        target = self.roles.get(action.role)
+        if target is None:
+            error = f"node {self.node_id} runs no role {action.role!r} (it runs {sorted(self.roles)})"
+            self._local.append((caller, c.CallResult(tag=action.tag, error=error)))
+            return
+        call_id = self._next_call
+        self._next_call += 1
+        self._role_calls[call_id] = (caller.name, action.tag)
+        self._local.append((target, c.LocalCall(call_id=call_id, name=action.name, args=action.args)))
+
+    def _call_answered(self, call_id: int, result: Any, error: str | None) -> None:
+        caller_name, tag = self._role_calls.pop(call_id)
+        caller = self.roles.get(caller_name)
+        if caller is not None:
+            self._local.append((caller, c.CallResult(tag=tag, result=result, error=error)))
 
     def _act_send(self, action: c.Send, now: float) -> None:
         if action.peer == self.node_id:

@@ -203,8 +203,9 @@ class LinkLayer(NodeState):
                 return
         st.up = True
         self.counters["peers_up"] += 1
+        connection_id = inbound.connection_id if inbound.kind == "client" else ""
         for role in self.roles.values():
-            self._dispatch(role, c.PeerUp(peer=peer), now)
+            self._dispatch(role, c.PeerUp(peer=peer, connection_id=connection_id), now)
         while st.early and st.up:
             st.early.popleft()()
 
