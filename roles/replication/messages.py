@@ -6,7 +6,7 @@ The spec's five opcodes (section 4.1) and the two metadata operations this famil
 * SEGMENT_ACCEPT 0x0121: start transmitting on ``stream`` with ``credit`` bytes of initial credit.
 * SEGMENT_DECLINE 0x0122: not now, with one of the spec's reasons.
 * SEGMENT_TRANSIT 0x0123: the sender's end-of-transit summary (bytes and chunks it sent). The chunks
-  themselves travel as batches on the credit stream ``replication/{partition}/{segment_id}``; each
+  themselves travel as batches on the credit stream ``replication/{partition}/{segment_id}/{attempt}``; each
   chunk is confirmed by the credit the receiver returns (the spec's per-TRANSIT confirmation).
 * SEGMENT_ACK 0x0124: the receiver stored the whole segment durably and fast-forwarded or merged it
   (``ok``), or failed to (``error``: the sender aborts and retries later).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from sparkbus.bus.contract import RemoteProtocolError
 from sparkbus.codecs import message
 from sparkbus.roles.replication.layout import SplitTarget
 
@@ -93,10 +94,9 @@ class SegmentAccepted:
         _check_segment(self.segment_id)
         if self.credit < 1:
             raise ValueError(f"credit must be >= 1, got {self.credit}")
-        if self.stream != stream_key(self.partition, self.segment_id):
-            raise ValueError(
-                f"stream must be {stream_key(self.partition, self.segment_id)!r}, got {self.stream!r}"
-            )
+        prefix = stream_key(self.partition, self.segment_id, 0)[:-1]
+        if not self.stream.startswith(prefix) or not self.stream[len(prefix) :].isdigit():
+            raise ValueError(f"stream must be {prefix!r} and an attempt number, got {self.stream!r}")
 
 
 @message(0x0122)
@@ -176,9 +176,26 @@ class SplitFinalized:
             raise ValueError("targets must not be empty")
 
 
-def stream_key(partition: str, segment_id: str) -> str:
-    """The credit stream a segment travels on (routed to the receiving ``replication`` role)."""
-    return f"replication/{partition}/{segment_id}"
+def stream_key(partition: str, segment_id: str, attempt: int) -> str:
+    """The credit stream a segment travels on (routed to the receiving ``replication`` role).
+
+    ``attempt`` is the receiver's count of accepted offers: a retried transfer of the same segment gets a
+    new key, because a key must not be reopened right after its stream's last batch (a flow-control
+    grant for the old stream may still be in flight; ``sparkbus.bus.contract``).
+    """
+    return f"replication/{partition}/{segment_id}/{attempt}"
+
+
+def parse_stream(stream: str) -> tuple[str, str, int]:
+    """(partition, segment id, attempt) of a stream key made by ``stream_key``.
+
+    Raises:
+        RemoteProtocolError: not a replication stream key.
+    """
+    parts = stream.split("/")
+    if len(parts) < 4 or parts[0] != "replication" or not parts[-1].isdigit() or not parts[-2]:
+        raise RemoteProtocolError(f"stream {stream!r} is not a replication stream")
+    return "/".join(parts[1:-2]), parts[-2], int(parts[-1])
 
 
 MESSAGES: tuple[type, ...] = (

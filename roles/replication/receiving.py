@@ -16,7 +16,6 @@ from sparkbus.bus.contract import (
     BatchReceived,
     CloseStream,
     Consumed,
-    RemoteProtocolError,
     Send,
 )
 from sparkbus.roles.replication.layout import Lifecycle
@@ -28,6 +27,7 @@ from sparkbus.roles.replication.messages import (
     SegmentDeclined,
     SegmentOffered,
     SegmentTransited,
+    parse_stream,
     stream_key,
 )
 from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, TrailerCheck, is_referenced
@@ -44,6 +44,7 @@ class _In:
 
     offer: SegmentOffered
     peer: str
+    stream: str
     writer: FileWriter
     check: TrailerCheck
     state: InState = InState.RECEIVING
@@ -63,6 +64,7 @@ class Receiving:
     config: ReplicationConfig
     local: dict[str, LocalReplica]
     incoming: dict[tuple[str, str], _In]
+    accepts: int
     _now: float
 
     def _emit(self, action: Action) -> None:
@@ -121,9 +123,12 @@ class Receiving:
         decision = self._decide(rep, offer, peer)
         if isinstance(decision, DeclineReason):
             return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
-        stream = stream_key(offer.partition, offer.segment_id)
+        self.accepts += 1
+        stream = stream_key(offer.partition, offer.segment_id, self.accepts)
         writer = rep.store.storage.create(f"in-{offer.segment_id}")
-        self.incoming[key] = _In(offer=offer, peer=peer, writer=writer, check=TrailerCheck(stream))
+        self.incoming[key] = _In(
+            offer=offer, peer=peer, stream=stream, writer=writer, check=TrailerCheck(stream)
+        )
         credit = self.config.credit_bytes
         self._emit(AcceptStream(peer=peer, stream=stream, credit=credit))
         self._emit(
@@ -137,10 +142,10 @@ class Receiving:
         return None
 
     def _on_batch(self, event: BatchReceived) -> None:
-        partition, segment_id = _parse_stream(event.stream)
+        partition, segment_id, _ = parse_stream(event.stream)
         inc = self.incoming.get((partition, segment_id))
         self._emit(Consumed(peer=event.peer, stream=event.stream, size=event.size))
-        if inc is None or inc.peer != event.peer:
+        if inc is None or inc.peer != event.peer or inc.stream != event.stream:
             self._count("stray_batches")
             return
         inc.state = next_in(inc.state, InEvent.LAST_CHUNK if event.last else InEvent.CHUNK, inc.what)
@@ -169,7 +174,7 @@ class Receiving:
         self._count("incoming_failed")
         inc.writer.abort()
         self.incoming.pop((inc.offer.partition, inc.offer.segment_id), None)
-        self._emit(CloseStream(peer=inc.peer, stream=stream_key(inc.offer.partition, inc.offer.segment_id)))
+        self._emit(CloseStream(peer=inc.peer, stream=inc.stream))
         rep = self.local.get(inc.offer.partition)
         placement = rep.me.placement if rep is not None else inc.offer.target
         self._emit(
@@ -204,7 +209,7 @@ class Receiving:
             return self._fail_in(inc, "checksum differs from the offer")
         inc.writer.commit()
         self.incoming.pop((offer.partition, offer.segment_id))
-        self._emit(CloseStream(peer=inc.peer, stream=stream_key(offer.partition, offer.segment_id)))
+        self._emit(CloseStream(peer=inc.peer, stream=inc.stream))
         store = rep.store
         temp = f"in-{offer.segment_id}"
         # The partition may have moved on while the bytes travelled: decide again on what we have now.
@@ -252,11 +257,3 @@ class Receiving:
                 ),
             )
         )
-
-
-def _parse_stream(stream: str) -> tuple[str, str]:
-    prefix = "replication/"
-    if not stream.startswith(prefix) or "/" not in stream[len(prefix) :]:
-        raise RemoteProtocolError(f"stream {stream!r} is not a replication stream")
-    partition, segment_id = stream[len(prefix) :].rsplit("/", 1)
-    return partition, segment_id

@@ -65,9 +65,8 @@ from sparkbus.roles.replication.messages import (
     SegmentOffered,
     SegmentTransited,
     SplitFinalized,
-    stream_key,
 )
-from sparkbus.roles.replication.receiving import Receiving, _In, _parse_stream
+from sparkbus.roles.replication.receiving import Receiving, _In
 from sparkbus.roles.replication.segments import (
     SegmentEntry,
     is_reference_weak,
@@ -91,6 +90,7 @@ class _Out:
     file: str
     size: int
     temp: bool
+    stream: str = ""
     state: OutState = OutState.OFFERED
     offset: int = 0
     credit: int = 0
@@ -132,6 +132,7 @@ class ReplicationRole(Receiving):
         self.local: dict[str, LocalReplica] = {}
         self.outgoing: dict[tuple[str, str, int], _Out] = {}
         self.incoming: dict[tuple[str, str], _In] = {}
+        self.accepts = 0
         self.retry_at: dict[tuple[str, str, int], float] = {}
         self.counters: dict[str, int] = {}
         self._started = False
@@ -468,6 +469,8 @@ class ReplicationRole(Receiving):
 
     def _end_out(self, out: _Out, retry: bool) -> None:
         self.outgoing.pop(out.dest, None)
+        if out.state is OutState.DONE and out.stream and out.offset < out.size and out.peer in self.live:
+            self._emit(CloseStream(peer=out.peer, stream=out.stream))  # ended before its last batch
         rep = self.local.get(out.dest[0])
         if out.temp and rep is not None:
             rep.store.storage.delete(out.file)
@@ -486,12 +489,16 @@ class ReplicationRole(Receiving):
         out = self._out_for(peer, msg.partition, msg.segment_id)
         out.state = next_out(out.state, OutEvent.ACCEPTED, out.what)
         out.credit = msg.credit
+        out.stream = msg.stream
         self._emit(OpenStream(peer=peer, stream=msg.stream, credit=msg.credit))
         self._pump(out)
 
     def _on_credit(self, event: CreditChanged) -> None:
-        partition, segment_id = _parse_stream(event.stream)
-        out = self._out_for(event.peer, partition, segment_id)
+        out = next(
+            (o for o in self.outgoing.values() if o.peer == event.peer and o.stream == event.stream), None
+        )
+        if out is None:
+            raise RemoteProtocolError(f"credit for {event.stream} from {event.peer}: no transfer of ours")
         out.state = next_out(out.state, OutEvent.CREDIT, out.what)
         out.credit = event.credit
         self._pump(out)
@@ -503,7 +510,7 @@ class ReplicationRole(Receiving):
         rep = self.local.get(out.dest[0])
         if rep is None:
             return
-        stream = stream_key(out.dest[1], out.segment_id)
+        stream = out.stream
         while out.offset < out.size and out.credit > 0:
             n = min(self.config.chunk_bytes, out.credit, out.size - out.offset)
             data = rep.store.storage.read(out.file, out.offset, n)

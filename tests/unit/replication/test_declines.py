@@ -8,6 +8,7 @@ import pytest
 
 from sparkbus.bus.contract import (
     MessageReceived,
+    PeerLost,
     PeerUp,
     RemoteProtocolError,
     Send,
@@ -133,3 +134,15 @@ def test_unknown_answers_are_remote_protocol_errors() -> None:
                 0.0,
             )
         )
+
+
+def test_a_retried_transfer_gets_a_new_stream_key() -> None:
+    # The bus contract: a key is not reopened right after its stream's last batch (a grant for the old
+    # stream may still be in flight). The first attempt dies with the link; the retry must use a new key.
+    role = make("b")
+    first = answer(role, "a", offer("9.1"))
+    list(role.handle(PeerLost(peer="a", reason="cut"), 2.0))
+    list(role.handle(PeerUp(peer="a"), 3.0))
+    second = answer(role, "a", offer("9.1"))
+    assert isinstance(first, SegmentAccepted) and isinstance(second, SegmentAccepted)
+    assert first.stream != second.stream

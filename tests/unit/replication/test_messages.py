@@ -7,6 +7,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from sparkbus.bus.contract import RemoteProtocolError
 from sparkbus.codecs import DecodeError, EnvelopeCodec
 from sparkbus.roles.replication.layout import SplitTarget
 from sparkbus.roles.replication.messages import (
@@ -18,6 +19,7 @@ from sparkbus.roles.replication.messages import (
     SegmentOffered,
     SegmentTransited,
     SplitFinalized,
+    parse_stream,
     stream_key,
 )
 
@@ -37,7 +39,7 @@ OFFER: dict[str, Any] = dict(
 )
 SAMPLES = [
     SegmentOffered(**OFFER),
-    SegmentAccepted(partition="t/0", segment_id="1.2", stream=stream_key("t/0", "1.2"), credit=1024),
+    SegmentAccepted(partition="t/0", segment_id="1.2", stream=stream_key("t/0", "1.2", 1), credit=1024),
     SegmentDeclined(partition="t/0", segment_id="1.2", reason=DeclineReason.INFLIGHT, detail="busy"),
     SegmentTransited(partition="t/0", segment_id="1.2", size=900, chunks=3),
     SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=True),
@@ -93,7 +95,16 @@ def test_an_unknown_decline_reason_is_refused() -> None:
 
 def test_accept_must_name_the_segment_stream() -> None:
     with pytest.raises(ValueError, match="stream"):
-        SegmentAccepted(partition="t/0", segment_id="1.2", stream="replication/t/0/9.9", credit=1)
+        SegmentAccepted(partition="t/0", segment_id="1.2", stream="replication/t/0/9.9/1", credit=1)
+    with pytest.raises(ValueError, match="attempt"):
+        SegmentAccepted(partition="t/0", segment_id="1.2", stream="replication/t/0/1.2", credit=1)
+
+
+def test_stream_keys_carry_an_attempt_and_parse_back() -> None:
+    assert parse_stream(stream_key("t/0", "1.2", 7)) == ("t/0", "1.2", 7)
+    for bad in ("replication/t/0/1.2", "query/t/0/1.2/1", "replication//1", "replication/t/0/1.2/x"):
+        with pytest.raises(RemoteProtocolError):
+            parse_stream(bad)
 
 
 def test_ack_is_either_ok_or_an_error() -> None:
