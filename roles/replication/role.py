@@ -147,8 +147,11 @@ class ReplicationRole(Receiving):
         self._actions = out = []
         if not self._started:
             self._started = True
-            for spec in self.layout.partitions.values():
+            for spec in list(self.layout.partitions.values()):
                 self._host(spec)
+            for rep in list(self.local.values()):  # joins this replica finalized before a restart
+                for placement in rep.store.meta.get("joined", ()):
+                    self._apply_join(rep.spec.partition, placement)
             self._elect()
             out.append(SetTimer(key=TICK, at=now + self.config.tick))
         if isinstance(event, MessageReceived):
@@ -342,9 +345,15 @@ class ReplicationRole(Receiving):
     # ------------------------------------------------------------ metadata operations (3.7, 3.8)
 
     def _finalize_join(self, rep: LocalReplica, replica: Replica) -> None:
+        # Sent to the replicas that are up; one that is not gets it when it comes back (_resend_finalize),
+        # so the finalized placements are kept in the manifest.
+        joined = rep.store.meta.setdefault("joined", [])
+        if replica.placement not in joined:
+            joined.append(replica.placement)
+            rep.store.save_manifest()
         msg = JoinFinalized(partition=rep.spec.partition, placement=replica.placement)
         for r in rep.spec.replicas:
-            if r.node != self.node:
+            if r.node != self.node and r.node in self.live:
                 self._emit(Send(peer=r.node, message=msg))
         self._apply_join(rep.spec.partition, replica.placement)
 
@@ -369,7 +378,7 @@ class ReplicationRole(Receiving):
         msg = SplitFinalized(
             partition=rep.spec.partition, targets=rep.spec.split_targets, async_split=rep.spec.async_split
         )
-        for node in self._split_nodes(rep.spec):
+        for node in self._split_nodes(rep.spec) & self.live:  # the others learn it on PeerUp
             self._emit(Send(peer=node, message=msg))
         self._apply_split(msg)
 
@@ -395,8 +404,16 @@ class ReplicationRole(Receiving):
                 target.set_lifecycle(Lifecycle.SERVE)
 
     def _resend_finalize(self, peer: str) -> None:
-        """A replica that was offline during a split learns of it when it comes back."""
+        """A replica that was offline during a join or split finalize learns of it when it comes back."""
         for rep in self.local.values():
+            if rep.spec.replica_on(peer) is not None:
+                for placement in rep.store.meta.get("joined", ()):
+                    self._emit(
+                        Send(
+                            peer=peer,
+                            message=JoinFinalized(partition=rep.spec.partition, placement=placement),
+                        )
+                    )
             unloading = rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
             if unloading and rep.spec.split_targets and peer in self._split_nodes(rep.spec):
                 msg = SplitFinalized(

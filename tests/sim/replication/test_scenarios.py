@@ -1,0 +1,220 @@
+"""Spec 001 scenarios (sections 3.3-3.8) on SimBus with fixed seeds: every offer, decline, chunk, credit
+return and acknowledgement goes through the real node core, and faults are the bus's (cuts, SIGKILL-like
+crashes with restarts), so sessions end and streams are dropped mid-transit."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
+
+from .cluster import NODES, Cluster, P, spec
+
+SEEDS = [1, 2, 3]
+
+
+def clean(c: Cluster) -> None:
+    """Nothing in transit and no role raised (a role error would mean a protocol bug)."""
+    assert c.quiet(), {n: (r.outgoing, r.incoming) for n, r in c.live_roles().items()}
+    assert set(c.role_errors().values()) == {0}, c.role_errors()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_followers_fast_forward_in_steady_state(seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(40))
+    c.settle(20)
+    c.assert_identical(NODES, keys)
+    for n in "bc":
+        counters = c.counters(n)
+        assert counters.get("fast_forwards", 0) > 0
+        assert counters.get("merges", 0) == 0
+        assert c.sim.node(n).core.counters["batches_in"] > counters["fast_forwards"], "segments in chunks"
+    assert c.counters("a").get("merges", 0) == 0
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_leaders_fork_the_chain_and_merges_repair_it(seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(10))
+    c.settle(10)
+    # a loses its links to b and c: b (first live in their view) leads there, a still leads on its side.
+    c.cut("a", "b")
+    c.cut("a", "c")
+    assert c.leader("a") == "a" and c.leader("b") == "b" and c.leader("c") == "b"
+    keys += c.write_keys("a", range(100, 112), "a")
+    keys += c.write_keys("b", range(200, 212), "b")
+    # The same keys written on both sides: the later version (Lamport order) wins everywhere.
+    c.write_keys("a", range(5), "fork-a")
+    c.write_keys("b", range(5), "fork-b")
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(40)
+    assert c.leader("b") == "a" and c.leader("c") == "a"
+    c.assert_identical(NODES, keys)
+    assert c.counters("a").get("merges", 0) > 0
+    clean(c)
+
+
+@pytest.mark.parametrize("fault", ["cut", "crash"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_follower_offline_through_several_compactions_catches_up(fault: str, seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    if fault == "cut":
+        c.cut("a", "c")
+        c.cut("b", "c")
+    else:
+        c.crash("c")
+    for round_ in range(4):
+        keys += c.write_keys("a", range(100 * (round_ + 1), 100 * (round_ + 1) + 12))
+        c.settle(10)
+    assert c.counters("a").get("compactions", 0) >= 2
+    if fault == "cut":
+        c.heal("a", "c")
+        c.heal("b", "c")
+    else:
+        c.restart("c")
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    segments = c.status("c")["partitions"][P]["segments"]
+    assert segments[0][2], "c restarted its chain from the leader's major segment"
+    assert len(segments) <= 4, "old segments were deleted once a major included them"
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_receiver_killed_mid_transit_discards_the_partial_file_and_catches_up(seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(4))  # one flush: a segment of several chunks is on its way
+    c.sim.run_until(lambda: any(i.received for i in c.role("c").incoming.values()), limit=10)
+    c.crash("c")
+    assert any(name.startswith("in-") for name in c.storages["c", P]._temps), "a partial file was left"
+    c.restart("c")
+    c.sim.run_until(lambda: P in c.role("c").local, limit=5)  # the role opens its stores on its first event
+    assert not c.storages["c", P]._temps, "the restarted store discarded the partial file"
+    keys += c.write_keys("a", range(4, 12))
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_leader_killed_mid_transit_loses_no_acknowledged_write(seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(6))  # one flushed segment, two rows only in a's log
+    c.sim.run_until(lambda: any(i.received for i in c.role("b").incoming.values()), limit=10)
+    c.crash("a")
+    c.settle(5)
+    assert c.leader("b") == "b" and c.leader("c") == "b"
+    keys += c.write_keys("b", range(50, 58), "b")
+    c.restart("a")  # recovers its log, leads again, and merges what b wrote meanwhile
+    c.settle(40)
+    c.assert_identical(NODES, keys)
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_aba_stale_minor_after_another_major_is_out_of_order(seed: int) -> None:
+    # Spec 3.6, first case: b gets a's major and minor, then c's major, then a's minor based on a's
+    # previous minor. b declines OUT_OF_ORDER; a forgets b's acks and restarts from a major.
+    c = Cluster([spec("a", "c", "b")], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    assert c.leader("b") == "c"
+    keys += c.write_keys("c", range(300, 316), "c")  # c flushes and compacts: b fast-forwards c's major
+    c.settle(10)
+    keys += c.write_keys("a", range(100, 104), "a")  # a's minor, based on the minor b acked
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(40)
+    assert c.counters("b").get("sent_decline_OUT_OF_ORDER", 0) > 0
+    assert c.counters("a").get("declined_OUT_OF_ORDER", 0) > 0
+    c.assert_identical(NODES, keys)
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_aba_reassigned_leader_gets_a_new_placement_and_loses_nothing(seed: int) -> None:
+    # Spec 3.6, second case: a leads, is unassigned, b leads, a is re-assigned (empty) and leads again.
+    # The followers' acked lists name a's old placement, so they push everything to the new one.
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(10))
+    c.settle(10)
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:
+        c.call(n, "assign", spec=without_a)
+    c.settle(5)
+    keys += c.write_keys("b", range(50, 56), "b")
+    c.settle(10)
+    again = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=11), *without_a.replicas))
+    for n in NODES:
+        c.call(n, "assign", spec=again)
+    assert c.leader("b") == "a"
+    c.settle(40)
+    c.assert_identical(NODES, keys)
+    acked = {p for s in c.status("b")["partitions"][P]["segments"] for p in s[3]}
+    assert 11 in acked and 1 not in acked
+    clean(c)
+
+
+@pytest.mark.parametrize("async_split", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_split_while_a_replica_is_offline(async_split: bool, seed: int) -> None:
+    low, high = "t/1", "t/2"
+    specs = [
+        spec(*NODES),
+        spec("a", "b", partition=low, first_placement=21, lifecycle=Lifecycle.LOAD),
+        spec("b", "a", partition=high, first_placement=31, lifecycle=Lifecycle.LOAD),
+    ]
+    c = Cluster(specs, seed=seed)
+    keys = c.write_keys("a", range(0, 40, 2))
+    c.settle(10)
+    c.crash("c")
+    keys += c.write_keys("a", range(1, 20, 2))
+    targets = (SplitTarget(partition=low, high=20), SplitTarget(partition=high, low=20))
+    c.call("a", "split", partition=P, targets=targets, async_split=async_split)
+    c.settle(30)
+    assert c.status("a")["partitions"][P]["lifecycle"] in ("UNLOAD", "UNLOAD_FINAL")
+    c.restart("c")  # learns of the split from the UNLOAD replicas on reconnect
+    c.settle(40)
+    for n in NODES:
+        assert c.status(n)["partitions"][P]["lifecycle"] == "UNLOAD_FINAL", n
+    c.assert_identical(["a", "b"], [k for k in keys if k < 20], partition=low)
+    c.assert_identical(["b", "a"], [k for k in keys if k >= 20], partition=high)
+    for part in (low, high):
+        assert c.status("a")["partitions"][part]["lifecycle"] == "SERVE"
+    assert c.write("a", low, {"key": [5], "v": ["new"]})[1] is None
+    assert c.write("a", P, {"key": [5], "v": ["old"]})[1] is not None
+    clean(c)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_join_finalize_reaches_a_replica_that_was_offline(seed: int) -> None:
+    joining = PartitionSpec(
+        partition=P,
+        replicas=(
+            Replica(node="c", placement=3, joining=True),
+            Replica(node="a", placement=1),
+            Replica(node="b", placement=2),
+        ),
+    )
+    c = Cluster([joining], seed=seed)
+    assert c.leader("c") == "a", "a joining replica is never leader"
+    c.crash("b")
+    keys = c.write_keys("a", range(10))
+    c.settle(20)
+    assert c.counters("a").get("joins_finalized") == 1
+    c.restart("b")
+    c.settle(20)
+    for n in NODES:
+        assert not c.role(n).layout.partitions[P].replicas[0].joining, n
+        assert c.leader(n) == "c", "finalized, c is first in placement order and leads everywhere"
+    c.assert_identical(NODES, keys)
+    clean(c)
