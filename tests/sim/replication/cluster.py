@@ -109,6 +109,11 @@ class Cluster:
     def role_errors(self) -> dict[str, int]:
         return {n: self.sim.node(n).core.counters["role_errors"] for n in self.nodes if self.alive(n)}
 
+    def assert_clean(self) -> None:
+        """Nothing in transit and no role raised (a role error would mean a protocol bug)."""
+        assert self.quiet(), {n: (r.outgoing, r.incoming) for n, r in self.live_roles().items()}
+        assert set(self.role_errors().values()) == {0}, self.role_errors()
+
     # ------------------------------------------------------------ calls
 
     def call(self, node: str, name: str, **args: Any) -> Any:

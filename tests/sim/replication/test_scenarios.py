@@ -13,12 +13,6 @@ from .cluster import NODES, Cluster, P, spec
 SEEDS = [1, 2, 3]
 
 
-def clean(c: Cluster) -> None:
-    """Nothing in transit and no role raised (a role error would mean a protocol bug)."""
-    assert c.quiet(), {n: (r.outgoing, r.incoming) for n, r in c.live_roles().items()}
-    assert set(c.role_errors().values()) == {0}, c.role_errors()
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_followers_fast_forward_in_steady_state(seed: int) -> None:
     c = Cluster([spec(*NODES)], seed=seed)
@@ -31,7 +25,7 @@ def test_followers_fast_forward_in_steady_state(seed: int) -> None:
         assert counters.get("merges", 0) == 0
         assert c.sim.node(n).core.counters["batches_in"] > counters["fast_forwards"], "segments in chunks"
     assert c.counters("a").get("merges", 0) == 0
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -55,7 +49,7 @@ def test_two_leaders_fork_the_chain_and_merges_repair_it(seed: int) -> None:
     assert c.leader("b") == "a" and c.leader("c") == "a"
     c.assert_identical(NODES, keys)
     assert c.counters("a").get("merges", 0) > 0
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("fault", ["cut", "crash"])
@@ -83,7 +77,7 @@ def test_a_follower_offline_through_several_compactions_catches_up(fault: str, s
     segments = c.status("c")["partitions"][P]["segments"]
     assert segments[0][2], "c restarted its chain from the leader's major segment"
     assert len(segments) <= 4, "old segments were deleted once a major included them"
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -99,7 +93,7 @@ def test_a_receiver_killed_mid_transit_discards_the_partial_file_and_catches_up(
     keys += c.write_keys("a", range(4, 12))
     c.settle(30)
     c.assert_identical(NODES, keys)
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -114,7 +108,7 @@ def test_a_leader_killed_mid_transit_loses_no_acknowledged_write(seed: int) -> N
     c.restart("a")  # recovers its log, leads again, and merges what b wrote meanwhile
     c.settle(40)
     c.assert_identical(NODES, keys)
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -137,7 +131,7 @@ def test_aba_stale_minor_after_another_major_is_out_of_order(seed: int) -> None:
     assert c.counters("b").get("sent_decline_OUT_OF_ORDER", 0) > 0
     assert c.counters("a").get("declined_OUT_OF_ORDER", 0) > 0
     c.assert_identical(NODES, keys)
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -161,7 +155,7 @@ def test_aba_reassigned_leader_gets_a_new_placement_and_loses_nothing(seed: int)
     c.assert_identical(NODES, keys)
     acked = {p for s in c.status("b")["partitions"][P]["segments"] for p in s[3]}
     assert 11 in acked and 1 not in acked
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("async_split", [False, True])
@@ -192,7 +186,7 @@ def test_split_while_a_replica_is_offline(async_split: bool, seed: int) -> None:
         assert c.status("a")["partitions"][part]["lifecycle"] == "SERVE"
     assert c.write("a", low, {"key": [5], "v": ["new"]})[1] is None
     assert c.write("a", P, {"key": [5], "v": ["old"]})[1] is not None
-    clean(c)
+    c.assert_clean()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -217,4 +211,4 @@ def test_join_finalize_reaches_a_replica_that_was_offline(seed: int) -> None:
         assert not c.role(n).layout.partitions[P].replicas[0].joining, n
         assert c.leader(n) == "c", "finalized, c is first in placement order and leads everywhere"
     c.assert_identical(NODES, keys)
-    clean(c)
+    c.assert_clean()
