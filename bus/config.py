@@ -17,6 +17,20 @@ ALL_FEATURES = (FEATURE_STREAMS, FEATURE_COMPRESSION, FEATURE_RESTORE)
 
 
 @dataclass(frozen=True, kw_only=True)
+class CurveSettings:
+    """CURVE encryption and authentication of every link (``sparkbus.bus.security``).
+
+    Attributes:
+        key_dir: the key directory: ``public/*.key`` (the keys allowed to connect) and
+            ``private/*.key_secret`` (this node's own pair, or the shared ``cluster`` pair).
+        allow_addresses: IP addresses allowed to connect; empty means any address (keys still apply).
+    """
+
+    key_dir: str
+    allow_addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class BusConfig:
     """Everything the bus needs to know besides the roles and the peers.
 
@@ -38,6 +52,7 @@ class BusConfig:
         compression: payload compression for outgoing messages (None: off).
         versions: protocol versions offered, newest first.
         features: feature bits offered.
+        curve: CURVE on every socket (None: plain TCP, for one machine or a trusted network).
     """
 
     cluster_tag: str = "sparkbus"
@@ -55,6 +70,7 @@ class BusConfig:
     compression: Compression | None = None
     versions: tuple[tuple[int, int, int], ...] = SUPPORTED_VERSIONS
     features: tuple[int, ...] = ALL_FEATURES
+    curve: CurveSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.cluster_tag:

@@ -6,6 +6,10 @@ LINGER=0, explicit HWMs and MAXMSGSIZE; the ROUTER has ROUTER_MANDATORY; DEALER 
 Sends never block the loop (NOBLOCK): a message ZeroMQ will not take is counted, and the sequence gap it
 leaves makes the peer reset the link, so nothing is lost silently. One loop thread owns every socket;
 other threads talk to it through an inproc pipe.
+
+With ``BusConfig.curve`` every socket speaks CURVE (``sparkbus.bus.security``): a peer whose key or
+address is not allowed never gets past the ZeroMQ handshake, so it cannot even send a HELLO; each such
+refusal is logged with its address and counted (``refusals["curve_denied"]`` in ``status()``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from sparkbus.bus import contract as c
+from sparkbus.bus import security
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.state import Completed, Transmit
@@ -117,6 +122,13 @@ class Node:
         self.error: BaseException | None = None
         self._graceful = False
         self.drops: dict[str, int] = {}
+        self._keys: security.KeyPair | None = None
+        self._zap_domain: str | None = None
+        # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
+        self._security_lock = threading.Lock()
+        self._security_refusals: dict[str, int] = {}
+        self._refused_by_peer: dict[str, str] = {}
+        self._denied_addresses: set[str] = set()
 
     # ------------------------------------------------------------------ setup (caller's thread)
 
@@ -133,6 +145,8 @@ class Node:
             sock.setsockopt(zmq.SNDHWM, self.config.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
         self._router, self._pull = router, pull
+        if self.config.curve is not None:
+            self._secure_servers(ctx, router, pull)
         if self.transport == "ipc":
             base = self.ipc_dir or "/tmp"
             control, data = f"ipc://{base}/{self.node_id}-ctl", f"ipc://{base}/{self.node_id}-data"
@@ -145,6 +159,32 @@ class Node:
             data = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints = Endpoints(control=control, data=data)
         return self.endpoints
+
+    def _secure_servers(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], pull: zmq.Socket[bytes]
+    ) -> None:
+        curve = self.config.curve
+        assert curve is not None
+        self._keys = security.node_keys(curve.key_dir, self.node_id)
+        # The ZAP handler must answer before the first client handshakes: libzmq admits any client that
+        # knows the server key when no handler is bound.
+        domain = f"sparkbus/{self.node_id}/{id(self):x}"
+        security.register(ctx, domain, curve, self._on_curve_denied)
+        self._zap_domain = domain
+        for sock in (router, pull):
+            security.apply_server(sock, self._keys, domain)
+
+    def _on_curve_denied(self, address: str, reason: str) -> None:
+        """A client failed ZAP (runs on the authenticator's thread)."""
+        with self._security_lock:
+            self._security_refusals["curve_denied"] = self._security_refusals.get("curve_denied", 0) + 1
+            first = address not in self._denied_addresses
+            if first and len(self._denied_addresses) < 1024:  # bounded: one warning per address
+                self._denied_addresses.add(address)
+        if first:
+            log.warning("node %s: refused a CURVE client from %s: %s", self.node_id, address, reason)
+        else:
+            log.debug("node %s: refused a CURVE client from %s: %s", self.node_id, address, reason)
 
     def start(self, peers: dict[str, Endpoints]) -> None:
         """Connect to ``peers`` and start the loop thread (which owns every socket from now on)."""
@@ -183,7 +223,14 @@ class Node:
             sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED
+        if self.config.curve is not None:
+            assert self._keys is not None
+            server = security.server_key(self.config.curve.key_dir, peer)
+            for sock in (dealer, push):
+                security.apply_client(sock, self._keys, server)
+            events |= zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        monitor = dealer.get_monitor_socket(events)
         dealer.connect(ep.control)
         push.connect(ep.data)
         self._dealers[peer] = dealer
@@ -229,6 +276,10 @@ class Node:
         def run() -> None:
             st = self.core.status()
             st["drops"] = dict(self.drops)
+            with self._security_lock:
+                for what, n in self._security_refusals.items():
+                    st["refusals"][what] = st["refusals"].get(what, 0) + n
+                st["refused"].update(self._refused_by_peer)
             st["endpoints"] = self.endpoints.to_json() if self.endpoints else None
             fut.set_result(st)
 
@@ -351,6 +402,23 @@ class Node:
                 return
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.on_transport_down(peer, self.clock(), "socket disconnected")
+            elif msg["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self._on_curve_refused(peer, msg["event"], msg["value"])
+
+    def _on_curve_refused(self, peer: str, event: int, value: int) -> None:
+        """The peer's ZAP handler turned our key down, or the CURVE handshake failed."""
+        what = (
+            f"CURVE: {peer} refused our key (ZAP status {value})"
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            else f"CURVE handshake with {peer} failed (protocol error {value:#x})"
+        )
+        with self._security_lock:
+            key = "curve_refused_by_peer"
+            self._security_refusals[key] = self._security_refusals.get(key, 0) + 1
+            first = peer not in self._refused_by_peer
+            self._refused_by_peer[peer] = what
+        if first:
+            log.warning("node %s: %s", self.node_id, what)
 
     def _flush(self) -> None:
         for out in self.core.take():
@@ -405,6 +473,9 @@ class Node:
         self._pushes.clear()
         self._monitors.clear()
         self._router = self._pull = self._wake_rx = self._wake_tx = None
+        if self._zap_domain is not None:
+            security.unregister(context(), self._zap_domain)
+            self._zap_domain = None
 
 
 _WAKE_LOCK = threading.Lock()

@@ -19,6 +19,7 @@ from sparkbus.bus.config import BusConfig
 from sparkbus.bus.node import Endpoints as BusEndpoints
 from sparkbus.bus.node import Node
 from sparkbus.codecs import Compression
+from sparkbus.topologies.keys import curve_settings
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.registry import ROLES, Registry, RegistryError
 from sparkbus.topologies.runtime import Endpoints, NodeHandle, NodeRequest
@@ -47,6 +48,7 @@ def bus_config(topology: Topology) -> BusConfig:
         batch_size=bus.batch_size,
         initial_credit=bus.initial_credit,
         compression=compression,
+        curve=curve_settings(topology),
     )
 
 
@@ -110,11 +112,6 @@ class BusNodeHandle:
     ) -> None:
         self.node_id = request.node_id
         topo = request.topology
-        if topo.bus.security.mode != "none":
-            raise RoleUnavailable(
-                f"node {self.node_id}: bus.security.mode = {topo.bus.security.mode!r} is not supported by "
-                "the bus node yet"
-            )
         self.roles = build_roles(request, registry=registry, skip_unavailable=skip_unavailable)
         self.skipped = sorted(unavailable(topo, self.node_id, registry)) if skip_unavailable else []
         self._advertise = request.advertise_host

@@ -21,7 +21,6 @@ import queue
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sparkbus.topologies.busnode import unavailable
+from sparkbus.topologies.keys import ensure_keys, run_dir
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import TopologyError, load
 
@@ -73,8 +73,7 @@ def describe_exit(code: int | None) -> str:
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / f"sparkbus-{os.getuid()}"
+    return run_dir()
 
 
 def state_file(topology_path: str | os.PathLike[str]) -> Path:
@@ -197,6 +196,11 @@ class Launcher:
     def start(self, stop_flag: threading.Event) -> None:
         """Spawn, exchange endpoints and wait until every link is up; raises LaunchError naming a node."""
         deadline = time.monotonic() + self.ready_timeout
+        generated = ensure_keys(self.topo)
+        if generated:
+            self.console.print(
+                f"generated CURVE keys for {len(generated) // 2} nodes in {generated[0].parent.parent}"
+            )
         self.spawn()
         n = len(self.children)
         with Progress(

@@ -1,0 +1,117 @@
+"""``sparkbus keys generate DIR``: CURVE key pairs for ``[bus.security]``, and where a topology's keys are.
+
+``DIR/public/<name>.key`` holds each public certificate (every key there may connect to every node) and
+``DIR/private/<name>.key_secret`` each secret one (``private/`` is mode 0700). Without ``--names`` one
+shared pair called ``cluster`` is written, which every node without a pair of its own uses. With
+``--names store-0,store-1`` each node gets its own pair; ``--topology FILE`` names every node of a file.
+
+``key_dir`` in a topology may start with ``{run_dir}``: sparkbus's run directory on this machine
+(``$XDG_RUNTIME_DIR/sparkbus-<uid>``, or the temporary directory without ``XDG_RUNTIME_DIR``), where
+``sparkbus up`` creates keys it does not find. Other relative paths are resolved against the topology
+file's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from sparkbus.bus import security
+from sparkbus.bus.config import CurveSettings
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.schema import TopologyError, load
+
+RUN_DIR = "{run_dir}"
+
+
+def run_dir() -> Path:
+    """sparkbus's per-user run directory on this machine (state files, generated keys)."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"sparkbus-{os.getuid()}"
+
+
+def key_dir(topology: Topology) -> Path | None:
+    """Where ``topology``'s CURVE keys are on this machine; None when it does not use CURVE."""
+    sec = topology.bus.security
+    if sec.mode != "curve" or sec.key_dir is None:
+        return None
+    raw = sec.key_dir
+    if raw.startswith(RUN_DIR):
+        return run_dir() / raw[len(RUN_DIR) :].lstrip("/")
+    path = Path(os.path.expanduser(raw))
+    if not path.is_absolute() and topology.source and not topology.source.startswith("<"):
+        path = Path(topology.source).resolve().parent / path
+    return path
+
+
+def curve_settings(topology: Topology) -> CurveSettings | None:
+    """The bus's CURVE settings for ``topology`` (None: plain)."""
+    where = key_dir(topology)
+    if where is None:
+        return None
+    return CurveSettings(key_dir=str(where), allow_addresses=topology.bus.security.allow)
+
+
+def ensure_keys(topology: Topology) -> list[Path]:
+    """Give every node of ``topology`` a key pair under its ``{run_dir}`` key directory if it has none.
+
+    Only keys under the run directory are created: a key directory elsewhere is the operator's, and a
+    missing one is an error the nodes report by name.
+
+    Returns:
+        The files written (none when the keys exist or the topology is plain).
+    """
+    where = key_dir(topology)
+    sec = topology.bus.security
+    if where is None or sec.key_dir is None or not sec.key_dir.startswith(RUN_DIR):
+        return []
+    if (where / security.PUBLIC).is_dir():
+        return []
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return security.generate(where, topology.node_ids())
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``keys generate`` to the ``sparkbus`` command."""
+    keys = subparsers.add_parser("keys", help="CURVE key pairs for [bus.security]")
+    sub = keys.add_subparsers(dest="keys_command", required=True)
+    gen = sub.add_parser(
+        "generate",
+        help="write key pairs into DIR/public and DIR/private",
+        description="Write CURVE key pairs: public certificates into DIR/public (every key there may connect), "
+        "secret ones into DIR/private (mode 0700). Default: one shared pair named 'cluster'.",
+    )
+    gen.add_argument("dir", metavar="DIR", help="the key directory (created if absent)")
+    names = gen.add_mutually_exclusive_group()
+    names.add_argument(
+        "--names",
+        help=f"comma-separated key names, usually node ids (default: one shared pair, {security.SHARED_NAME!r})",
+    )
+    names.add_argument("--topology", metavar="FILE", help="one pair per node of this topology file")
+    gen.add_argument("--force", action="store_true", help="replace existing pairs of the same names")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``sparkbus keys generate``; 0 on success, 1 with a message on stderr otherwise."""
+    if args.topology:
+        try:
+            names = load(args.topology).node_ids()
+        except TopologyError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    elif args.names:
+        names = [n.strip() for n in args.names.split(",") if n.strip()]
+    else:
+        names = [security.SHARED_NAME]
+    try:
+        written = security.generate(args.dir, names, overwrite=args.force)
+    except (OSError, ValueError) as exc:
+        print(f"sparkbus keys: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    print(f"{len(names)} key pair{'s' * (len(names) != 1)} in {args.dir}", file=sys.stderr)
+    return 0
