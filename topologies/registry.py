@@ -162,6 +162,7 @@ ROLES.register(
 ROLES.register(
     "compute.replica", "role", "sparkbus.roles.compute:make_replica", "Materialize compute replica"
 )
+ROLES.register("client.gateway", "role", "sparkbus.roles.client:make_gateway", "IEP-90 thin-client gateway")
 ROLES.register(
     "echo", "service", "sparkbus.topologies.echo:make_echo", "request/reply and credit-stream probe"
 )

@@ -1,0 +1,58 @@
+"""Errors a thin client raises. Each carries a code: a bus ``ErrorCode`` (``(3 << 16) | n``) or, for a
+failed query, the query family's code."""
+
+from __future__ import annotations
+
+from sparkbus.bus.messages import ErrorCode
+
+
+class ClientError(Exception):
+    """An operation or a connection failed; ``code`` says why (an ``ErrorCode`` or a query error code)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def code_name(self) -> str:
+        try:
+            return ErrorCode(self.code).name
+        except ValueError:
+            return str(self.code)
+
+    def __str__(self) -> str:
+        return f"[{self.code_name}] {self.message}"
+
+
+class ClientConnectionError(ClientError):
+    """The logical connection an operation ran on is gone (retryable under the retry policy)."""
+
+    def __init__(self, message: str, code: int = ErrorCode.CONNECTION) -> None:
+        super().__init__(code, message)
+
+
+class ConnectionUnknownError(ClientConnectionError):
+    """The server no longer knows the logical connection: its restore timeout passed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ErrorCode.RESOURCE_NOT_FOUND)
+
+
+class ClusterMismatchError(ClientError):
+    """A node belongs to another cluster than the one the client is connected to; never retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CLUSTER_ID_MISMATCH, message)
+
+
+class ConnectTimeoutError(ClientError):
+    """No node connection could be established within the connect timeout; the message lists every
+    address tried and why each failed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CONNECTION, message)
+
+
+class OperationError(ClientError):
+    """The cluster ran the operation and it failed (a role's error, e.g. a query's)."""

@@ -1,0 +1,288 @@
+"""The ``client.gateway`` role: runs thin-client requests through the node's roles, and keeps each
+logical connection (IEP-90) alive across a broken session for a restore timeout.
+
+Per logical connection the gateway keeps a context: the requests running on the node's roles and the
+results not yet acknowledged by the client. Results stay held until the client acknowledges them
+(``Request.ack``, or implicitly by not listing them in ``Restore.waiting``), so a result sent on a session
+that broke is sent again after the restore, and the client drops duplicates by request id: every result is
+delivered exactly once.
+
+Transitions (anything else is answered with an error response or a ``RestoreRefused``):
+
+=====================  =====================================  ===================================
+context state          event                                  result
+=====================  =====================================  ===================================
+(none)                 PeerUp(client, connection_id)          attached, fresh
+attached               Request                                the op runs; attached
+attached, fresh        Restore(id of a live context)          that context attached here; this one
+                                                              released; Restored + held results
+attached, fresh        Restore(unknown id)                    RestoreRefused RESOURCE_NOT_FOUND
+attached, not fresh    Restore                                RestoreRefused OUT_OF_STATE
+attached               PeerLost                               detached, restore timer set
+detached               CallResult                             result held
+detached               restore timer fires                    released (connection unknown)
+=====================  =====================================  ===================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+from sparkbus.bus import contract as c
+from sparkbus.bus.messages import ErrorCode
+from sparkbus.codecs import MiB
+from sparkbus.roles.client.messages import Op, Request, Response, Restore, Restored, RestoreRefused
+
+log = logging.getLogger("sparkbus.roles.client")
+
+NAME = "client.gateway"
+CLIENT_PREFIX = "client:"
+#: seconds a logical connection outlives its broken session (Ignite leaves it to configuration)
+DEFAULT_RESTORE_TIMEOUT = 10.0
+#: bytes of result per Response message (well below the codec's 64 MiB frame limit)
+DEFAULT_CHUNK_BYTES = 4 * MiB
+#: results held per logical connection before the oldest unacknowledged ones are dropped
+MAX_HELD = 1024
+
+#: op -> (role, local call) for the operations the gateway forwards; anything else is refused.
+ROUTES: dict[int, tuple[str, str]] = {
+    Op.SQL: ("query", "execute"),
+    Op.QUERY_CANCEL: ("query", "cancel"),
+    Op.LOAD: ("query", "load"),
+    Op.WRITE: ("replication", "write"),
+    Op.PEEK: ("compute.controller", "peek"),
+    Op.SUBSCRIBE: ("compute.controller", "subscribe"),
+    Op.FETCH: ("compute.controller", "fetch"),
+    Op.UNSUBSCRIBE: ("compute.controller", "unsubscribe"),
+}
+
+
+@dataclass
+class _Context:
+    connection_id: str
+    peer: str | None
+    fresh: bool = True  # no message received on this session yet: RESTORE is still allowed
+    running: set[int] = field(default_factory=set)
+    held: dict[int, list[Response]] = field(default_factory=dict)  # request id -> response chunks
+
+
+def is_client(peer: str) -> bool:
+    """Whether a bus peer name is a thin-client session."""
+    return peer.startswith(CLIENT_PREFIX)
+
+
+def encode_response(
+    request_id: int, result: Any, error: str | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> list[Response]:
+    """The ``Response`` chunks carrying ``result`` (msgpack) or ``error``."""
+    if error is not None:
+        return [Response(request_id=request_id, chunk=0, last=True, code=_code_of(error), error=error)]
+    try:
+        body = msgpack.packb(result, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        text = f"result of request {request_id} cannot be sent: {exc}"
+        return [Response(request_id=request_id, chunk=0, last=True, code=ErrorCode.PROTOCOL, error=text)]
+    view = memoryview(body)
+    parts = [bytes(view[i : i + chunk_bytes]) for i in range(0, len(body), chunk_bytes)] or [b""]
+    return [
+        Response(request_id=request_id, chunk=i, last=i == len(parts) - 1, payload=part)
+        for i, part in enumerate(parts)
+    ]
+
+
+def _code_of(error: str) -> int:
+    """A query error reply starts with ``[code NAME]``; keep its code, otherwise a generic one."""
+    if error.startswith("["):
+        head = error[1:].split(" ", 1)[0]
+        try:
+            return int(head)
+        except ValueError:
+            pass
+    return ErrorCode.PROTOCOL
+
+
+class Gateway:
+    """The ``client.gateway`` role.
+
+    Args:
+        node_id: this node.
+        roles: the roles this node runs (for ``status``).
+        restore_timeout: seconds a logical connection waits for its client after the session broke.
+        chunk_bytes: result bytes per ``Response``.
+    """
+
+    name = NAME
+    messages: ClassVar[tuple[type, ...]] = (Request, Restore)
+
+    def __init__(
+        self,
+        node_id: str,
+        roles: Iterable[str] = (),
+        *,
+        restore_timeout: float = DEFAULT_RESTORE_TIMEOUT,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if restore_timeout <= 0 or chunk_bytes <= 0:
+            raise ValueError("restore_timeout and chunk_bytes must be positive")
+        self.node_id = node_id
+        self.node_roles = sorted(roles)
+        self.restore_timeout = restore_timeout
+        self.chunk_bytes = chunk_bytes
+        self.contexts: dict[str, _Context] = {}  # connection id -> context
+        self.by_peer: dict[str, str] = {}  # client peer -> connection id
+        self.nodes_up: set[str] = set()
+        self.counters: dict[str, int] = {"restored": 0, "restore_refused": 0, "released": 0, "requests": 0}
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        if isinstance(event, c.MessageReceived):
+            ctx = self._context_of(event.peer)
+            if ctx is None:
+                return []
+            if isinstance(event.message, Restore):
+                return self._on_restore(ctx, event.peer, event.message)
+            ctx.fresh = False
+            return self._on_request(ctx, event.peer, event.message)
+        if isinstance(event, c.CallResult):
+            return self._on_result(event)
+        if isinstance(event, c.PeerUp):
+            if not is_client(event.peer):
+                self.nodes_up.add(event.peer)
+            elif event.connection_id:
+                self.contexts[event.connection_id] = _Context(event.connection_id, event.peer)
+                self.by_peer[event.peer] = event.connection_id
+            return []
+        if isinstance(event, c.PeerLost):
+            return self._on_lost(event.peer, now)
+        if isinstance(event, c.TimerFired):
+            ctx = self.contexts.get(event.key)
+            if ctx is not None and ctx.peer is None:
+                del self.contexts[event.key]
+                self.counters["released"] += 1
+                log.info("gateway %s: logical connection %s released", self.node_id, event.key[:8])
+            return []
+        if isinstance(event, c.LocalCall):
+            return [c.Reply(call_id=event.call_id, result=self.status())]
+        return []
+
+    def status(self) -> dict[str, Any]:
+        """What the ``STATUS`` op answers."""
+        return {
+            "node": self.node_id,
+            "roles": self.node_roles,
+            "nodes_up": sorted(self.nodes_up),
+            "connections": len(self.contexts),
+            "detached": sum(1 for x in self.contexts.values() if x.peer is None),
+            "counters": dict(self.counters),
+        }
+
+    # ------------------------------------------------------------------ events
+
+    def _context_of(self, peer: str) -> _Context | None:
+        cid = self.by_peer.get(peer)
+        return self.contexts.get(cid) if cid is not None else None
+
+    def _on_lost(self, peer: str, now: float) -> list[c.Action]:
+        if not is_client(peer):
+            self.nodes_up.discard(peer)
+            return []
+        cid = self.by_peer.pop(peer, None)
+        ctx = self.contexts.get(cid) if cid is not None else None
+        if ctx is None or ctx.peer != peer:
+            return []
+        ctx.peer = None
+        return [c.SetTimer(key=ctx.connection_id, at=now + self.restore_timeout)]
+
+    def _on_request(self, ctx: _Context, peer: str, msg: Any) -> list[c.Action]:
+        assert isinstance(msg, Request)
+        self.counters["requests"] += 1
+        for rid in msg.ack:
+            ctx.held.pop(rid, None)
+        rid = msg.request_id
+        if rid in ctx.running:
+            return []  # a duplicate of a request still running: its result will come once
+        if rid in ctx.held:
+            return [c.Send(peer=peer, message=r) for r in ctx.held[rid]]
+        if msg.op == Op.PING:
+            return [c.Send(peer=peer, message=r) for r in encode_response(rid, None, None)]
+        if msg.op == Op.STATUS:
+            return self._complete(ctx, rid, self.status(), None)
+        route = ROUTES.get(msg.op)
+        if route is None:
+            return self._complete(ctx, rid, None, f"unknown operation {msg.op}")
+        args = dict(msg.args)
+        if msg.op == Op.SQL and "participants" not in args:
+            # The query role's default is "every peer that is up", which would include client sessions.
+            args["participants"] = [self.node_id, *sorted(self.nodes_up - {self.node_id})]
+        ctx.running.add(rid)
+        return [c.Call(role=route[0], name=route[1], args=args, tag=f"{ctx.connection_id}/{rid}")]
+
+    def _on_result(self, event: c.CallResult) -> list[c.Action]:
+        cid, _, rid_text = event.tag.rpartition("/")
+        ctx = self.contexts.get(cid)
+        if ctx is None:
+            return []  # released meanwhile: nobody to tell
+        rid = int(rid_text)
+        ctx.running.discard(rid)
+        return self._complete(ctx, rid, event.result, event.error)
+
+    def _complete(self, ctx: _Context, rid: int, result: Any, error: str | None) -> list[c.Action]:
+        chunks = encode_response(rid, result, error, self.chunk_bytes)
+        ctx.held[rid] = chunks
+        while len(ctx.held) > MAX_HELD:
+            del ctx.held[next(iter(ctx.held))]
+        if ctx.peer is None:
+            return []
+        return [c.Send(peer=ctx.peer, message=r) for r in chunks]
+
+    def _on_restore(self, ctx: _Context, peer: str, msg: Restore) -> list[c.Action]:
+        target = self.contexts.get(msg.connection_id)
+        if not ctx.fresh or target is ctx:
+            ctx.fresh = False
+            return self._refuse(
+                peer, ErrorCode.OUT_OF_STATE, "RESTORE must be the first message of a new session"
+            )
+        if target is None:
+            return self._refuse(
+                peer,
+                ErrorCode.RESOURCE_NOT_FOUND,
+                f"connection unknown: {msg.connection_id[:8]}... is not known on {self.node_id} "
+                f"(released after its restore timeout of {self.restore_timeout:g} s, or never opened here)",
+            )
+        # This session's own fresh context is replaced by the restored one.
+        del self.contexts[ctx.connection_id]
+        if target.peer is not None:
+            # The old session has not timed out on the bus yet; the connection id proves the new one owns it.
+            self.by_peer.pop(target.peer, None)
+        target.peer = peer
+        target.fresh = False
+        self.by_peer[peer] = target.connection_id
+        waiting = set(msg.waiting)
+        for rid in [r for r in target.held if r not in waiting]:
+            del target.held[rid]  # the client has it
+        self.counters["restored"] += 1
+        out: list[c.Action] = [
+            c.CancelTimer(key=target.connection_id),
+            c.Send(
+                peer=peer,
+                message=Restored(
+                    connection_id=target.connection_id, known=tuple(sorted(target.running | set(target.held)))
+                ),
+            ),
+        ]
+        for chunks in target.held.values():
+            out.extend(c.Send(peer=peer, message=r) for r in chunks)
+        return out
+
+    def _refuse(self, peer: str, code: ErrorCode, text: str) -> list[c.Action]:
+        self.counters["restore_refused"] += 1
+        return [c.Send(peer=peer, message=RestoreRefused(code=code, message=text))]
+
+
+def make_gateway(ctx: Any) -> Gateway:
+    """Registry factory: a gateway for node ``ctx.node_id`` (``ctx`` is a ``RoleContext``)."""
+    return Gateway(ctx.node_id, getattr(ctx.spec, "roles", ()))
