@@ -30,10 +30,10 @@ from sparkbus.roles.client.policy import (
     RetryPolicy,
     RetryReadPolicy,
     keepalive_interval,
+    literal_resolver,
     node_order,
     parse_address,
     resolve_order,
-    system_resolver,
 )
 
 __all__ = [
@@ -66,9 +66,9 @@ __all__ = [
     "encode_response",
     "is_client",
     "keepalive_interval",
+    "literal_resolver",
     "make_gateway",
     "node_order",
     "parse_address",
     "resolve_order",
-    "system_resolver",
 ]

@@ -62,9 +62,9 @@ from sparkbus.roles.client.policy import (
     RetryPolicy,
     RetryReadPolicy,
     keepalive_interval,
+    literal_resolver,
     node_order,
     resolve_order,
-    system_resolver,
 )
 
 log = logging.getLogger("sparkbus.roles.client")
@@ -204,7 +204,7 @@ class ClientCore:
         config: ClientConfig,
         *,
         rng: random.Random | None = None,
-        resolver: Resolver = system_resolver,
+        resolver: Resolver = literal_resolver,
         name: str = "client",
     ) -> None:
         if not addresses:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -114,15 +114,13 @@ class Keepalive:
 Resolver = Callable[[str, int], Sequence[str]]
 
 
-def system_resolver(host: str, port: int) -> list[str]:
-    """The host's transport addresses (``socket.getaddrinfo``), de-duplicated, in the system's order."""
-    out: list[str] = []
-    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        ip = str(sockaddr[0])
-        addr = f"tcp://[{ip}]:{port}" if family == socket.AF_INET6 else f"tcp://{ip}:{port}"
-        if addr not in out:
-            out.append(addr)
-    return out
+def literal_resolver(host: str, port: int) -> list[str]:
+    """Resolves IP literals only (roles do no I/O); the ZeroMQ driver passes ``socket.getaddrinfo``'s."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise OSError(f"{host} is not an IP address and no resolver was given") from None
+    return [f"tcp://[{ip}]:{port}" if ip.version == 6 else f"tcp://{ip}:{port}"]
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -138,7 +136,7 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
-def resolve_order(address: str, rng: random.Random, resolver: Resolver = system_resolver) -> list[str]:
+def resolve_order(address: str, rng: random.Random, resolver: Resolver = literal_resolver) -> list[str]:
     """IEP-90: the transport addresses of one node address, in a random order (a new one each call).
 
     Raises:

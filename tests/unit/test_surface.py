@@ -10,7 +10,14 @@ import pytest
 
 import sparkbus.codecs
 
-PACKAGES = ["sparkbus.codecs", "sparkbus.bus", "sparkbus.roles", "sparkbus.topologies"]
+PACKAGES = [
+    "sparkbus",
+    "sparkbus.codecs",
+    "sparkbus.bus",
+    "sparkbus.roles",
+    "sparkbus.roles.client",
+    "sparkbus.topologies",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -48,3 +55,33 @@ def test_layers_import_only_downwards(layer: str) -> None:
             for n in names:
                 bad = [f for f in FORBIDDEN[layer] if n == f or n.startswith(f + ".")]
                 assert not bad, f"{path.name} (layer {layer}) imports {n}"
+
+
+def test_sparkbus_is_light_and_lazily_offers_the_client() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, sparkbus, sparkbus.codecs; print('zmq' in sys.modules, sparkbus.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.split()[0] == "False"  # importing sparkbus or a subpackage does not import ZeroMQ
+    import sparkbus
+
+    assert sparkbus.connect.__module__ == "sparkbus.topologies.client"
+    assert issubclass(sparkbus.ConnectionUnknownError, sparkbus.ClientError)
+    with pytest.raises(AttributeError):
+        sparkbus.nothing  # noqa: B018
+
+
+def test_the_client_roles_surface() -> None:
+    import sparkbus.roles.client as rc
+
+    for name in (
+        "ClientCore",
+        "Gateway",
+        "make_gateway",
+        "Request",
+        "Response",
+        "Restore",
+        "RetryReadPolicy",
+    ):
+        assert name in rc.__all__

@@ -92,8 +92,13 @@ def test_addresses_parse_and_resolve_in_a_new_random_order_each_time() -> None:
         resolve_order("x:1", rng, lambda h, p: [])
 
 
-def test_localhost_resolves_through_the_system() -> None:
-    assert "tcp://127.0.0.1:7" in resolve_order("127.0.0.1:7", random.Random(0))
+def test_names_resolve_through_the_system_in_the_driver_and_only_literals_in_the_core() -> None:
+    from sparkbus.topologies.client import system_resolver
+
+    assert "tcp://127.0.0.1:7" in resolve_order("localhost:7", random.Random(0), system_resolver)
+    assert resolve_order("127.0.0.1:7", random.Random(0)) == ["tcp://127.0.0.1:7"]
+    with pytest.raises(OSError):
+        resolve_order("localhost:7", random.Random(0))
 
 
 def test_results_are_chunked_and_errors_keep_a_query_code() -> None:
