@@ -229,6 +229,11 @@ class Client:
         )
         return out
 
+    def status_of_links(self) -> dict[str, int]:
+        """Node address -> how many times its logical connection was restored."""
+        result: dict[str, int] = self._on_loop(lambda: {k: x.restores for k, x in self.core.links.items()})
+        return result
+
     def close(self) -> None:
         """Close every socket and stop the loop thread."""
         self._stopping.set()

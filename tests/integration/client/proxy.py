@@ -26,9 +26,17 @@ class Proxy:
         return f"tcp://127.0.0.1:{self.port}"
 
     def up(self) -> None:
-        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        lst.bind(("127.0.0.1", self.port))
+        for attempt in range(200):  # the closed listener's port can take a moment to free
+            lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                lst.bind(("127.0.0.1", self.port))
+                break
+            except OSError:
+                lst.close()
+                if attempt == 199:
+                    raise
+                self._stop.wait(0.01)
         lst.listen(16)
         self.port = lst.getsockname()[1]
         with self._lock:
