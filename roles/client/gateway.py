@@ -215,9 +215,6 @@ class Gateway:
         if route is None:
             return self._complete(ctx, rid, None, f"unknown operation {msg.op}")
         args = dict(msg.args)
-        if msg.op == Op.SQL and "participants" not in args:
-            # The query role's default is "every peer that is up", which would include client sessions.
-            args["participants"] = [self.node_id, *sorted(self.nodes_up - {self.node_id})]
         ctx.running.add(rid)
         return [c.Call(role=route[0], name=route[1], args=args, tag=f"{ctx.connection_id}/{rid}")]
 

@@ -178,7 +178,8 @@ class QueryRole:
         elif isinstance(event, c.TimerFired):
             self._on_timer(event.key, now, out)
         elif isinstance(event, c.PeerUp):
-            self.peers_up.add(event.peer)
+            if not event.connection_id:  # a thin client's session is not a query member
+                self.peers_up.add(event.peer)
         elif isinstance(event, c.PeerLost):
             self._on_peer_lost(event.peer, out)
         elif isinstance(event, c.HandlerFailed):
