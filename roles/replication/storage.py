@@ -216,7 +216,9 @@ class MemoryStorage:
     A crash keeps what was committed or durably appended and loses the rest; temporary files survive as
     partial files, as they would on disk, until ``discard_partial``. ``arm_crash(n)`` makes the n-th
     following mutation raise ``SimulatedCrash``; a durable append struck this way leaves half its bytes
-    (a torn write), everything else leaves the state as it was before the mutation.
+    (a torn write), everything else leaves the state as it was before the mutation. After the strike
+    (``struck``) every mutation raises too: a dead process writes nothing more, even if its caller (a
+    node core that survives a failing role) carries on until the test kills it.
     """
 
     def __init__(self) -> None:
@@ -224,6 +226,7 @@ class MemoryStorage:
         self._temps: dict[str, io.BytesIO] = {}
         self._countdown: int | None = None
         self.mutations = 0
+        self.struck = False
 
     def arm_crash(self, after: int) -> None:
         """Crash on the ``after``-th mutation from now (1 = the next one)."""
@@ -235,12 +238,15 @@ class MemoryStorage:
         self._countdown = None
 
     def _tick(self, torn: tuple[str, bytes] | None = None) -> None:
+        if self.struck:
+            raise SimulatedCrash("the process died in an earlier mutation")
         self.mutations += 1
         if self._countdown is None:
             return
         self._countdown -= 1
         if self._countdown == 0:
             self._countdown = None
+            self.struck = True
             if torn is not None:
                 name, data = torn
                 self._files[name] = self._files.get(name, b"") + data[: len(data) // 2]

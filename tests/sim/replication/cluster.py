@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkbus.bus.sim import SimBus
+from sparkbus.bus.sim import SimBus, SimTimeout
 from sparkbus.codecs import decode_batch, encode_batch
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
@@ -68,11 +68,12 @@ class Cluster:
     def alive(self, node: str) -> bool:
         return self.sim.node(node).alive
 
-    def crash(self, node: str) -> None:
-        """SIGKILL: peers see the disconnect; what was not committed or synced is lost."""
+    def crash(self, node: str, *, notify: bool = True) -> None:
+        """SIGKILL (peers see the disconnect; without ``notify`` only silence): what was not committed or
+        synced is lost."""
         if not self.alive(node):
             return
-        self.sim.crash(node)
+        self.sim.crash(node, notify=notify)
         for (owner, part), storage in list(self.storages.items()):
             if owner == node:
                 self.storages[owner, part] = storage.crashed()
@@ -82,8 +83,8 @@ class Cluster:
             return
         self.sim.restart(node, [self._role(node)])
 
-    def cut(self, a: str, b: str) -> None:
-        self.sim.cut(a, b)
+    def cut(self, a: str, b: str, *, notify: bool = True) -> None:
+        self.sim.cut(a, b, notify=notify)
 
     def heal(self, a: str, b: str) -> None:
         self.sim.heal(a, b)
@@ -93,6 +94,27 @@ class Cluster:
     def settle(self, seconds: float) -> None:
         """Run the simulated clock on (ticks, heartbeats, handshakes, transfers)."""
         self.sim.run_for(seconds)
+
+    def reap_struck(self) -> list[str]:
+        """Crash every live node whose storage an armed crash struck (``MemoryStorage.arm_crash``): the
+        node core survives a failing role, a process does not. Returns the nodes crashed."""
+        struck = sorted({n for (n, _), st in self.storages.items() if st.struck and self.alive(n)})
+        for n in struck:
+            self.crash(n)
+        return struck
+
+    def run(self, seconds: float) -> None:
+        """Like ``settle``, but a node dies at the step its storage is struck."""
+        until = self.sim.now + seconds
+
+        def done() -> bool:
+            self.reap_struck()
+            return self.sim.now >= until
+
+        try:
+            self.sim.run_until(done, limit=seconds + 5)
+        except SimTimeout:
+            self.sim.run(until)  # nothing is scheduled: every node is down
 
     def quiet(self) -> bool:
         """No transfer in progress on any live node."""
@@ -151,7 +173,12 @@ class Cluster:
         return counters
 
     def leader(self, node: str, partition: str = P) -> str | None:
-        leader: str | None = self.status(node)["partitions"][partition]["leader"]
+        """Whom ``node`` names leader (None if an armed crash struck it while answering)."""
+        status, error = self.try_call(node, "status")
+        if error is not None:
+            assert self.reap_struck() == [node], error
+            return None
+        leader: str | None = status["partitions"][partition]["leader"]
         return leader
 
     def assert_identical(
