@@ -679,6 +679,11 @@ class ReplicationRole(Receiving):
                 "root": rep.store.root,
                 "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],
                 "memtable_rows": rep.store.memtable_rows,
+                "recovered": {  # what opening the store found after a crash
+                    "partial_files": rep.store.recovered_partial,
+                    "log_records": rep.store.recovered_log_records,
+                    "torn_log_tail": rep.store.recovered_torn_tail,
+                },
             }
         out["partitions"] = parts
         out["incoming"] = len(self.incoming)
