@@ -6,6 +6,11 @@ a socket monitor for connect and disconnect events. All decisions (address order
 identity, keepalive, retries, logical connection restore) are made by the sans-IO
 ``sparkbus.roles.client.ClientCore``; this module only carries them out. ``AsyncClient`` runs over the
 same core and thread: its coroutines await the thread's futures (``asyncio.wrap_future``).
+
+With ``ClientCurve`` settings every DEALER is a CURVE client (``sparkbus.bus.security``): the client's key
+pair and the node's public key are set before it connects. A node whose ZAP handler refuses the key (or
+whose CURVE handshake fails) is reported by the socket monitor and refused for good with an
+``AuthenticationError`` naming its address; it is never retried.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +36,11 @@ import pyarrow as pa
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from sparkbus.bus import security
 from sparkbus.bus.node import context
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.client import (
+    AuthenticationError,
     ClientConfig,
     ClientCore,
     ClientError,
@@ -46,8 +54,15 @@ from sparkbus.roles.client import (
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
 from sparkbus.roles.query import Query, result_table, table_to_ipc
 from sparkbus.roles.query.plan import PlanNode
+from sparkbus.topologies.busnode import bus_config
+from sparkbus.topologies.keys import RUN_DIR
+from sparkbus.topologies.keys import key_dir as topology_key_dir
 from sparkbus.topologies.launcher import state_file
 from sparkbus.topologies.schema import load
+
+#: The key pair a client looks for in a key directory (``private/client.key_secret``; the shared
+#: ``cluster`` pair when there is none).
+CLIENT_KEY_NAME = "client"
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -61,14 +76,102 @@ def system_resolver(host: str, port: int) -> list[str]:
     return out
 
 
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
 #: ``(3 << 16) | 11``: Ignite's OPERATION_TIMEOUT
 OPERATION_TIMEOUT = (3 << 16) | 11
 GATEWAY = "client.gateway"
 
 
-def topology_addresses(path: str | os.PathLike[str]) -> tuple[list[str], str]:
+@dataclass(frozen=True)
+class ClientCurve:
+    """CURVE settings of a thin client: its own key pair and the public key of each node's control ROUTER.
+
+    Attributes:
+        public, secret: the client's Z85 key pair; the public key must be in the nodes' ``public/``
+            directory (their allow-list, read when a node starts).
+        server_keys: node address (as given to ``connect``) -> that node's Z85 public key.
+        default_server_key: the key of any address not in ``server_keys`` (a cluster's shared pair).
+    """
+
+    public: bytes
+    secret: bytes
+    server_keys: Mapping[str, bytes] = field(default_factory=dict)
+    default_server_key: bytes | None = None
+
+    def server_key(self, address: str) -> bytes:
+        key = self.server_keys.get(address, self.default_server_key)
+        if key is None:
+            raise AuthenticationError(f"no CURVE server key for {address} (give server_keys or a key_dir)")
+        return key
+
+    @classmethod
+    def from_key_dir(
+        cls,
+        key_dir: str | os.PathLike[str],
+        *,
+        name: str = CLIENT_KEY_NAME,
+        nodes: Mapping[str, str] | None = None,
+        fallback_names: Sequence[str] = (),
+    ) -> ClientCurve:
+        """Keys from a key directory laid out as ``sparkbus keys generate`` writes it.
+
+        Args:
+            key_dir: the directory (``public/``, ``private/``).
+            name: the client's pair: ``private/<name>.key_secret``, else the shared ``cluster`` pair,
+                else the first of ``fallback_names`` that has a pair.
+            nodes: node address -> node id, for nodes with pairs of their own (``public/<node id>.key``);
+                other addresses use the shared ``public/cluster.key``.
+            fallback_names: further pairs the client may use (``connect`` by topology file: the gateway
+                nodes' own pairs in a key directory ``sparkbus up`` made for this user).
+
+        Raises:
+            AuthenticationError: no usable client pair, or no server key for a node.
+        """
+        pair: security.KeyPair | None = None
+        tried = [name, security.SHARED_NAME, *fallback_names]
+        for candidate in (name, *fallback_names):
+            try:
+                pair = security.node_keys(key_dir, candidate)
+                break
+            except security.MissingKey:
+                continue
+        if pair is None:
+            raise AuthenticationError(
+                f"no client key pair in {key_dir}/private (looked for {', '.join(tried)}); make one with "
+                f"`sparkbus keys generate {key_dir} --names {name}` and restart the nodes so they admit it"
+            )
+        servers: dict[str, bytes] = {}
+        for address, node_id in (nodes or {}).items():
+            try:
+                servers[address] = security.server_key(key_dir, node_id)
+            except security.MissingKey as exc:
+                raise AuthenticationError(f"{address}: {exc}") from None
+        try:
+            default: bytes | None = security.server_key(key_dir, security.SHARED_NAME)
+        except security.MissingKey:
+            default = None
+        return cls(public=pair.public, secret=pair.secret, server_keys=servers, default_server_key=default)
+
+
+@dataclass(frozen=True)
+class TopologyTarget:
+    """What ``connect`` needs from a topology file and its running cluster."""
+
+    addresses: list[str]
+    cluster_tag: str
+    nodes: dict[str, str]  # address -> node id
+    key_dir: Path | None  # the topology's CURVE key directory (None: plain)
+    run_dir_keys: bool  # the key directory is one ``sparkbus up`` made in the run directory
+
+
+def topology_target(path: str | os.PathLike[str]) -> TopologyTarget:
     """The control endpoints of the nodes running ``client.gateway`` in the cluster ``sparkbus up`` started
-    from topology file ``path`` (read from its state file), and the topology's cluster tag."""
+    from topology file ``path`` (read from its state file), its cluster tag and its CURVE key directory."""
     topo = load(Path(path))
     gateways = {node_id for spec in topo.nodes if GATEWAY in spec.roles for node_id in spec.node_ids}
     state = state_file(path)
@@ -77,12 +180,27 @@ def topology_addresses(path: str | os.PathLike[str]) -> tuple[list[str], str]:
             f"no running cluster recorded for {path} (looked for {state}); is `sparkbus up` running?"
         )
     nodes: dict[str, dict[str, Any]] = json.loads(state.read_text())["nodes"]
-    found = [
-        info["control"] for node, info in sorted(nodes.items()) if node in gateways and info.get("control")
-    ]
+    found = {
+        info["control"]: node
+        for node, info in sorted(nodes.items())
+        if node in gateways and info.get("control")
+    }
     if not found:
         raise ConnectTimeoutError(f"{path}: no running node has the {GATEWAY} role (nodes: {sorted(nodes)})")
-    return found, topo.cluster.tag
+    raw = topo.bus.security.key_dir or ""
+    return TopologyTarget(
+        addresses=list(found),
+        cluster_tag=bus_config(topo).cluster_tag,  # the nodes' bus tag: "<name>/<tag>"
+        nodes=found,
+        key_dir=topology_key_dir(topo),
+        run_dir_keys=raw.startswith(RUN_DIR),
+    )
+
+
+def topology_addresses(path: str | os.PathLike[str]) -> tuple[list[str], str]:
+    """The gateway nodes' control endpoints of the cluster started from ``path``, and its cluster tag."""
+    target = topology_target(path)
+    return target.addresses, target.cluster_tag
 
 
 class Client:
@@ -96,6 +214,7 @@ class Client:
         resolver: host, port -> transport addresses (``socket.getaddrinfo`` by default).
         retry: IEP-82 retry policy (default: reads only, up to 16 times).
         op_timeout: default seconds an operation may take.
+        curve: CURVE keys (None: plain TCP, which a CURVE node refuses).
         **settings: further ``ClientConfig`` fields (``handshake_timeout``, ``heartbeat_interval``, ...).
     """
 
@@ -109,8 +228,10 @@ class Client:
         resolver: Resolver = system_resolver,
         retry: RetryPolicy | None = None,
         op_timeout: float = 60.0,
+        curve: ClientCurve | None = None,
         **settings: Any,
     ) -> None:
+        self.curve = curve
         config = ClientConfig(cluster_tag=cluster_tag, retry=retry or RetryReadPolicy(), **settings)
         self.core = ClientCore(
             addresses,
@@ -328,16 +449,39 @@ class Client:
     def _on_monitor(self, mon: zmq.Socket[bytes], key: str) -> None:
         while True:
             try:
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+                msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
+            event, value = int(msg["event"]), int(msg["value"])
             if event == zmq.EVENT_CONNECTED:
                 self.core.on_connected(key, time.monotonic())
             elif event == zmq.EVENT_DISCONNECTED:
                 self.core.on_disconnected(key, time.monotonic(), "socket disconnected")
+            elif event & _HANDSHAKE_FAILED:
+                reason = self._handshake_failure(key, event, value)
+                if reason is not None:
+                    self.core.on_auth_failed(key, reason, time.monotonic())
             self._flush()
             if mon not in self._monitors:
                 return
+
+    def _handshake_failure(self, key: str, event: int, value: int) -> str | None:
+        """Why a ZeroMQ security handshake failed, or None when it is no reason to refuse the node."""
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return (
+                f"the node refused this client's CURVE key (ZAP status {value}: key or address not allowed)"
+            )
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                side = "this client uses CURVE" if self.curve else "this client has no CURVE keys"
+                return f"security mechanism mismatch ({side}; the node does not match)"
+            return f"security handshake protocol error {value:#x}"
+        # HANDSHAKE_FAILED_NO_DETAIL: with CURVE, a server that cannot open our HELLO (we hold the wrong
+        # public key for it). A link that had a session is only cut: it reconnects and restores.
+        link = self.core.links.get(key)
+        if self.curve is not None and link is not None and not link.connection_id:
+            return "CURVE handshake failed: the server public key used for this node is probably wrong"
+        return None
 
     def _flush(self) -> None:
         for out in self.core.take():
@@ -363,8 +507,11 @@ class Client:
             if self.core.connected:
                 self._started.set_result(None)
             else:
+                refusal = self.core.refusal()
                 self._started.set_exception(
-                    ConnectTimeoutError(f"no node could be connected; tried:\n{self.core.attempts()}")
+                    AuthenticationError(f"{refusal.message}; tried:\n{self.core.attempts()}")
+                    if refusal is not None
+                    else ConnectTimeoutError(f"no node could be connected; tried:\n{self.core.attempts()}")
                 )
 
     def _open(self, key: str, transport: str) -> None:
@@ -375,7 +522,18 @@ class Client:
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
-        mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED
+        if self.curve is not None:
+            try:
+                server = self.curve.server_key(key)
+            except AuthenticationError as exc:
+                sock.close(linger=0)
+                self.core.on_auth_failed(key, exc.message, time.monotonic())
+                return
+            security.apply_client(
+                sock, security.KeyPair(public=self.curve.public, secret=self.curve.secret), server
+            )
+        mon = sock.get_monitor_socket(events)
         sock.connect(transport)
         self._socks[key] = sock
         self._monitors[mon] = key
@@ -430,7 +588,13 @@ class AsyncClient:
 
 
 def connect(
-    target: str | os.PathLike[str] | Sequence[str], *, cluster_tag: str | None = None, **kw: Any
+    target: str | os.PathLike[str] | Sequence[str],
+    *,
+    cluster_tag: str | None = None,
+    curve: ClientCurve | None = None,
+    key_dir: str | os.PathLike[str] | None = None,
+    key_name: str = CLIENT_KEY_NAME,
+    **kw: Any,
 ) -> Client:
     """Connect to a cluster.
 
@@ -439,18 +603,32 @@ def connect(
             topology file a running ``sparkbus up`` was started from (its gateway nodes are found through
             the state file ``sparkbus status`` reads).
         cluster_tag: the cluster to join; taken from the topology file when one is given.
+        curve: CURVE keys; overrides ``key_dir``.
+        key_dir: a key directory (``sparkbus keys generate``): the client's pair is ``key_name`` (or the
+            shared ``cluster`` pair), each node's public key its own or ``cluster``. With a topology file
+            whose ``[bus.security]`` is CURVE, its key directory is the default; a ``{run_dir}`` one made
+            by ``sparkbus up`` for this user also lends a gateway node's pair when it has no client pair.
+        key_name: the client's key pair in ``key_dir``.
         **kw: ``Client`` options (``connect_timeout``, ``seed``, ``retry``, ``op_timeout``, ...).
 
     Raises:
         ConnectTimeoutError: no node connection within ``connect_timeout``; lists what was tried and why.
+        AuthenticationError: the nodes refused this client's key (or no key could be found).
     """
     if isinstance(target, str | os.PathLike) and Path(target).suffix == ".toml":
-        addresses, tag = topology_addresses(target)
-        return Client(addresses, cluster_tag=cluster_tag or tag, **kw)
+        found = topology_target(target)
+        if curve is None and (key_dir is not None or found.key_dir is not None):
+            where = key_dir if key_dir is not None else found.key_dir
+            assert where is not None
+            lend = [found.nodes[a] for a in found.addresses] if key_dir is None and found.run_dir_keys else []
+            curve = ClientCurve.from_key_dir(where, name=key_name, nodes=found.nodes, fallback_names=lend)
+        return Client(found.addresses, cluster_tag=cluster_tag or found.cluster_tag, curve=curve, **kw)
     if cluster_tag is None:
         raise ValueError("connect needs cluster_tag= with plain addresses (a topology file names its own)")
     addresses = [str(target)] if isinstance(target, str | os.PathLike) else list(target)
-    return Client(addresses, cluster_tag=cluster_tag, **kw)
+    if curve is None and key_dir is not None:
+        curve = ClientCurve.from_key_dir(key_dir, name=key_name)
+    return Client(addresses, cluster_tag=cluster_tag, curve=curve, **kw)
 
 
 async def connect_async(

@@ -6,6 +6,8 @@ driven over ZeroMQ by ``sparkbus.topologies.client`` and by the simulator in the
 
 from sparkbus.roles.client.core import ClientConfig, ClientCore, Close, Done, Link, Open, Send
 from sparkbus.roles.client.errors import (
+    AUTHENTICATION,
+    AuthenticationError,
     ClientConnectionError,
     ClientError,
     ClusterMismatchError,
@@ -37,8 +39,10 @@ from sparkbus.roles.client.policy import (
 )
 
 __all__ = [
+    "AUTHENTICATION",
     "READ_OPS",
     "RETRY_NONE",
+    "AuthenticationError",
     "ClientConfig",
     "ClientConnectionError",
     "ClientCore",

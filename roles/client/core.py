@@ -21,6 +21,7 @@ restoring    RESTORED                                    up (held results follow
 restoring    RESTORE_REFUSED                             up, a new logical connection; ops failed
 up           disconnect, sequence gap, heartbeat timeout  hello_sent again after a back-off (restore)
 any          REJECT CLUSTER_ID_MISMATCH / HANDSHAKE_HEADER refused (final: never retried)
+any          security handshake refused (``on_auth_failed``) refused (final: never retried)
 ===========  ==========================================  ==========================================
 """
 
@@ -47,6 +48,7 @@ from sparkbus.bus.messages import (
 )
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Limits
 from sparkbus.roles.client.errors import (
+    AuthenticationError,
     ClientConnectionError,
     ClientError,
     ClusterMismatchError,
@@ -185,6 +187,7 @@ class Link:
     errors: list[str] = field(default_factory=list)
     restores: int = 0
     broken_at: float = 0.0
+    refusal: ClientError | None = None  # why the node was refused (final)
 
 
 class ClientCore:
@@ -245,6 +248,14 @@ class ClientCore:
         """The initial connection failed on every node (the driver reports ``attempts()``)."""
         return self._initial and all(link.state in ("failed", "refused") for link in self.links.values())
 
+    def refusal(self) -> ClientError | None:
+        """After ``gave_up``: an ``AuthenticationError`` if a node refused this client's credentials
+        (the clearest reason to give), otherwise None."""
+        for key in self.order:
+            if isinstance(self.links[key].refusal, AuthenticationError):
+                return self.links[key].refusal
+        return None
+
     def attempts(self) -> str:
         """What was tried and why each failed, for a connect error."""
         lines = []
@@ -278,6 +289,16 @@ class ClientCore:
         link = self.links.get(key)
         if link is not None and link.state in ("up", "restoring"):
             self._broken(link, reason, now)
+
+    def on_auth_failed(self, key: str, reason: str, now: float) -> None:
+        """The node's security layer refused this client (ZeroMQ's ZAP/CURVE handshake failed): the node
+        is refused for good, and what ran on it fails with an ``AuthenticationError``."""
+        link = self.links.get(key)
+        if link is None or link.state in ("refused", "idle"):
+            return
+        transport = link.transports[link.index] if link.index < len(link.transports) else key
+        text = f"authentication failed at {key} ({transport}): {reason}"
+        self._refused(link, text, now, AuthenticationError(text))
 
     def on_frames(self, key: str, frames: Sequence[Buffer], now: float) -> None:
         link = self.links.get(key)
@@ -468,15 +489,18 @@ class ClientCore:
         if self._initial:
             self._try_next_node(now)
 
-    def _refused(self, link: Link, reason: str, now: float) -> None:
+    def _refused(self, link: Link, reason: str, now: float, error: ClientError | None = None) -> None:
         link.errors.append(reason)
         link.state = "refused"
         self.out.append(Close(link.key))
-        error: ClientError = (
-            ClusterMismatchError(reason)
-            if "CLUSTER_ID_MISMATCH" in reason
-            else ClientError(ErrorCode.HANDSHAKE_HEADER, reason)
-        )
+        if error is None:
+            error = (
+                ClusterMismatchError(reason)
+                if "CLUSTER_ID_MISMATCH" in reason
+                else ClientError(ErrorCode.HANDSHAKE_HEADER, reason)
+            )
+        link.refusal = error
+        link.connection_id = ""
         self._lose_requests(link, error, now)
         if self._initial:
             self._try_next_node(now)

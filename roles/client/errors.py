@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from sparkbus.bus.messages import ErrorCode
 
+#: ``(3 << 16) | 150``: a node's security layer refused the client (CURVE key not on its allow-list, its
+#: address not allowed, a wrong server key, or one side without CURVE). Not a bus ``ErrorCode`` (yet).
+AUTHENTICATION = (3 << 16) | 150
+
 
 class ClientError(Exception):
     """An operation or a connection failed; ``code`` says why (an ``ErrorCode`` or a query error code)."""
@@ -44,6 +48,18 @@ class ClusterMismatchError(ClientError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.CLUSTER_ID_MISMATCH, message)
+
+
+class AuthenticationError(ClientError):
+    """A node refused this client during the ZeroMQ security handshake (before any sparkbus message);
+    the node is never retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(AUTHENTICATION, message)
+
+    @property
+    def code_name(self) -> str:
+        return "AUTHENTICATION"
 
 
 class ConnectTimeoutError(ClientError):

@@ -11,6 +11,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.roles.client import (
     RETRY_NONE,
+    AuthenticationError,
     ClientConfig,
     ClusterMismatchError,
     ConnectionUnknownError,
@@ -207,3 +208,28 @@ def test_property_restore_within_the_timeout_delivers_every_result_exactly_once(
     for h in handles:
         table_of(sim.outcome(c, h, limit=20))
     assert len(query.calls) == 3  # none re-run: every result came back through the restore
+
+
+def test_a_node_that_refuses_the_clients_key_is_never_retried() -> None:
+    sim = ClientSim(10, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [Gateway("n1")])
+    sim.add_node("x", [Gateway("x")])
+    sim.start()
+    c = sim.add_client(
+        "c", ["x:1", "n1:1"], ClientConfig(cluster_tag="sim", background_interval=1.0), start=False
+    )
+    c.core.order = ["x:1", "n1:1"]
+    c.core.start(sim.now)
+    c.core.on_auth_failed(
+        "x:1", "the node refused this client's CURVE key", sim.now
+    )  # the socket monitor's report
+    sim.flush_client(c)
+    sim.run_until(lambda: c.core.connected, limit=10)
+    sim.run_for(30.0)
+    link = c.core.links["x:1"]
+    assert link.state == "refused" and c.opened.count("tcp://x:1") == 1
+    assert link.errors == [
+        "authentication failed at x:1 (tcp://x:1): the node refused this client's CURVE key"
+    ]
+    assert isinstance(link.refusal, AuthenticationError) and c.core.refusal() is link.refusal
+    assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"
