@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -40,7 +41,9 @@ from sparkbus.bus import security
 from sparkbus.bus.node import context
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.client import (
+    ArrowParts,
     AuthenticationError,
+    Chunk,
     ClientConfig,
     ClientCore,
     ClientError,
@@ -51,6 +54,7 @@ from sparkbus.roles.client import (
     Open,
     Send,
 )
+from sparkbus.roles.client.chunks import chunk_batches
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
 from sparkbus.roles.query import Query, result_table, table_to_ipc
 from sparkbus.roles.query.plan import PlanNode
@@ -203,6 +207,11 @@ def topology_addresses(path: str | os.PathLike[str]) -> tuple[list[str], str]:
     return target.addresses, target.cluster_tag
 
 
+def as_table(result: Any) -> pa.Table:
+    """An Arrow operation's result as a table (chunked results arrive as tables already)."""
+    return result if isinstance(result, pa.Table) else result_table(result)
+
+
 class Client:
     """A thin client connected to a sparkbus cluster; use ``connect`` to make one.
 
@@ -244,6 +253,7 @@ class Client:
         self._socks: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
         self._futures: dict[int, Future[Any]] = {}
+        self._streams: dict[int, queue.SimpleQueue[Chunk | Done]] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -296,22 +306,73 @@ class Client:
         self._submit(run)
         return fut
 
+    def stream(
+        self, op: int, args: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> Iterator[Chunk]:
+        """Run one operation and yield its result's chunks as they arrive, in order, each once.
+
+        A chunk counts as consumed when the next one is asked for: at most ``window`` chunks (the
+        ``ClientConfig.window``, 8 by default) are in flight or queued here at any time. ``timeout`` bounds
+        the wait for each chunk. Leaving the loop early abandons the rest (the gateway is told to drop it).
+        A stream that has yielded a chunk is not retried after a lost connection.
+        """
+        wait = self.op_timeout if timeout is None else timeout
+        chunks: queue.SimpleQueue[Chunk | Done] = queue.SimpleQueue()
+        started: Future[int] = Future()
+
+        def run() -> None:
+            handle = self.core.submit(op, dict(args or {}), time.monotonic(), stream=True)
+            self._streams[handle] = chunks
+            started.set_result(handle)
+
+        self._submit(run)
+        handle = started.result(timeout=5.0)
+        finished = False
+        try:
+            while True:
+                try:
+                    item = chunks.get(timeout=wait)
+                except queue.Empty:
+                    raise ClientError(
+                        OPERATION_TIMEOUT, f"operation {Op(op).name}: no chunk within {wait:g} s"
+                    ) from None
+                if isinstance(item, Done):
+                    finished = True
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+                n = item.index + 1
+                self._submit(lambda n=n: self.core.consumed(handle, n, time.monotonic()))  # type: ignore[misc]
+        finally:
+            if not finished and self._thread.is_alive():
+                self._submit(lambda: self._forget_stream(handle))
+
     def sql(
         self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0, **query: Any
     ) -> pa.Table:
         """Run SQL on the cluster and return the result as an Arrow table."""
         q = Query(sql=text, parameters=tuple(parameters), timeout=timeout, **query)
-        return result_table(self.call(Op.SQL, q.args(), timeout=timeout + 5.0))
+        return as_table(self.call(Op.SQL, q.args(), timeout=timeout + 5.0))
 
-    def sql_batches(self, text: str, parameters: Sequence[Any] = (), **kw: Any) -> Iterator[pa.RecordBatch]:
-        """The result of ``sql`` as record batches (the whole result arrives before the first batch)."""
-        yield from self.sql(text, parameters, **kw).to_batches()
+    def sql_batches(
+        self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0, **query: Any
+    ) -> Iterator[pa.RecordBatch]:
+        """The result of ``sql`` as record batches, handed out chunk by chunk as the gateway sends them
+        (at most ``window`` chunks of about 1 MiB held here; ``timeout`` also bounds each chunk's wait)."""
+        q = Query(sql=text, parameters=tuple(parameters), timeout=timeout, **query)
+        pieces: list[bytes] = []
+        for chunk in self.stream(Op.SQL, q.args(), timeout=timeout + 5.0):
+            if chunk.arrow:
+                yield from chunk_batches(chunk.payload)
+            else:  # a gateway that did not cut the result into Arrow chunks: msgpack pieces
+                pieces.append(chunk.payload)
+        if pieces:
+            yield from result_table(msgpack.unpackb(b"".join(pieces), raw=False)).to_batches()
 
     def query(self, plan: PlanNode, *, timeout: float = 30.0) -> pa.Table:
         """Run a logical plan (``sparkbus.roles.query`` operators)."""
-        return result_table(
-            self.call(Op.SQL, Query(plan=plan, timeout=timeout).args(), timeout=timeout + 5.0)
-        )
+        return as_table(self.call(Op.SQL, Query(plan=plan, timeout=timeout).args(), timeout=timeout + 5.0))
 
     def write(self, table_name: str, data: pa.Table, *, partition: str | None = None) -> Any:
         """Write rows to a replicated partition through its leader (``replication`` role's ``write``).
@@ -330,7 +391,7 @@ class Client:
 
     def peek(self, view: str, **args: Any) -> pa.Table:
         """Read a view (or table) of the compute controller."""
-        return result_table(self.call(Op.PEEK, {"view": view, **args}))
+        return as_table(self.call(Op.PEEK, {"view": view, **args}))
 
     def subscribe(self, view: str) -> dict[str, Any]:
         """Subscribe to a view; returns ``{"id", "as_of"}``; read updates with ``fetch(id)``."""
@@ -377,6 +438,10 @@ class Client:
         fut: Future[Any] = Future()
         self._submit(lambda: fut.set_result(fn()))
         return fut.result(timeout=5.0)
+
+    def _forget_stream(self, handle: int) -> None:
+        self.core.cancel(handle)
+        self._streams.pop(handle, None)
 
     def _forget(self, fut: Future[Any]) -> None:
         handle = getattr(fut, "handle", None)
@@ -432,6 +497,8 @@ class Client:
             for fut in self._futures.values():
                 if not fut.done():
                     fut.set_exception(ClientError(OPERATION_TIMEOUT, "client closed"))
+            for handle, chunks in self._streams.items():
+                chunks.put(Done(handle, None, ClientError(OPERATION_TIMEOUT, "client closed")))
             for key in list(self._socks):
                 self._close(key)
 
@@ -496,13 +563,22 @@ class Client:
                         sock.send_multipart(out.frames, zmq.NOBLOCK)
                     except zmq.Again:
                         self.core.on_disconnected(out.key, time.monotonic(), "send queue full")
+            elif isinstance(out, Chunk):
+                chunks = self._streams.get(out.handle)
+                if chunks is not None:
+                    chunks.put(out)
             elif isinstance(out, Done):
+                stream = self._streams.pop(out.handle, None)
+                if stream is not None:
+                    stream.put(out)
                 fut = self._futures.pop(out.handle, None)
                 if fut is not None and not fut.done():
-                    if out.error is None:
-                        fut.set_result(out.result)
-                    else:
+                    if out.error is not None:
                         fut.set_exception(out.error)
+                    elif isinstance(out.result, ArrowParts):
+                        fut.set_result(out.result.table())
+                    else:
+                        fut.set_result(out.result)
         if not self._started.done() and (self.core.connected or self.core.gave_up):
             if self.core.connected:
                 self._started.set_result(None)
@@ -569,10 +645,10 @@ class AsyncClient:
 
     async def sql(self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0) -> pa.Table:
         q = Query(sql=text, parameters=tuple(parameters), timeout=timeout)
-        return result_table(await self.call(Op.SQL, q.args(), timeout=timeout + 5.0))
+        return as_table(await self.call(Op.SQL, q.args(), timeout=timeout + 5.0))
 
     async def peek(self, view: str, **args: Any) -> pa.Table:
-        return result_table(await self.call(Op.PEEK, {"view": view, **args}))
+        return as_table(await self.call(Op.PEEK, {"view": view, **args}))
 
     async def status(self) -> dict[str, Any]:
         return dict(await self.call(Op.STATUS))

@@ -4,7 +4,8 @@ The node side is the ``client.gateway`` role (``Gateway``); the client side is `
 driven over ZeroMQ by ``sparkbus.topologies.client`` and by the simulator in the tests.
 """
 
-from sparkbus.roles.client.core import ClientConfig, ClientCore, Close, Done, Link, Open, Send
+from sparkbus.roles.client.chunks import ArrowParts, chunk_batches, split_ipc
+from sparkbus.roles.client.core import Chunk, ClientConfig, ClientCore, Close, Done, Link, Open, Send
 from sparkbus.roles.client.errors import (
     AUTHENTICATION,
     AuthenticationError,
@@ -17,7 +18,11 @@ from sparkbus.roles.client.errors import (
 )
 from sparkbus.roles.client.gateway import Gateway, encode_response, is_client, make_gateway
 from sparkbus.roles.client.messages import (
+    ARROW_OPS,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
     READ_OPS,
+    Ack,
     Op,
     Request,
     Response,
@@ -39,10 +44,16 @@ from sparkbus.roles.client.policy import (
 )
 
 __all__ = [
+    "ARROW_OPS",
     "AUTHENTICATION",
+    "DEFAULT_WINDOW",
+    "MAX_WINDOW",
     "READ_OPS",
     "RETRY_NONE",
+    "Ack",
+    "ArrowParts",
     "AuthenticationError",
+    "Chunk",
     "ClientConfig",
     "ClientConnectionError",
     "ClientCore",
@@ -67,6 +78,7 @@ __all__ = [
     "RetryPolicy",
     "RetryReadPolicy",
     "Send",
+    "chunk_batches",
     "encode_response",
     "is_client",
     "keepalive_interval",
@@ -75,4 +87,5 @@ __all__ = [
     "node_order",
     "parse_address",
     "resolve_order",
+    "split_ipc",
 ]

@@ -47,6 +47,7 @@ from sparkbus.bus.messages import (
     features_to_bits,
 )
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Limits
+from sparkbus.roles.client.chunks import ArrowParts
 from sparkbus.roles.client.errors import (
     AuthenticationError,
     ClientConnectionError,
@@ -55,7 +56,16 @@ from sparkbus.roles.client.errors import (
     ConnectionUnknownError,
     OperationError,
 )
-from sparkbus.roles.client.messages import Op, Request, Response, Restore, Restored, RestoreRefused
+from sparkbus.roles.client.messages import (
+    DEFAULT_WINDOW,
+    Ack,
+    Op,
+    Request,
+    Response,
+    Restore,
+    Restored,
+    RestoreRefused,
+)
 from sparkbus.roles.client.policy import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -87,6 +97,7 @@ class ClientConfig:
         restore_window: how long a broken node connection with a logical connection is reconnected before
             its operations fail (longer than the gateways' restore timeout, so the server decides).
         retry: the retry policy (default: reads only, up to 16 times).
+        window: response chunks the gateway may send beyond those this client consumed (per request).
         versions: protocol versions offered, newest first.
         limits: decoder limits for what nodes send.
     """
@@ -100,6 +111,7 @@ class ClientConfig:
     background_interval: float = 30.0
     restore_window: float = 60.0
     retry: RetryPolicy = field(default_factory=RetryReadPolicy)
+    window: int = DEFAULT_WINDOW
     versions: tuple[tuple[int, int, int], ...] = SUPPORTED_VERSIONS
     limits: Limits = field(default_factory=Limits)
 
@@ -113,6 +125,8 @@ class ClientConfig:
             raise ValueError("client timeouts and intervals must be positive")
         if not self.versions:
             raise ValueError("ClientConfig.versions must name at least one version")
+        if self.window < 1:
+            raise ValueError("ClientConfig.window must be at least 1")
 
 
 # ---------------------------------------------------------------- outputs
@@ -146,7 +160,19 @@ class Done:
     error: ClientError | None
 
 
-Output = Open | Close | Send | Done
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk of a streamed operation's result, in order and exactly once: ``payload`` is an Arrow IPC
+    stream (``arrow``) or a piece of the msgpack result. Tell the core when it is consumed
+    (``consumed``); ``Done`` follows the last chunk."""
+
+    handle: int
+    index: int
+    payload: bytes
+    arrow: bool
+
+
+Output = Open | Close | Send | Done | Chunk
 
 
 @dataclass
@@ -154,9 +180,15 @@ class _Op:
     handle: int
     op: int
     args: dict[str, Any]
+    stream: bool = False
     attempt: int = 0
     link: str | None = None
     request_id: int = -1
+    parts: list[bytes] = field(default_factory=list)  # a whole (not streamed) result's chunks so far
+    arrow: bool = False
+    received: int = 0  # chunks received of the current request
+    consumed: int = 0  # chunks consumed (streams: by the caller; otherwise on arrival)
+    acked: int = 0  # consumed count last told to the gateway
 
 
 @dataclass
@@ -180,7 +212,6 @@ class Link:
     idle_timeout: float = 0.0
     keepalive: Keepalive = field(default_factory=lambda: Keepalive(None))
     requests: dict[int, int] = field(default_factory=dict)  # request id -> op handle
-    partial: dict[int, list[bytes]] = field(default_factory=dict)
     acks: list[int] = field(default_factory=list)
     pings: set[int] = field(default_factory=set)
     backoff: float = 0.0
@@ -264,19 +295,33 @@ class ClientCore:
             lines.append(f"{key}: " + ("; ".join(link.errors) or link.state))
         return "\n".join(lines)
 
-    def submit(self, op: int, args: dict[str, Any], now: float) -> int:
-        """Start an operation; its ``Done(handle)`` comes out of ``take`` later."""
+    def submit(self, op: int, args: dict[str, Any], now: float, *, stream: bool = False) -> int:
+        """Start an operation; its ``Done(handle)`` comes out of ``take`` later. With ``stream`` its result
+        comes as ``Chunk`` outputs first, at most ``config.window`` beyond those reported ``consumed``."""
         handle = self._next_handle
         self._next_handle += 1
-        self.ops[handle] = _Op(handle=handle, op=op, args=args)
+        self.ops[handle] = _Op(handle=handle, op=op, args=args, stream=stream)
         self._dispatch(handle, now)
         return handle
 
+    def consumed(self, handle: int, count: int, now: float) -> None:
+        """The caller has consumed chunks ``0 .. count-1`` of streamed operation ``handle``."""
+        op = self.ops.get(handle)
+        if op is None or op.link is None:
+            return
+        op.consumed = max(op.consumed, min(count, op.received))
+        link = self.links[op.link]
+        if link.state == "up":
+            self._maybe_ack(link, op, now)
+
     def cancel(self, handle: int) -> None:
-        """Forget an operation (its caller stopped waiting); a late result is dropped."""
+        """Forget an operation (its caller stopped waiting); a late result is dropped, and the gateway is
+        told (with the next message) to stop holding it."""
         op = self.ops.pop(handle, None)
         if op is not None and op.link is not None:
-            self.links[op.link].requests.pop(op.request_id, None)
+            link = self.links[op.link]
+            if link.requests.pop(op.request_id, None) is not None and op.received:
+                link.acks.append(op.request_id)
 
     def on_connected(self, key: str, now: float) -> None:
         """The socket of ``key`` has a TCP connection (a socket monitor event)."""
@@ -451,10 +496,17 @@ class ClientCore:
         link.backoff = 0.0
         if link.connection_id:
             link.state = "restoring"
-            link.partial.clear()  # the gateway sends held results again, whole
-            self._send(
-                link, Restore(connection_id=link.connection_id, waiting=tuple(sorted(link.requests))), now
+            # The gateway resumes each result after the chunks we have, and frees those we consumed.
+            progress = [self.ops[h] for h in link.requests.values() if h in self.ops]
+            for op in progress:
+                op.acked = op.consumed
+            restore = Restore(
+                connection_id=link.connection_id,
+                waiting=tuple(sorted(link.requests)),
+                consumed={op.request_id: op.consumed for op in progress if op.consumed},
+                received={op.request_id: op.received for op in progress if op.received},
             )
+            self._send(link, restore, now)
             return
         link.connection_id = msg.connection_id
         self._up(link, now)
@@ -530,14 +582,40 @@ class ClientCore:
         key = up[self._rr % len(up)]
         self._rr += 1
         link = self.links[key]
-        op.link, op.request_id = key, self._next_request
+        rid = self._next_request
         self._next_request += 1
-        link.requests[op.request_id] = handle
-        self._request(link, op.request_id, op.op, op.args, now)
+        request = Request(
+            request_id=rid, op=op.op, args=op.args, ack=tuple(link.acks), window=self.config.window
+        )
+        frames = self.codec.encode(request, session=link.session, seq=link.seq + 1)
+        size, limits = sum(len(f) for f in frames), self.config.limits
+        if size > limits.max_message_bytes or max(len(f) for f in frames) > limits.max_frame_bytes:
+            del self.ops[handle]
+            limit = min(limits.max_message_bytes, limits.max_frame_bytes)
+            text = (
+                f"request {Op(op.op).name if op.op in Op._value2member_map_ else op.op} is {size} bytes, "
+                f"over the {limit}-byte limit of one message; requests are not chunked: split the rows "
+                "into several writes or loads"
+            )
+            self.out.append(Done(handle, None, ClientError(ErrorCode.LIMIT_EXCEEDED, text)))
+            return
+        link.acks = []
+        op.link, op.request_id = key, rid
+        op.parts, op.arrow, op.received, op.consumed, op.acked = [], False, 0, 0, 0
+        link.requests[rid] = handle
+        link.seq += 1
+        link.keepalive.sent(now)
+        self.out.append(Send(link.key, frames))
 
     def _request(self, link: Link, request_id: int, op: int, args: dict[str, Any], now: float) -> None:
         acks, link.acks = tuple(link.acks), []
         self._send(link, Request(request_id=request_id, op=op, args=args, ack=acks), now)
+
+    def _maybe_ack(self, link: Link, op: _Op, now: float) -> None:
+        """Tell the gateway what was consumed once half a window has been (so it never waits for us)."""
+        if op.consumed - op.acked >= max(1, self.config.window // 2):
+            op.acked = op.consumed
+            self._send(link, Ack(consumed={op.request_id: op.consumed}), now)
 
     def _ping(self, link: Link, now: float) -> None:
         rid = self._next_request
@@ -557,38 +635,60 @@ class ClientCore:
             link.pings.discard(rid)
             return
         handle = link.requests.get(rid)
-        if handle is None:
-            if msg.last:
-                link.acks.append(rid)  # a duplicate of a delivered result: let the gateway drop it
+        op = self.ops.get(handle) if handle is not None else None
+        if handle is None or op is None:
+            if rid not in link.acks:
+                link.acks.append(rid)  # delivered already, or its caller left: let the gateway drop it
             return
-        parts = link.partial.setdefault(rid, [])
-        if msg.chunk != len(parts):
-            self._broken(link, f"response {rid}: chunk {msg.chunk}, expected {len(parts)}", now)
+        if msg.chunk < op.received:
+            return  # sent again after a restore: we have it
+        if msg.chunk > op.received:
+            self._broken(link, f"response {rid}: chunk {msg.chunk}, expected {op.received}", now)
             return
-        parts.append(msg.payload)
-        if not msg.last:
-            return
-        del link.partial[rid]
-        del link.requests[rid]
-        link.acks.append(rid)
-        op = self.ops.pop(handle, None)
-        if op is None:
-            return
+        op.received += 1
         if msg.code:
-            self.out.append(Done(handle, None, OperationError(msg.code, msg.error)))
+            self._finish(link, op, msg, Done(handle, None, OperationError(msg.code, msg.error)), now)
             return
-        try:
-            result = msgpack.unpackb(b"".join(parts), raw=False)
-        except (ValueError, msgpack.UnpackException) as exc:
-            self.out.append(Done(handle, None, ClientError(ErrorCode.MALFORMED, f"bad result: {exc}")))
+        if op.stream:
+            self.out.append(Chunk(handle, msg.chunk, msg.payload, msg.arrow))
+        else:
+            op.parts.append(msg.payload)
+            op.arrow = msg.arrow
+            op.consumed = op.received
+        if not msg.last:
+            self._maybe_ack(link, op, now)
             return
-        self.out.append(Done(handle, result, None))
+        if op.stream:
+            done = Done(handle, None, None)
+        elif op.arrow:
+            done = Done(handle, ArrowParts(tuple(op.parts)), None)
+        else:
+            try:
+                done = Done(handle, msgpack.unpackb(b"".join(op.parts), raw=False), None)
+            except (ValueError, msgpack.UnpackException) as exc:
+                done = Done(handle, None, ClientError(ErrorCode.MALFORMED, f"bad result: {exc}"))
+        self._finish(link, op, msg, done, now)
+
+    def _finish(self, link: Link, op: _Op, msg: Response, done: Done, now: float) -> None:
+        """The last chunk of ``op``'s result arrived: release it on the gateway, report ``done``."""
+        del link.requests[op.request_id]
+        del self.ops[op.handle]
+        op.parts = []
+        if msg.chunk:
+            self._send(link, Ack(release=(op.request_id,)), now)  # a long result: free it now
+        else:
+            link.acks.append(op.request_id)  # one chunk: with our next message
+        self.out.append(done)
 
     def _on_restored(self, link: Link, msg: Restored, now: float) -> None:
         link.restores += 1
         known = set(msg.known)
         lost = [rid for rid in link.requests if rid not in known]
         link.state = "up"
+        for rid, handle in list(link.requests.items()):
+            op = self.ops.get(handle)
+            if rid in known and op is not None:
+                self._maybe_ack(link, op, now)  # consumed while the restore was on its way
         for rid in lost:
             handle = link.requests.pop(rid)
             self._fail_or_retry(
@@ -609,7 +709,6 @@ class ClientCore:
     def _lose_requests(self, link: Link, error: ClientError, now: float) -> None:
         handles = list(link.requests.values())
         link.requests.clear()
-        link.partial.clear()
         for handle in handles:
             self._fail_or_retry(handle, error, now)
 
@@ -619,7 +718,8 @@ class ClientCore:
             return
         op.attempt += 1
         op.link = None
-        if self.config.retry.should_retry(op.op, op.attempt, error):
+        # A stream the caller has begun to read cannot start again from its first chunk.
+        if not (op.stream and op.received) and self.config.retry.should_retry(op.op, op.attempt, error):
             self._dispatch(handle, now)
             return
         del self.ops[handle]

@@ -2,10 +2,12 @@
 logical connection (IEP-90) alive across a broken session for a restore timeout.
 
 Per logical connection the gateway keeps a context: the requests running on the node's roles and the
-results not yet acknowledged by the client. Results stay held until the client acknowledges them
-(``Request.ack``, or implicitly by not listing them in ``Restore.waiting``), so a result sent on a session
-that broke is sent again after the restore, and the client drops duplicates by request id: every result is
-delivered exactly once.
+results not yet acknowledged by the client. A result is a sequence of ``Response`` chunks, sent at most
+the request's ``window`` ahead of the chunks the client acknowledged consuming (``Ack.consumed``); a
+chunk stays held until then, and the whole result until the client releases it (``Request.ack``,
+``Ack.release``, or implicitly by not listing it in ``Restore.waiting``). After a restore the unacknowledged
+chunks are sent again in order, from the first the client does not have (``Restore.received``); the client
+drops any duplicate by request id and chunk number: every chunk is delivered exactly once.
 
 Transitions (anything else is answered with an error response or a ``RestoreRefused``):
 
@@ -14,6 +16,7 @@ context state          event                                  result
 =====================  =====================================  ===================================
 (none)                 PeerUp(client, connection_id)          attached, fresh
 attached               Request                                the op runs; attached
+attached               Ack                                    chunks freed, more sent; attached
 attached, fresh        Restore(id of a live context)          that context attached here; this one
                                                               released; Restored + held results
 attached, fresh        Restore(unknown id)                    RestoreRefused RESOURCE_NOT_FOUND
@@ -36,7 +39,19 @@ import msgpack
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.codecs import MiB
-from sparkbus.roles.client.messages import Op, Request, Response, Restore, Restored, RestoreRefused
+from sparkbus.roles.client.chunks import split_ipc
+from sparkbus.roles.client.messages import (
+    ARROW_OPS,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+    Ack,
+    Op,
+    Request,
+    Response,
+    Restore,
+    Restored,
+    RestoreRefused,
+)
 
 log = logging.getLogger("sparkbus.roles.client")
 
@@ -45,7 +60,7 @@ CLIENT_PREFIX = "client:"
 #: seconds a logical connection outlives its broken session (Ignite leaves it to configuration)
 DEFAULT_RESTORE_TIMEOUT = 10.0
 #: bytes of result per Response message (well below the codec's 64 MiB frame limit)
-DEFAULT_CHUNK_BYTES = 4 * MiB
+DEFAULT_CHUNK_BYTES = 1 * MiB
 #: results held per logical connection before the oldest unacknowledged ones are dropped
 MAX_HELD = 1024
 
@@ -63,12 +78,23 @@ ROUTES: dict[int, tuple[str, str]] = {
 
 
 @dataclass
+class _Held:
+    """A result's chunks: ``[0, acked)`` consumed by the client (freed), ``[acked, sent)`` sent on the
+    current session, the rest waiting for the window."""
+
+    chunks: list[Response | None]
+    window: int
+    acked: int = 0
+    sent: int = 0
+
+
+@dataclass
 class _Context:
     connection_id: str
     peer: str | None
     fresh: bool = True  # no message received on this session yet: RESTORE is still allowed
-    running: set[int] = field(default_factory=set)
-    held: dict[int, list[Response]] = field(default_factory=dict)  # request id -> response chunks
+    running: dict[int, tuple[int, int]] = field(default_factory=dict)  # request id -> (op, window)
+    held: dict[int, _Held] = field(default_factory=dict)  # request id -> its result
 
 
 def is_client(peer: str) -> bool:
@@ -77,11 +103,24 @@ def is_client(peer: str) -> bool:
 
 
 def encode_response(
-    request_id: int, result: Any, error: str | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    request_id: int,
+    result: Any,
+    error: str | None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    *,
+    arrow: bool = False,
 ) -> list[Response]:
-    """The ``Response`` chunks carrying ``result`` (msgpack) or ``error``."""
+    """The ``Response`` chunks carrying ``result`` (msgpack; with ``arrow`` and Arrow IPC bytes, IPC
+    streams of about ``chunk_bytes`` each) or ``error``."""
     if error is not None:
         return [Response(request_id=request_id, chunk=0, last=True, code=_code_of(error), error=error)]
+    if arrow and isinstance(result, bytes | bytearray | memoryview):
+        pieces = split_ipc(bytes(result), chunk_bytes)
+        if pieces is not None:
+            return [
+                Response(request_id=request_id, chunk=i, last=i == len(pieces) - 1, arrow=True, payload=part)
+                for i, part in enumerate(pieces)
+            ]
     try:
         body = msgpack.packb(result, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -117,7 +156,7 @@ class Gateway:
     """
 
     name = NAME
-    messages: ClassVar[tuple[type, ...]] = (Request, Restore)
+    messages: ClassVar[tuple[type, ...]] = (Request, Restore, Ack)
 
     def __init__(
         self,
@@ -146,6 +185,8 @@ class Gateway:
             if isinstance(event.message, Restore):
                 return self._on_restore(ctx, event.peer, event.message)
             ctx.fresh = False
+            if isinstance(event.message, Ack):
+                return self._on_ack(ctx, event.peer, event.message)
             return self._on_request(ctx, event.peer, event.message)
         if isinstance(event, c.CallResult):
             return self._on_result(event)
@@ -206,17 +247,55 @@ class Gateway:
         if rid in ctx.running:
             return []  # a duplicate of a request still running: its result will come once
         if rid in ctx.held:
-            return [c.Send(peer=peer, message=r) for r in ctx.held[rid]]
+            return self._pump(ctx, rid)
         if msg.op == Op.PING:
             return [c.Send(peer=peer, message=r) for r in encode_response(rid, None, None)]
+        window = min(MAX_WINDOW, msg.window)
         if msg.op == Op.STATUS:
-            return self._complete(ctx, rid, self.status(), None)
+            return self._complete(ctx, rid, msg.op, window, self.status(), None)
         route = ROUTES.get(msg.op)
         if route is None:
-            return self._complete(ctx, rid, None, f"unknown operation {msg.op}")
+            return self._complete(ctx, rid, msg.op, window, None, f"unknown operation {msg.op}")
         args = dict(msg.args)
-        ctx.running.add(rid)
+        ctx.running[rid] = (msg.op, window)
         return [c.Call(role=route[0], name=route[1], args=args, tag=f"{ctx.connection_id}/{rid}")]
+
+    def _on_ack(self, ctx: _Context, peer: str, msg: Ack) -> list[c.Action]:
+        for rid in msg.release:
+            ctx.held.pop(rid, None)
+        out: list[c.Action] = []
+        for rid, n in sorted(msg.consumed.items()):
+            held = ctx.held.get(rid)
+            if held is None:
+                continue
+            self._free(held, n)
+            if held.acked >= len(held.chunks):
+                del ctx.held[rid]  # consumed whole
+            else:
+                out += self._pump(ctx, rid)
+        return out
+
+    @staticmethod
+    def _free(held: _Held, consumed: int) -> None:
+        consumed = min(consumed, len(held.chunks))
+        for i in range(held.acked, consumed):
+            held.chunks[i] = None
+        held.acked = max(held.acked, consumed)
+        held.sent = max(held.sent, held.acked)
+
+    def _pump(self, ctx: _Context, rid: int) -> list[c.Action]:
+        """Send the chunks of ``rid`` the window allows."""
+        held = ctx.held[rid]
+        out: list[c.Action] = []
+        if ctx.peer is None:
+            return out
+        end = min(len(held.chunks), held.acked + held.window)
+        while held.sent < end:
+            chunk = held.chunks[held.sent]
+            assert chunk is not None
+            out.append(c.Send(peer=ctx.peer, message=chunk))
+            held.sent += 1
+        return out
 
     def _on_result(self, event: c.CallResult) -> list[c.Action]:
         cid, _, rid_text = event.tag.rpartition("/")
@@ -224,17 +303,17 @@ class Gateway:
         if ctx is None:
             return []  # released meanwhile: nobody to tell
         rid = int(rid_text)
-        ctx.running.discard(rid)
-        return self._complete(ctx, rid, event.result, event.error)
+        op, window = ctx.running.pop(rid, (0, DEFAULT_WINDOW))
+        return self._complete(ctx, rid, op, window, event.result, event.error)
 
-    def _complete(self, ctx: _Context, rid: int, result: Any, error: str | None) -> list[c.Action]:
-        chunks = encode_response(rid, result, error, self.chunk_bytes)
-        ctx.held[rid] = chunks
+    def _complete(
+        self, ctx: _Context, rid: int, op: int, window: int, result: Any, error: str | None
+    ) -> list[c.Action]:
+        chunks = encode_response(rid, result, error, self.chunk_bytes, arrow=op in ARROW_OPS)
+        ctx.held[rid] = _Held(list(chunks), window)
         while len(ctx.held) > MAX_HELD:
             del ctx.held[next(iter(ctx.held))]
-        if ctx.peer is None:
-            return []
-        return [c.Send(peer=ctx.peer, message=r) for r in chunks]
+        return self._pump(ctx, rid)
 
     def _on_restore(self, ctx: _Context, peer: str, msg: Restore) -> list[c.Action]:
         target = self.contexts.get(msg.connection_id)
@@ -261,18 +340,23 @@ class Gateway:
         waiting = set(msg.waiting)
         for rid in [r for r in target.held if r not in waiting]:
             del target.held[rid]  # the client has it
+        for rid, held in target.held.items():
+            self._free(held, msg.consumed.get(rid, 0))
+            # Resume after what the client has; what was sent on the broken session and lost goes again.
+            held.sent = max(held.acked, min(len(held.chunks), msg.received.get(rid, 0)))
         self.counters["restored"] += 1
         out: list[c.Action] = [
             c.CancelTimer(key=target.connection_id),
             c.Send(
                 peer=peer,
                 message=Restored(
-                    connection_id=target.connection_id, known=tuple(sorted(target.running | set(target.held)))
+                    connection_id=target.connection_id,
+                    known=tuple(sorted(set(target.running) | set(target.held))),
                 ),
             ),
         ]
-        for chunks in target.held.values():
-            out.extend(c.Send(peer=peer, message=r) for r in chunks)
+        for rid in list(target.held):
+            out += self._pump(target, rid)
         return out
 
     def _refuse(self, peer: str, code: ErrorCode, text: str) -> list[c.Action]:

@@ -16,7 +16,7 @@ from typing import Any
 from sparkbus.bus import SimBus
 from sparkbus.bus.sim import _Delivery
 from sparkbus.codecs import Buffer
-from sparkbus.roles.client import ClientConfig, ClientCore, ClientError, Close, Done, Open, Send
+from sparkbus.roles.client import Chunk, ClientConfig, ClientCore, ClientError, Close, Done, Open, Send
 
 
 @dataclass
@@ -33,12 +33,24 @@ class SimClient:
     core: ClientCore
     sockets: dict[str, str] = field(default_factory=dict)  # key -> current endpoint
     done: dict[int, Done] = field(default_factory=dict)
+    chunks: dict[int, list[Chunk]] = field(default_factory=dict)  # streamed operations' chunks, as output
     opened: list[str] = field(default_factory=list)  # transports, in order
 
     def submit(self, sim: ClientSim, op: int, args: dict[str, Any] | None = None) -> int:
         handle = self.core.submit(op, args or {}, sim.now)
         sim.flush_client(self)
         return handle
+
+    def stream(self, sim: ClientSim, op: int, args: dict[str, Any] | None = None) -> int:
+        handle = self.core.submit(op, args or {}, sim.now, stream=True)
+        self.chunks[handle] = []
+        sim.flush_client(self)
+        return handle
+
+    def consume(self, sim: ClientSim, handle: int, count: int) -> None:
+        """The caller has consumed the first ``count`` chunks of ``handle``."""
+        self.core.consumed(handle, count, sim.now)
+        sim.flush_client(self)
 
 
 def sim_resolver(host: str, port: int) -> list[str]:
@@ -118,6 +130,10 @@ class ClientSim(SimBus):
             elif isinstance(out, Send):
                 ep = client.sockets[out.key]
                 self.send_raw(ep, self.endpoints[ep].node, "ctl", out.frames)
+            elif isinstance(out, Chunk):
+                got = client.chunks.setdefault(out.handle, [])
+                assert out.index == len(got), f"chunk {out.index} of {out.handle} after {len(got)}"
+                got.append(out)
             elif isinstance(out, Done):
                 assert out.handle not in client.done, f"operation {out.handle} completed twice"
                 client.done[out.handle] = out

@@ -47,3 +47,23 @@ class CountingWrites:
         if isinstance(event, c.TimerFired):
             return [c.Reply(call_id=int(event.key), result={"rows": 1})]
         return []
+
+
+@dataclass
+class BigQuery:
+    """``execute`` answers ``delay`` seconds later with ``rows`` rows (column ``i`` = 0, 1, ...)."""
+
+    rows: int = 10_000
+    delay: float = 1.0
+    name: str = "query"
+    messages: ClassVar[tuple[type, ...]] = ()
+    calls: int = 0
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        if isinstance(event, c.LocalCall):
+            self.calls += 1
+            return [c.SetTimer(key=str(event.call_id), at=now + self.delay)]
+        if isinstance(event, c.TimerFired):
+            table = pa.table({"i": pa.array(range(self.rows), pa.int64())})
+            return [c.Reply(call_id=int(event.key), result=table_to_ipc(table))]
+        return []

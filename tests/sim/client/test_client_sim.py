@@ -11,6 +11,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.roles.client import (
     RETRY_NONE,
+    ArrowParts,
     AuthenticationError,
     ClientConfig,
     ClusterMismatchError,
@@ -40,8 +41,8 @@ def cluster(
 
 
 def table_of(result: object) -> pa.Table:
-    assert isinstance(result, bytes)
-    return pa.ipc.open_stream(result).read_all()
+    assert isinstance(result, ArrowParts), result  # SQL results come as Arrow chunks
+    return result.table()
 
 
 def test_first_address_dead_second_alive() -> None:
