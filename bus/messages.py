@@ -30,6 +30,8 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_PEERS = (3 << 16) | 108
     TOO_MANY_STREAMS = (3 << 16) | 109
     DUPLICATE_NODE = (3 << 16) | 110
+    # Not on the wire: CURVE refusals happen in ZeroMQ's ZAP handshake, before any sparkbus message.
+    AUTHENTICATION = (3 << 16) | 150
 
 
 #: Codes after which a link is never retried: the other side is not ours, or not our cluster.

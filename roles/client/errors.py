@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sparkbus.bus.messages import ErrorCode
 
-#: ``(3 << 16) | 150``: a node's security layer refused the client (CURVE key not on its allow-list, its
-#: address not allowed, a wrong server key, or one side without CURVE). Not a bus ``ErrorCode`` (yet).
-AUTHENTICATION = (3 << 16) | 150
+#: ``ErrorCode.AUTHENTICATION``: a node's security layer refused the client (CURVE key not on its allow-list, its
+#: address not allowed, a wrong server key, or one side without CURVE).
+AUTHENTICATION = int(ErrorCode.AUTHENTICATION)
 
 
 class ClientError(Exception):

@@ -14,6 +14,7 @@ _LAZY = {
     "connect_async": "sparkbus.topologies.client",
     "Client": "sparkbus.topologies.client",
     "AsyncClient": "sparkbus.topologies.client",
+    "AuthenticationError": "sparkbus.roles.client",
     "ClientError": "sparkbus.roles.client",
     "ClientConnectionError": "sparkbus.roles.client",
     "ConnectionUnknownError": "sparkbus.roles.client",
@@ -24,6 +25,7 @@ _LAZY = {
 
 __all__ = [
     "AsyncClient",
+    "AuthenticationError",
     "Client",
     "ClientConnectionError",
     "ClientError",
