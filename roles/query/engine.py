@@ -60,7 +60,7 @@ class PartitionStore:
                     f"table {name!r}: rows with schema {table.schema} do not match {old.schema}"
                 )
             table = pa.concat_tables([old, table])
-        self.tables[name] = table
+        self.tables[name] = aligned(table)
         return int(table.num_rows)
 
     def get(self, name: str) -> pa.Table | None:
@@ -102,25 +102,117 @@ def read_parquet(path: str | Path) -> pa.Table:
 # ---------------------------------------------------------------- operators
 
 
-def sort_table(table: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
-    """``table`` stably sorted by ``keys``, NULLs placed per key (one NULL-flag key before each key)."""
+def aligned(table: pa.Table) -> pa.Table:
+    """``table`` with one chunk per column, every buffer in memory Arrow allocated (64-byte aligned).
+
+    Batches decoded from bus frames sit wherever the frame put them; Acero (``group_by``) warns about, and
+    works slower on, buffers not aligned to their values, and one chunk per column makes every later kernel
+    one call. Columns that are already one aligned chunk are kept as they are.
+    """
+    columns = []
+    for col in table.columns:
+        chunks = col.chunks
+        if len(chunks) == 1 and all(b is None or b.address % 64 == 0 for b in chunks[0].buffers()):
+            columns.append(chunks[0])
+        elif chunks:
+            columns.append(pa.concat_arrays(chunks))
+        else:
+            columns.append(pa.array([], col.type))
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _sort_indices(table: pa.Table, keys: Sequence[SortKey], what: str) -> pa.Array:
+    """``sort_indices`` for ``keys``, NULLs placed per key and NaN above every other float (as in Spark).
+
+    Arrow puts NaN next to the NULLs (at the start or the end, as ``null_placement`` says). A float key
+    that has no NULLs therefore places its NaN where the direction says (end ascending, start descending);
+    one that has NULLs gets a NULL-flag key in front so that its NULLs and NaN can go to different ends.
+    """
     columns: dict[str, pa.ChunkedArray] = {}
-    order: list[tuple[str, str]] = []
+    order: list[tuple[str, str, str]] = []
+    flagged = False
     for i, k in enumerate(keys):
         if k.column not in table.column_names:
             raise ExecutionError(
-                f"sort: column {k.column!r} does not exist; columns are {table.column_names}"
+                f"{what}: column {k.column!r} does not exist; columns are {table.column_names}"
             )
         col = table.column(k.column)
-        columns[f"n{i}"] = pc.is_null(col)
+        direction = "descending" if k.descending else "ascending"
+        nulls = "at_start" if k.nulls_first else "at_end"
+        if pa.types.is_floating(col.type):
+            if col.null_count:
+                flagged = True
+                columns[f"n{i}"] = pc.is_null(col)
+                order.append((f"n{i}", "descending" if k.nulls_first else "ascending", "at_end"))
+            nulls = "at_start" if k.descending else "at_end"
         columns[f"v{i}"] = col
-        order.append((f"n{i}", "descending" if k.nulls_first else "ascending"))
-        order.append((f"v{i}", "descending" if k.descending else "ascending"))
+        order.append((f"v{i}", direction, nulls))
+    keyed = (
+        pa.table(columns) if flagged else table.select([k.column for k in keys]).rename_columns(list(columns))
+    )
     try:
-        indices = pc.sort_indices(pa.table(columns), sort_keys=order)
+        return pc.sort_indices(keyed, sort_keys=order)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        raise ExecutionError(f"sort: {exc}") from None
-    return table.take(indices)
+        raise ExecutionError(f"{what}: {exc}") from None
+
+
+def sort_table(table: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
+    """``table`` stably sorted by ``keys``, NULLs placed per key, NaN above every other float."""
+    return table.take(_sort_indices(table, keys, "sort"))
+
+
+def top_k(table: pa.Table, keys: Sequence[SortKey], count: int) -> pa.Table:
+    """The first ``count`` rows of ``sort_table(table, keys)``, without sorting all of ``table``.
+
+    A bounded selection (``select_k_unstable``) on the first key finds the value the ``count``-th row has
+    there; the rows that come before it or tie with it on that key (the only ones that can be among the
+    first ``count``) are kept in their original order and stably sorted. The result is exactly the stable
+    sort's prefix, ties included.
+    """
+    for k in keys:
+        if k.column not in table.column_names:
+            raise ExecutionError(
+                f"top_k: column {k.column!r} does not exist; columns are {table.column_names}"
+            )
+    if count == 0:
+        return table.slice(0, 0)
+    if table.num_rows > 4 * count:
+        try:
+            mask = _top_k_candidates(table.column(keys[0].column), keys[0], count)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            mask = None  # a type select_k cannot order: the sort below says whether it can be sorted at all
+        if mask is not None:
+            table = table.filter(mask)
+    return table.take(_sort_indices(table, keys, "top_k").slice(0, count))
+
+
+def _top_k_candidates(col: pa.ChunkedArray, key: SortKey, count: int) -> pa.ChunkedArray | None:
+    """A mask of the rows whose ``key`` value is not after the ``count``-th row's (None: every row).
+
+    In ``sort_indices`` order a key's values split into three runs: what always comes first (NULLs if they
+    go first, NaN when descending), the ordinary values, and what comes last (NaN ascending, NULLs last).
+    """
+    floating = pa.types.is_floating(col.type)
+    first: pa.ChunkedArray | None = pc.is_null(col) if key.nulls_first else None
+    if floating and key.descending:
+        nan = pc.fill_null(pc.is_nan(col), False)
+        first = nan if first is None else pc.or_(first, nan)
+    ahead = int(pc.sum(first, min_count=0).as_py()) if first is not None else 0
+    if ahead >= count:
+        return first
+    need = count - ahead
+    ordinary = len(col) - col.null_count
+    if floating:
+        ordinary -= int(pc.sum(pc.is_nan(col), min_count=0).as_py())
+    if ordinary <= need:
+        return None
+    # select_k places NULLs and NaN after every ordinary value in both directions.
+    direction = "descending" if key.descending else "ascending"
+    picked = pc.select_k_unstable(col, k=need, sort_keys=[("", direction)])
+    bound = col.take(picked.slice(need - 1, 1))[0]
+    compare = pc.greater_equal if key.descending else pc.less_equal
+    within = compare(col, bound)  # NULL for NULLs, false for NaN
+    return within if first is None else pc.or_kleene(first, within)
 
 
 def run(
@@ -190,7 +282,7 @@ def _step(op: PlanNode, table: pa.Table, params: Sequence[Scalar]) -> pa.Table:
         # pyarrow has no k-way merge; its sort of the concatenated runs is vectorised and stable.
         return sort_table(table, op.keys)
     if isinstance(op, TopK):
-        return sort_table(table, op.keys).slice(0, op.count)
+        return top_k(table, op.keys, op.count)
     if isinstance(op, Limit):
         return table.slice(op.offset, op.count)
     if isinstance(op, Send):
@@ -232,7 +324,7 @@ class Inbox:
             batch = decode_batch(data)
         except DecodeError as exc:
             raise ExecutionError(f"bad row batch: {exc}") from None
-        incoming = pa.Table.from_batches([batch])
+        incoming = aligned(pa.Table.from_batches([batch]))
         self.table = incoming if self.table is None else self._compact(concat([self.table, incoming]))
         return int(batch.num_rows)
 
@@ -241,7 +333,7 @@ class Inbox:
         if isinstance(above, Aggregate) and above.phase == "final":
             return aggregate.combine(table, above.keys, above.aggs)
         if isinstance(above, MergeSort) and isinstance(above2, Limit):
-            return sort_table(table, above.keys).slice(0, above2.count + above2.offset)
+            return top_k(table, above.keys, above2.count + above2.offset)
         if isinstance(above, Limit):
             return table.slice(0, above.count + above.offset)
         return table
