@@ -165,8 +165,38 @@ _HASH = {"count": "count", "sum": "sum", "sum0": "sum", "min": "min", "max": "ma
 
 
 def _apply_grouped(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+    if any(kernel == "merge_distinct" for _, _, kernel in specs):
+        return _apply_numbered(table, keys, specs)
+    # One hash aggregation straight over the key columns (NULL keys form groups of their own). Its
+    # output order is its own, so each group's first row number puts the groups in order of first
+    # appearance, as the numbered path does. Inputs get names we control: several specs may read the
+    # same column with the same kernel.
+    inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__i": arange(table.num_rows)}
+    for j, k in enumerate(keys):
+        inputs[f"__k{j}"] = _column(table, k)
+    aggregations: list[tuple[str, str] | tuple[str, str, pc.FunctionOptions]] = [("__i", "min")]
+    for i, (_, col, kernel) in enumerate(specs):
+        if col is None:
+            # COUNT(*): every row of the group, NULL keys included.
+            aggregations.append(("__k0", "count", pc.CountOptions(mode="all")))
+            continue
+        inputs[f"__c{i}"] = _column(table, col)
+        aggregations.append((f"__c{i}", _HASH[kernel]))
+    grouped = pa.table(inputs).group_by([f"__k{j}" for j in range(len(keys))], use_threads=False)
+    result = grouped.aggregate(aggregations)
+    result = result.take(pc.sort_indices(result.column("__i_min")))
+    out: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for j, k in enumerate(keys):
+        out[k] = result.column(f"__k{j}")
+    for i, (name, col, kernel) in enumerate(specs):
+        column = result.column("__k0_count" if col is None else f"__c{i}_{_HASH[kernel]}")
+        out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
+    return pa.table(out)
+
+
+def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+    """Grouping through dense group numbers, which merging distinct-value lists needs."""
     g, groups = group_ids(table, keys)
-    # Inputs under names we control: several specs may read the same column with the same kernel.
     inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__g": g}
     aggregations: list[tuple[str, str]] = []
     for j, k in enumerate(keys):

@@ -1,4 +1,4 @@
-"""Top-k and sorting fast paths against plain pyarrow references.
+"""Top-k, sorting and grouping fast paths against plain pyarrow references.
 
 ``top_k`` must return exactly the prefix of the stable sort (ties in input order), for every key type,
 direction and NULL placement, with NaN above every other float as Spark orders it. The reference here
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkbus.roles.query import engine
+from sparkbus.roles.query import aggregate, engine
 from sparkbus.roles.query.plan import Limit, Scan, Sort, SortKey
 
 from .helpers import distributed, split
@@ -127,6 +127,28 @@ def test_distributed_limit_offset_matches_reference(
     assert got is not None
     # Partitions are consecutive slices, so the stable order across them is the whole table's.
     assert got.column("row").to_pylist() == want.column("row").to_pylist()
+
+
+@given(keyed_tables(), st.sampled_from([["s"], ["i"], ["b", "s"], ["s", "i", "b"]]), st.integers(1, 3))
+def test_grouping_keeps_first_appearance_order(table: pa.Table, keys: list[str], chunks: int) -> None:
+    step = max(1, table.num_rows // chunks)
+    chunked = pa.concat_tables([table.slice(i, step) for i in range(0, table.num_rows, step)] or [table])
+    specs: list[tuple[str, str | None, str]] = [
+        ("n", None, "count"),
+        ("c", "f", "count"),
+        ("sm", "i", "sum"),
+        ("z", "i", "sum0"),
+        ("lo", "s", "min"),
+        ("hi", "f", "max"),
+    ]
+    got = aggregate._apply_grouped(chunked, keys, specs)
+    want = aggregate._apply_numbered(table, keys, specs)
+    assert got.schema == want.schema
+    assert repr(got.to_pylist()) == repr(want.to_pylist())  # repr: NaN equals NaN
+    first: dict[tuple[object, ...], None] = {}
+    for row in table.select(keys).to_pylist():
+        first.setdefault(tuple(repr(v) for v in row.values()), None)
+    assert [tuple(repr(v) for v in r.values()) for r in got.select(keys).to_pylist()] == list(first)
 
 
 def test_store_and_inbox_realign_buffers() -> None:
