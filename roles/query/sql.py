@@ -10,6 +10,7 @@ COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG. Everything else is re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -90,8 +91,12 @@ def _span(node: exp.Expr) -> tuple[int | None, int | None]:
     return min(starts), max(ends)
 
 
+@functools.lru_cache(maxsize=256)
 def parse_sql(sql: str) -> PlanNode:
     """A logical plan for ``sql``.
+
+    Plans are immutable, so the plans of recently parsed texts are kept: a dashboard repeating the same
+    query skips sqlglot (0.2 to 0.4 ms a query). Errors are not cached.
 
     Raises:
         SqlError: a syntax error or a construct outside the subset, pointing at the offending text.

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkbus.roles.query import aggregate, engine
-from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.errors import ExecutionError, SqlError
 from sparkbus.roles.query.expressions import Call, Column, Literal, Param
 from sparkbus.roles.query.plan import AggCall, Aggregate, Filter, Limit, Project, Scan, Sort, SortKey
 from sparkbus.roles.query.sql import parse_sql
@@ -171,3 +171,11 @@ def test_hash_partition_is_stable_across_slices() -> None:
             assert all(where[v] == i for v in part.column("v").to_pylist())
     keys_per_part = [set(p.column("k").to_pylist()) for p in whole]
     assert sum(len(s) for s in keys_per_part) == 5
+
+
+def test_parsed_plans_are_reused_and_errors_are_not_cached() -> None:
+    text = "SELECT k, count(*) AS n FROM t GROUP BY k ORDER BY n DESC LIMIT 3"
+    assert parse_sql(text) is parse_sql(text)
+    for _ in range(2):
+        with pytest.raises(SqlError, match="syntax error"):
+            parse_sql("SELECT FROM WHERE")
