@@ -11,7 +11,7 @@ naming the node and every such role, unless ``skip_unavailable`` asks to run onl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkbus.bus import contract as c
@@ -81,7 +81,10 @@ def build_roles(
             + "; ".join(missing[n] for n in sorted(missing))
         )
     spec = request.topology.spec_of(request.node_id)
-    ctx = request.role_context()
+    # One catalog per node, shared by all its roles: what replication applies is what queries scan.
+    from sparkbus.roles.query.catalog import TableCatalog  # noqa: PLC0415 (building a node loads families)
+
+    ctx = replace(request.role_context(), catalog=TableCatalog())
     roles = [registry.build(n, ctx) for n in (*spec.roles, *spec.services) if n not in missing]
     if not roles:
         raise RoleUnavailable(f"node {request.node_id}: none of its roles or services can be built")

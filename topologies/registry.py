@@ -33,12 +33,16 @@ class RoleContext:
         topology: the whole validated topology (peers, tables, bus settings).
         local_data: the rows this node loads, as Arrow record batches (the Spark task's input partition;
             empty outside Spark).
+        catalog: the node's table catalog (``sparkbus.roles.query.catalog.TableCatalog``), one object
+            shared by every role of the node, so rows a role owns (replication) are what the query role
+            scans; None when the node is built without one.
     """
 
     node_id: str
     spec: NodeSpec
     topology: Topology
     local_data: tuple[Any, ...] = field(default=())
+    catalog: Any = None
 
 
 RoleFactory = Callable[[RoleContext], Role]

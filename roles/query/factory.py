@@ -8,5 +8,9 @@ from sparkbus.roles.query.role import QueryRole
 
 
 def make_role(ctx: Any) -> QueryRole:
-    """A query role for node ``ctx.node_id`` with an empty partition store (``load`` fills it)."""
-    return QueryRole(ctx.node_id)
+    """A query role for node ``ctx.node_id``.
+
+    It scans the node's shared catalog (``ctx.catalog``: loaded tables plus those other roles publish,
+    such as replicated tables) when the node has one, else an empty partition store (``load`` fills it).
+    """
+    return QueryRole(ctx.node_id, store=getattr(ctx, "catalog", None))

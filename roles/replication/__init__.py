@@ -1,5 +1,14 @@
 """Segment replication (EventQL): segment store, partition leader and follower."""
 
+from sparkbus.roles.replication.factory import (
+    PARTITION_COLUMN,
+    REPLICAS_TABLE,
+    ServingReplication,
+    layout_for,
+    make_role,
+    partition_name,
+    split_by_partition,
+)
 from sparkbus.roles.replication.layout import (
     FirstLiveElection,
     Layout,
@@ -25,6 +34,8 @@ from sparkbus.roles.replication.storage import DiskStorage, MemoryStorage, Simul
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig, StoreError
 
 __all__ = [
+    "PARTITION_COLUMN",
+    "REPLICAS_TABLE",
     "DeclineReason",
     "DiskStorage",
     "FirstLiveElection",
@@ -43,10 +54,15 @@ __all__ = [
     "SegmentDeclined",
     "SegmentOffered",
     "SegmentTransited",
+    "ServingReplication",
     "SimulatedCrash",
     "SplitFinalized",
     "SplitTarget",
     "Storage",
     "StoreConfig",
     "StoreError",
+    "layout_for",
+    "make_role",
+    "partition_name",
+    "split_by_partition",
 ]

@@ -1,0 +1,299 @@
+"""The ``replication`` factory: a layout from the topology's tables, stores on disk, rows published to queries.
+
+``layout_for`` assigns every partition of every ``[tables.<name>]`` entry to the nodes that run
+``replication``, deterministically, so every node computes the same layout from the same file:
+
+* the nodes are those running ``replication``, in file order (``store-0``, ``store-1``, ...);
+* partition ``p`` of a table is ``"<table>/<p>"``; its replicas are ``nodes[(p + j) % n]`` for
+  ``j = 0 .. replication - 1``: replica 0 is the designated leader (round-robin over the nodes), the
+  next ones its followers;
+* placement ids count up from 1 over (table in file order, partition, replica), so they are unique on
+  every node (segment ids start with the placement id).
+
+``make_role`` builds a ``ServingReplication``: the replication role plus two duties of a node that
+serves a table:
+
+* it loads the node's local data (``RoleContext.local_data``, a Spark task's input partition). Each row
+  must carry ``_sb_partition``, the name of the partition it belongs to (``"events/3"``), and the node
+  must be that partition's designated leader: Spark routes rows so (``sparkbus run``). The
+  rows are written as leader writes (logged, then flushed into segments), a chunk per loop turn so the
+  node keeps answering its peers, and replication sends the segments to the followers;
+* it publishes, in the node's catalog, each table (the rows of the partitions this node currently
+  leads, so that a query over all nodes sees every row exactly once) and ``sparkbus_replicas``, one row
+  per local replica (rows, loaded, pending, replicated, error), which the driver queries to follow a
+  load.
+
+Replicas live in ``$SPARKBUS_DATA_DIR/<node>-<random>`` (a fresh temporary directory when unset).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkbus.bus.contract import Action, Event, SetTimer
+from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
+from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.role import ReplicationRole
+from sparkbus.roles.replication.storage import DiskStorage
+from sparkbus.roles.replication.store import HIDDEN, StoreConfig
+
+#: the column that tells a node which partition a row of its local data belongs to (dropped on write)
+PARTITION_COLUMN = "_sb_partition"
+#: the catalog table describing every local replica
+REPLICAS_TABLE = "sparkbus_replicas"
+#: rows written per loop turn while loading local data
+LOAD_CHUNK_ROWS = 65_536
+LOAD_TIMER = "replication/load"
+DATA_DIR_ENV = "SPARKBUS_DATA_DIR"
+
+_REPLICAS_SCHEMA = pa.schema(
+    [
+        ("node", pa.string()),
+        ("partition", pa.string()),
+        ("leader", pa.int64()),
+        ("rows", pa.int64()),
+        ("loaded", pa.int64()),
+        ("pending", pa.int64()),
+        ("replicated", pa.int64()),
+        ("error", pa.string()),
+    ]
+)
+
+
+def partition_name(table: str, index: int) -> str:
+    return f"{table}/{index}"
+
+
+def layout_for(topology: Any) -> Layout:
+    """Every partition of the topology's tables, placed round-robin over the nodes running replication.
+
+    Raises:
+        ValueError: a table asks for more replicas than there are replication nodes.
+    """
+    nodes = list(topology.hosting("replication"))
+    specs: list[PartitionSpec] = []
+    placement = 0
+    for table in topology.tables:
+        if table.replication > len(nodes):
+            raise ValueError(
+                f"table {table.name}: replication {table.replication} needs that many nodes running "
+                f"replication, the topology has {len(nodes)}"
+            )
+        for p in range(table.partitions):
+            replicas = []
+            for j in range(table.replication):
+                placement += 1
+                replicas.append(Replica(node=nodes[(p + j) % len(nodes)], placement=placement))
+            specs.append(PartitionSpec(partition=partition_name(table.name, p), replicas=tuple(replicas)))
+    return Layout.of(specs)
+
+
+def split_by_partition(rows: pa.Table) -> list[tuple[str, pa.Table]]:
+    """``rows`` grouped by ``_sb_partition`` (the column dropped), in partition order."""
+    if PARTITION_COLUMN not in rows.column_names:
+        raise ValueError(
+            f"local data has no {PARTITION_COLUMN} column: each row must say which partition it belongs "
+            "to (sparkbus run adds it when Spark routes the rows)"
+        )
+    column = rows.column(PARTITION_COLUMN)
+    data = rows.drop_columns([PARTITION_COLUMN])
+    out = []
+    for value in sorted(pc.unique(column).to_pylist()):
+        out.append((str(value), data.filter(pc.equal(column, value))))
+    return out
+
+
+def _storage_for(node: str) -> Any:
+    base = os.environ.get(DATA_DIR_ENV)
+    if base:
+        Path(base).mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir=base or None))
+
+    def storage(partition: str) -> DiskStorage:
+        return DiskStorage(root / partition.replace("/", "~"))
+
+    return storage
+
+
+class ServingReplication(ReplicationRole):
+    """The replication role of a node that serves tables: loads its local data, publishes what it leads.
+
+    Args:
+        node: this node's name.
+        layout: every partition's placement (``layout_for``).
+        keys: each table's key columns.
+        storage_for: the Storage of a partition replica.
+        local_data: rows to load (record batches with ``_sb_partition``).
+        catalog: the node's ``TableCatalog``, or None to publish nothing.
+        config: role settings (``config.store.key`` is replaced per table by ``keys``).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        layout: Layout,
+        keys: dict[str, tuple[str, ...]],
+        storage_for: Any,
+        *,
+        local_data: tuple[Any, ...] = (),
+        catalog: Any = None,
+        config: ReplicationConfig | None = None,
+    ) -> None:
+        super().__init__(node, layout, storage_for, config)
+        self.keys = keys
+        self.local_data = local_data
+        self.loading: deque[tuple[str, pa.Table]] = deque()
+        self.loaded: dict[str, int] = {}
+        self.load_error: str | None = None
+        self._load_prepared = not local_data
+        self._served: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
+        if catalog is not None:
+            for table in keys:
+                catalog.publish(table, lambda table=table: self.serve(table))
+            catalog.publish(REPLICAS_TABLE, self.replicas_table)
+
+    # ------------------------------------------------------------ placement with per-table keys
+
+    def _host(self, spec: PartitionSpec) -> None:
+        # The base role opens every store with config.store; each table has its own key.
+        table = spec.partition.rsplit("/", 1)[0]
+        key = self.keys.get(table)
+        if key is None:
+            super()._host(spec)
+            return
+        shared = self.config
+        self.config = replace(shared, store=replace(shared.store, key=key))
+        try:
+            super()._host(spec)
+        finally:
+            self.config = shared
+
+    # ------------------------------------------------------------ loading local data
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        out = list(super().handle(event, now))
+        if not self._load_prepared:
+            self._load_prepared = True
+            self._prepare_load()
+        if self.loading:
+            self._actions = out
+            self._load_step(now)
+            if self.loading:
+                out.append(SetTimer(key=LOAD_TIMER, at=now))
+        return out
+
+    def _prepare_load(self) -> None:
+        try:
+            rows = pa.Table.from_batches(list(self.local_data)) if self.local_data else None
+            if rows is None or rows.num_rows == 0:
+                return
+            for partition, part in split_by_partition(rows):
+                spec = self.layout.partitions.get(partition)
+                if spec is None:
+                    raise ValueError(f"local rows for {partition}, which the layout does not have")
+                if spec.replicas[0].node != self.node:
+                    raise ValueError(
+                        f"local rows for {partition}, whose designated leader is {spec.replicas[0].node}, "
+                        f"not {self.node}: the rows were not routed by partition"
+                    )
+                for chunk in part.to_batches(max_chunksize=LOAD_CHUNK_ROWS):
+                    self.loading.append((partition, pa.Table.from_batches([chunk])))
+        except (ValueError, pa.ArrowInvalid) as exc:
+            self.load_error = f"{self.node}: cannot load local data: {exc}"
+            self.loading.clear()
+        self.local_data = ()
+
+    def _load_step(self, now: float) -> None:
+        partition, rows = self.loading.popleft()
+        rep = self.local.get(partition)
+        try:
+            if rep is None or not rep.leads:
+                raise ValueError(f"{self.node} does not lead {partition}")
+            rep.store.write(rows, now)
+        except Exception as exc:  # a refused write stops the load and is reported in sparkbus_replicas
+            self.load_error = f"{self.node}: writing to {partition} failed: {exc}"
+            self.loading.clear()
+            return
+        self.loaded[partition] = self.loaded.get(partition, 0) + rows.num_rows
+        if rep.store.should_flush(now) or not any(p == partition for p, _ in self.loading):
+            # The partition's last chunk: flush now, so replication starts without waiting for flush_age.
+            self._flush(rep)
+        self._run_all()
+
+    # ------------------------------------------------------------ what queries see
+
+    def serve(self, table: str) -> pa.Table | None:
+        """The rows of ``table`` in the partitions this node leads (None when it leads none)."""
+        led = sorted(
+            (p, rep)
+            for p, rep in self.local.items()
+            if p.rsplit("/", 1)[0] == table and rep.leads and rep.store.schema is not None
+        )
+        version = tuple(
+            (p, rep.me.placement, rep.store.root, rep.store.memtable_rows, rep.store.lamport)
+            for p, rep in led
+        )
+        cached = self._served.get(table)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        result: pa.Table | None = None
+        if led:
+            parts = [rep.store.versioned_rows().drop_columns(list(HIDDEN)) for _, rep in led]
+            result = pa.concat_tables(parts)
+        self._served[table] = (version, result)
+        return result
+
+    def _replicated(self, rep: LocalReplica) -> bool:
+        if rep.store.memtable_rows:
+            return False
+        others = {r.placement for r in rep.spec.replicas if r.node != self.node}
+        return all(others <= e.acked for e in self._candidates(rep))
+
+    def replicas_table(self) -> pa.Table:
+        """One row per local replica: what it holds and whether its followers have all of it."""
+        pending: dict[str, int] = {}
+        for partition, rows in self.loading:
+            pending[partition] = pending.get(partition, 0) + rows.num_rows
+        rows_out: list[dict[str, Any]] = []
+        for p, rep in sorted(self.local.items()):
+            rows_out.append(
+                {
+                    "node": self.node,
+                    "partition": p,
+                    "leader": int(rep.leads),
+                    "rows": sum(e.rows for e in self._candidates(rep)) + rep.store.memtable_rows,
+                    "loaded": self.loaded.get(p, 0),
+                    "pending": pending.get(p, 0),
+                    "replicated": int(rep.leads and self._replicated(rep)),
+                    "error": self.load_error or "",
+                }
+            )
+        if not rows_out:
+            rows_out.append(
+                dict.fromkeys(_REPLICAS_SCHEMA.names, 0)
+                | {"node": self.node, "partition": "", "error": self.load_error or ""}
+            )
+        return pa.Table.from_pylist(rows_out, schema=_REPLICAS_SCHEMA)
+
+
+def make_role(ctx: Any) -> ServingReplication:
+    """The replication role for node ``ctx.node_id`` of ``ctx.topology`` (see the module docstring)."""
+    topology = ctx.topology
+    tables = list(topology.tables)
+    return ServingReplication(
+        ctx.node_id,
+        layout_for(topology),
+        {t.name: tuple(t.key) for t in tables},
+        _storage_for(ctx.node_id),
+        local_data=tuple(getattr(ctx, "local_data", ())),
+        catalog=getattr(ctx, "catalog", None),
+        config=ReplicationConfig(store=StoreConfig(key=tuple(tables[0].key) if tables else ("key",))),
+    )

@@ -1,0 +1,150 @@
+"""The replication factory: a deterministic layout from the topology, local loads, the shared catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus.sim import SimBus
+from sparkbus.roles.query import QueryRole, sql
+from sparkbus.roles.query.catalog import TableCatalog
+from sparkbus.roles.replication import (
+    PARTITION_COLUMN,
+    REPLICAS_TABLE,
+    MemoryStorage,
+    ServingReplication,
+    layout_for,
+    split_by_partition,
+)
+from sparkbus.topologies.schema import load, loads, shipped
+
+TOPO = """
+[cluster]
+name = "t"
+[[nodes]]
+name = "s"
+placement = "host"
+host = "127.0.0.1"
+count = 3
+roles = ["replication", "query"]
+[tables.a]
+partitions = 4
+replication = 2
+key = "id"
+[tables.b]
+partitions = 2
+replication = 3
+key = ["x", "y"]
+"""
+
+
+def test_layout_is_round_robin_with_unique_placements() -> None:
+    layout = layout_for(loads(TOPO))
+    got = {p: [(r.node, r.placement) for r in s.replicas] for p, s in layout.partitions.items()}
+    assert got == {
+        "a/0": [("s-0", 1), ("s-1", 2)],
+        "a/1": [("s-1", 3), ("s-2", 4)],
+        "a/2": [("s-2", 5), ("s-0", 6)],
+        "a/3": [("s-0", 7), ("s-1", 8)],
+        "b/0": [("s-0", 9), ("s-1", 10), ("s-2", 11)],
+        "b/1": [("s-1", 12), ("s-2", 13), ("s-0", 14)],
+    }
+
+
+def test_layout_is_the_same_on_every_call_and_for_every_shipped_file() -> None:
+    for name in ("local.toml", "processes.toml", "cluster.example.toml"):
+        topo = load(shipped(name))
+        assert layout_for(topo) == layout_for(topo)
+
+
+def test_split_by_partition_drops_the_routing_column() -> None:
+    rows = pa.table({"id": [1, 2, 3], PARTITION_COLUMN: ["a/1", "a/0", "a/1"]})
+    parts = split_by_partition(rows)
+    assert [(p, t.column("id").to_pylist()) for p, t in parts] == [("a/0", [2]), ("a/1", [1, 3])]
+    assert parts[0][1].column_names == ["id"]
+    with pytest.raises(ValueError, match="no _sb_partition column"):
+        split_by_partition(pa.table({"id": [1]}))
+
+
+class Target:
+    def __init__(self, sim: SimBus, node: str) -> None:
+        self.sim, self.node = sim, node
+
+    def call(
+        self, role: str, name: str, args: dict[str, object] | None = None, *, timeout: float = 30.0
+    ) -> object:
+        return self.sim.result(self.sim.call(self.node, role, name, args), limit=timeout)
+
+
+def cluster(local: dict[str, pa.Table]) -> tuple[SimBus, dict[str, ServingReplication]]:
+    topo = loads(TOPO.split("[tables.b]", maxsplit=1)[0])
+    layout = layout_for(topo)
+    stores: dict[str, MemoryStorage] = {}
+    sim = SimBus(seed=3)
+    roles = {}
+    for node in ("s-0", "s-1", "s-2"):
+        catalog = TableCatalog()
+        batches = tuple(local[node].to_batches()) if node in local else ()
+        rep = ServingReplication(
+            node,
+            layout_for(topo),
+            {"a": ("id",)},
+            lambda p, node=node: stores.setdefault(f"{node}:{p}", MemoryStorage()),
+            local_data=batches,
+            catalog=catalog,
+        )
+        roles[node] = rep
+        sim.add_node(node, [rep, QueryRole(node, store=catalog, incarnation=node)])
+    assert layout == layout_for(topo)
+    sim.start()
+    return sim, roles
+
+
+def rows_for(ids: list[int]) -> pa.Table:
+    return pa.table({"id": ids, "v": [float(i) for i in ids], PARTITION_COLUMN: [f"a/{i % 4}" for i in ids]})
+
+
+def test_local_rows_are_written_replicated_and_scanned_once() -> None:
+    # a/0 and a/3 are led by s-0, a/1 by s-1, a/2 by s-2: give each node the rows of what it leads.
+    ids = list(range(40))
+    by_node = {
+        "s-0": [i for i in ids if i % 4 in (0, 3)],
+        "s-1": [i for i in ids if i % 4 == 1],
+        "s-2": [i for i in ids if i % 4 == 2],
+    }
+    sim, roles = cluster({n: rows_for(v) for n, v in by_node.items()})
+    sim.run_for(10.0)
+    target = Target(sim, "s-0")
+    status = sql(target, f"SELECT partition, leader, loaded, replicated, error FROM {REPLICAS_TABLE}")
+    leaders = [r for r in status.to_pylist() if r["leader"] == 1]
+    assert sorted(r["partition"] for r in leaders) == ["a/0", "a/1", "a/2", "a/3"]
+    assert all(r["replicated"] == 1 and r["error"] == "" for r in leaders)
+    assert sum(r["loaded"] for r in status.to_pylist()) == 40
+    total = sql(target, "SELECT COUNT(*) AS n, SUM(v) AS s FROM a").to_pylist()
+    assert total == [{"n": 40, "s": float(sum(ids))}]
+    # the followers hold the rows too (replication), but only leaders serve them to queries
+    follower = roles["s-1"].local["a/0"]
+    assert not follower.leads and follower.store.rows().num_rows == len(by_node["s-0"]) // 2
+
+
+def test_rows_on_a_node_that_does_not_lead_their_partition_are_reported() -> None:
+    sim, _ = cluster({"s-1": rows_for([0, 4])})  # a/0 is s-0's
+    sim.run_for(2.0)
+    status = sql(
+        Target(sim, "s-0"), f"SELECT node, error FROM {REPLICAS_TABLE} WHERE node = 's-1'"
+    ).to_pylist()
+    assert status and "whose designated leader is s-0, not s-1" in status[0]["error"]
+
+
+def test_a_published_table_cannot_be_overwritten_by_load(tmp_path: Path) -> None:
+    catalog = TableCatalog()
+    catalog.publish("a", lambda: None)
+    from sparkbus.roles.query import ExecutionError
+
+    with pytest.raises(ExecutionError, match="published by another role"):
+        catalog.load("a", pa.table({"x": [1]}))
+    with pytest.raises(ExecutionError, match="already in this node's catalog"):
+        catalog.publish("a", lambda: None)
+    assert catalog.get("a") is None and catalog.get("zzz") is None

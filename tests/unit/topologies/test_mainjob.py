@@ -1,0 +1,154 @@
+"""The main job's pure pieces: result comparison with Spark SQL, the report, the summary, the chart."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from rich.console import Console
+
+from sparkbus.topologies import cli
+from sparkbus.topologies.mainjob import QUERIES, JobError, check_topology, written_rows
+from sparkbus.topologies.mainjob_report import QueryResult, build_report, compare, print_summary, write_json
+from sparkbus.topologies.schema import load, loads, shipped
+
+
+def t(**cols: list[object]) -> pa.Table:
+    return pa.table(cols)
+
+
+def test_unordered_results_match_in_any_order_and_within_float_tolerance() -> None:
+    ours = t(kind=["a", "b"], n=[2, 3], s=[1.0000000001, 2.0])
+    theirs = t(kind=["b", "a"], n=[3, 2], s=[2.0, 1.0])
+    assert compare(ours, theirs, ordered=False) == (True, "")
+
+
+def test_ordered_results_must_agree_row_by_row() -> None:
+    ours, theirs = t(k=[1, 2]), t(k=[2, 1])
+    match, detail = compare(ours, theirs, ordered=True)
+    assert not match and detail == "row 0: sparkbus (1,), Spark SQL (2,)"
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "detail"),
+    [
+        (t(a=[1]), t(a=[1], b=[2]), "1 columns, Spark SQL has 2"),
+        (t(a=[1, 2]), t(a=[1]), "2 rows, Spark SQL has 1"),
+        (t(a=[1.0]), t(a=[1.1]), "row 0: sparkbus (1.0,), Spark SQL (1.1,)"),
+        (t(a=[None]), t(a=[0]), "row 0: sparkbus (None,), Spark SQL (0,)"),
+    ],
+)
+def test_differences_are_named(ours: pa.Table, theirs: pa.Table, detail: str) -> None:
+    assert compare(ours, theirs, ordered=False) == (False, detail)
+
+
+def test_ints_and_floats_of_the_same_value_match() -> None:
+    assert compare(t(n=[3]), t(n=[3.0]), ordered=True)[0]
+
+
+def result(name: str, ours: float, theirs: float, match: bool = True) -> QueryResult:
+    return QueryResult(
+        name=name,
+        sql="SELECT 1",
+        ordered=False,
+        match=match,
+        detail="" if match else "row 0: ...",
+        rows=1,
+        sparkbus_ms=[ours, ours * 2, ours / 2],
+        spark_ms=[theirs],
+    )
+
+
+def report(queries: list[QueryResult]) -> dict[str, object]:
+    return build_report(
+        rows=100,
+        topology="local.toml",
+        commit="abc1234",
+        phases={"load": 1.23456, "total": 9.0},
+        queries=queries,
+        load={
+            "rows_per_s": 10.0,
+            "toarrow_rows_per_s": 20.0,
+            "load_vs_toarrow": 0.5,
+            "partitions": 8,
+            "replication": 2,
+        },
+        view={"name": "v", "fresh": True, "written_rows": 10, "write_to_peek_p50_ms": 1.0},
+        exchange={"query": "q", "bytes": 10, "pages": 1, "p50_ms": {"push": 1.0, "binx": 2.0, "http": 3.0}},
+    )
+
+
+def test_report_figures() -> None:
+    r = report([result("a", 2.0, 100.0), result("b", 4.0, 40.0)])
+    assert r["all_results_match"] is True
+    assert r["min_speedup_vs_spark"] == 10.0
+    assert r["phases_s"] == {"load": 1.235, "total": 9.0}
+    assert [q["sparkbus_p50_ms"] for q in r["queries"]] == [2.0, 4.0]  # type: ignore[index]
+    assert [q["speedup"] for q in r["queries"]] == [50.0, 10.0]  # type: ignore[index]
+
+
+def test_one_mismatch_fails_the_report_and_no_query_is_not_a_match() -> None:
+    assert report([result("a", 1.0, 2.0), result("b", 1.0, 2.0, match=False)])["all_results_match"] is False
+    assert report([])["all_results_match"] is False
+
+
+def test_report_is_json_and_the_summary_prints(tmp_path: Path) -> None:
+    r = report([result("point", 2.0, 100.0)])
+    write_json(r, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == 100
+    out = io.StringIO()
+    print_summary(r, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "point" in text and "50.0x" in text and "all results match Spark SQL" in text
+
+
+def test_written_rows_continue_the_ids() -> None:
+    rows = written_rows(100, 5, users=3)
+    assert rows.column("event_id").to_pylist() == [100, 101, 102, 103, 104]
+    assert rows.column_names == ["event_id", "user_id", "kind", "value", "ts"]
+
+
+def test_every_reference_query_parses_in_sparkbus_sql() -> None:
+    from sparkbus.roles.query import parse_sql
+
+    for q in QUERIES:
+        parse_sql(q.sql)
+    assert any(q.ordered for q in QUERIES) and 5 <= len(QUERIES) <= 6
+
+
+def test_local_toml_suits_the_main_job() -> None:
+    assert check_topology(load(shipped("local.toml"))) == (2, 8, 2)
+
+
+def test_a_topology_without_spark_or_events_is_refused() -> None:
+    with pytest.raises(JobError, match=r"needs a topology with a \[spark\] section"):
+        check_topology(load(shipped("processes.toml")))
+    text = (
+        shipped("local.toml")
+        .read_text()
+        .replace(
+            'partitions = 8\nreplication = 2\nkey = "event_id"',
+            'partitions = 3\nreplication = 2\nkey = "event_id"',
+        )
+    )
+    with pytest.raises(JobError, match="must be a multiple of the 2 executor nodes"):
+        check_topology(loads(text))
+
+
+def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "--rows", "0"]) == 1
+    assert capsys.readouterr().err == "sparkbus run: --rows must be a positive number of rows, got 0\n"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        "[cluster]\nname = 'x'\n[[nodes]]\nname = 'a'\nplacement = 'host'\nhost = '127.0.0.1'\nroles = ['qeury']\n"
+    )
+    assert cli.main(["run", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sparkbus run: ") and err.count("\n") == 1 and "sparkbus validate" in err
+    assert cli.main(["run", str(tmp_path / "missing.toml")]) == 1
+    assert "cannot read the file" in capsys.readouterr().err

@@ -1,0 +1,668 @@
+"""``sparkbus run``: the main job. Spark loads a table into replicated sparkbus nodes, both engines query it.
+
+Phases (docs/MAIN_JOB.md explains each figure):
+
+1. ``spark``: the embedded SparkSession of the topology.
+2. ``data``: the events table, generated (``event_id, user_id, kind, value, ts``) or read from Parquet/CSV;
+   cached in Spark for Spark SQL; ``toArrow()`` of the uncached DataFrame is timed as the load baseline.
+3. ``load``: the topology starts on Spark (``SparkRuntime``). Spark routes every row to the executor node
+   that leads its partition (``repartition`` by the key: with the layout's round-robin leaders and a
+   partition count that is a multiple of the node count, Spark's hash partition *is* the leader); each
+   node writes its rows as leader writes and replication copies the segments to the followers. The load
+   is over when the ``sparkbus_replicas`` catalog table says every row is written and every partition
+   replicated.
+4. ``queries``: the reference queries on sparkbus (through the coordinator's query role) and on Spark SQL
+   over the same rows: results compared, p50 latencies.
+5. ``view``: the events go into the compute controller, a view is created, more rows are written, and
+   each peek must reflect them.
+6. ``exchange``: one query's participant output moved by push streams, BinX and HTTP
+   (``mainjob_exchange``).
+
+Everything talks to the cluster through ``Cluster``, a narrow interface; ``DirectCluster`` implements it
+with local calls into the driver's coordinator node.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from sparkbus.topologies.busnode import BusNodeFactory, bus_config
+from sparkbus.topologies.mainjob_report import (
+    QueryResult,
+    build_report,
+    compare,
+    print_summary,
+    write_chart,
+    write_json,
+)
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.runtime import NodeHandle, NodeRequest
+
+TABLE = "events"
+KEY = "event_id"
+REQUIRED = ("user_id", "kind", "value", "ts")
+KINDS = ("view", "click", "cart", "purchase", "share")
+VIEW = "events_by_kind"
+WRITTEN_ROWS = 1000
+WRITE_ROUNDS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefQuery:
+    name: str
+    sql: str
+    ordered: bool
+
+
+QUERIES = (
+    RefQuery(
+        name="point filter + count",
+        sql="SELECT COUNT(*) AS n, SUM(value) AS total FROM events WHERE user_id = 42",
+        ordered=False,
+    ),
+    RefQuery(
+        name="group-by aggregate",
+        sql="SELECT kind, COUNT(*) AS n, SUM(value) AS total, AVG(value) AS mean FROM events GROUP BY kind",
+        ordered=False,
+    ),
+    RefQuery(
+        name="top-k",
+        sql="SELECT user_id, SUM(value) AS total FROM events GROUP BY user_id "
+        "ORDER BY total DESC, user_id LIMIT 10",
+        ordered=True,
+    ),
+    RefQuery(
+        name="filter + projection",
+        sql="SELECT event_id, user_id, value FROM events WHERE kind = 'purchase' AND value >= 950",
+        ordered=False,
+    ),
+    RefQuery(
+        name="count distinct",
+        sql="SELECT COUNT(DISTINCT user_id) AS users FROM events WHERE kind = 'click'",
+        ordered=False,
+    ),
+)
+#: the query whose participant output the exchange comparison moves
+EXCHANGE_QUERY = "filter + projection"
+
+
+class JobError(Exception):
+    """A problem the user can fix (bad input, missing Java, a port): printed as one line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    topology: Path
+    rows: int = 1_000_000
+    data: Path | None = None
+    report: Path = Path("sparkbus-report.json")
+    chart: Path = Path("sparkbus-report.png")
+    sparkbus_reps: int = 20
+    spark_reps: int = 5
+
+
+# ---------------------------------------------------------------- the cluster, as the job sees it
+
+
+class Cluster(Protocol):
+    """What the main job needs from a running cluster (the thin client will offer the same)."""
+
+    def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table: ...
+
+    def create_table(self, name: str, schema: pa.Schema) -> None: ...
+
+    def write(self, table: str, rows: pa.Table) -> int: ...
+
+    def create_view(self, name: str, view: Any) -> None: ...
+
+    def peek(self, view: str) -> pa.Table: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class DirectCluster:
+    """``Cluster`` over local calls into one driver-side bus node (the coordinator)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table:
+        from sparkbus.roles.query import sql  # noqa: PLC0415
+
+        return sql(self.node, text, timeout=timeout)
+
+    def create_table(self, name: str, schema: pa.Schema) -> None:
+        self.node.call("compute.controller", "create_table", {"name": name, "schema": schema})
+
+    def write(self, table: str, rows: pa.Table) -> int:
+        from sparkbus.roles.compute.arrangement import encode_table  # noqa: PLC0415
+
+        reply = self.node.call("compute.controller", "write", {"table": table, "batch": encode_table(rows)})
+        return int(reply["time"])
+
+    def create_view(self, name: str, view: Any) -> None:
+        self.node.call("compute.controller", "create_view", {"name": name, "view": view})
+
+    def peek(self, view: str) -> pa.Table:
+        from sparkbus.roles.compute.arrangement import decode_table  # noqa: PLC0415
+
+        return decode_table(self.node.call("compute.controller", "peek", {"view": view}))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.node.status())
+
+
+class _DriverNodes:
+    """A ``NodeFactory`` that remembers the nodes it builds in this process (the driver's).
+
+    Spark tasks get a plain ``BusNodeFactory`` when it is pickled: handles hold sockets.
+    """
+
+    def __init__(self) -> None:
+        self.inner = BusNodeFactory()
+        self.built: dict[str, NodeHandle] = {}
+
+    def __call__(self, request: NodeRequest) -> NodeHandle:
+        handle = self.inner(request)
+        self.built[request.node_id] = handle
+        return handle
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (BusNodeFactory, ())
+
+
+# ---------------------------------------------------------------- data
+
+
+def check_topology(topo: Topology) -> tuple[int, int, int]:
+    """(executor nodes, partitions, replication) of the events table; JobError when the job cannot run."""
+    if topo.spark is None:
+        raise JobError(f"{topo.source}: sparkbus run needs a topology with a [spark] section")
+    table = next((t for t in topo.tables if t.name == TABLE), None)
+    if table is None or tuple(table.key) != (KEY,):
+        raise JobError(f'{topo.source}: sparkbus run needs [tables.{TABLE}] with key = "{KEY}"')
+    executors = [nid for nid, _ in topo.placed("executor")]
+    if topo.hosting("replication") != executors or not executors:
+        raise JobError(
+            f"{topo.source}: sparkbus run needs every executor node, and only those, to run replication"
+        )
+    if table.partitions % len(executors):
+        raise JobError(
+            f"{topo.source}: tables.{TABLE}.partitions ({table.partitions}) must be a multiple of the "
+            f"{len(executors)} executor nodes, so Spark can route each row to its partition's leader"
+        )
+    coordinators = [
+        nid for nid, spec in topo.placed("driver") if {"query", "compute.controller"} <= set(spec.roles)
+    ]
+    if not coordinators:
+        raise JobError(
+            f"{topo.source}: sparkbus run needs a driver node running query and compute.controller"
+        )
+    return len(executors), table.partitions, table.replication
+
+
+def generated_events(spark: Any, rows: int) -> Any:
+    """``rows`` events, the same on every evaluation (hashes of the row number, no randomness)."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    users = max(1, rows // 100)
+    kinds = F.array(*[F.lit(k) for k in KINDS])
+    return spark.range(rows).select(
+        F.col("id").alias(KEY),
+        F.pmod(F.hash(F.col("id"), F.lit(7)), F.lit(users)).cast("long").alias("user_id"),
+        F.element_at(
+            kinds, (F.pmod(F.hash(F.col("id"), F.lit(11)), F.lit(len(KINDS))) + 1).cast("int")
+        ).alias("kind"),
+        (F.pmod(F.hash(F.col("id"), F.lit(13)), F.lit(100_000)) / F.lit(100.0)).alias("value"),
+        F.timestamp_seconds(F.lit(1_700_000_000) + F.col("id")).alias("ts"),
+    )
+
+
+def read_events(spark: Any, path: Path) -> Any:
+    """A Parquet file or directory, or a CSV file with a header, as the events table."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    if not path.exists():
+        raise JobError(f"--data {path}: no such file or directory")
+    is_csv = path.suffix.lower() == ".csv" or (path.is_dir() and any(path.glob("*.csv")))
+    try:
+        reader = spark.read.option("header", True).option("inferSchema", True)
+        df = reader.csv(str(path)) if is_csv else spark.read.parquet(str(path))
+        columns = df.columns
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise JobError(
+            f"--data {path}: Spark cannot read it as {'CSV' if is_csv else 'Parquet'}: {first}"
+        ) from None
+    missing = [c for c in REQUIRED if c not in columns]
+    if missing:
+        raise JobError(
+            f"--data {path}: missing column(s) {', '.join(missing)}; the events table needs "
+            f"{', '.join(REQUIRED)} (and optionally {KEY})"
+        )
+    if KEY not in columns:
+        df = df.withColumn(KEY, F.monotonically_increasing_id())
+    df = df.select(
+        F.col(KEY).cast("long"),
+        F.col("user_id").cast("long"),
+        F.col("kind").cast("string"),
+        F.col("value").cast("double"),
+        F.col("ts").cast("timestamp"),
+    )
+    # Materialised once, so the generated keys and both engines see the same rows.
+    return df.cache()
+
+
+class RoutedFrame:
+    """The DataFrame handed to ``SparkRuntime``: each row goes to the executor node leading its partition.
+
+    ``SparkRuntime`` asks for one partition per executor node (``repartition(n)``); this answers with
+    Spark's hash partitioning on the key. The layout (``layout_for``) puts partition ``p`` of the table on
+    node ``p % n`` as leader and the row's partition is ``pmod(hash(key), partitions)``; with
+    ``partitions`` a multiple of ``n`` that is ``pmod(hash(key), n)``, Spark's own hash partition. The
+    partition name travels with each row (``_sb_partition``) and the node checks that it leads it.
+    """
+
+    def __init__(self, frame: Any, partitions: int) -> None:
+        self.frame = frame
+        self.partitions = partitions
+
+    def repartition(self, n: int) -> Any:
+        from pyspark.sql import functions as F  # noqa: PLC0415
+
+        from sparkbus.roles.replication import PARTITION_COLUMN  # noqa: PLC0415
+
+        part = F.concat(F.lit(f"{TABLE}/"), F.pmod(F.hash(F.col(KEY)), F.lit(self.partitions)).cast("string"))
+        return self.frame.withColumn(PARTITION_COLUMN, part).repartition(n, F.col(KEY))
+
+
+def written_rows(first_id: int, count: int, users: int) -> pa.Table:
+    """``count`` new events with ids from ``first_id`` (the rows the view phase writes)."""
+    ids = list(range(first_id, first_id + count))
+    return pa.table(
+        {
+            KEY: pa.array(ids, pa.int64()),
+            "user_id": pa.array([i % max(1, users) for i in ids], pa.int64()),
+            "kind": pa.array([KINDS[i % len(KINDS)] for i in ids], pa.string()),
+            "value": pa.array([float(i % 1000) for i in ids], pa.float64()),
+            "ts": pa.array([1_700_000_000_000_000 + i * 1_000_000 for i in ids], pa.timestamp("us")),
+        }
+    )
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _timed(fn: Callable[[], Any], reps: int, warmup: int = 1) -> tuple[Any, list[float]]:
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        result = fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return result, samples
+
+
+def _commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+@contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[f"{name}"] = time.perf_counter() - t0
+
+
+def _check_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    if shutil.which("java") is None and not (home and (Path(home) / "bin" / "java").exists()):
+        raise JobError("Java not found: Spark needs Java 17 (install it, or set JAVA_HOME)")
+
+
+# ---------------------------------------------------------------- the phases
+
+
+def _load(
+    cluster: Cluster, rows: int, partitions: int, console: Console, runtime_start: Callable[[], None]
+) -> float:
+    """Start the runtime and wait until every row is written and replicated; returns the seconds."""
+    from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
+
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+    ]
+    t0 = time.perf_counter()
+    with Progress(SpinnerColumn(), *columns, console=console, transient=False) as progress:
+        start = progress.add_task("Spark: route rows to their leaders, start nodes", total=1)
+        runtime_start()
+        progress.update(start, completed=1)
+        loaded = progress.add_task("rows written on leaders", total=rows)
+        replicated = progress.add_task("partitions replicated", total=partitions)
+        while True:
+            status = cluster.sql(
+                f"SELECT node, partition, leader, loaded, pending, replicated, error FROM {REPLICAS_TABLE}"
+            )
+            errors = sorted({e for e in status.column("error").to_pylist() if e})
+            if errors:
+                raise JobError(errors[0])
+            done_rows = int(pc.sum(status.column("loaded")).as_py() or 0)
+            ours = pc.starts_with(status.column("partition"), f"{TABLE}/")
+            leaders = status.filter(pc.and_(ours, pc.equal(status.column("leader"), 1)))
+            repl = int(pc.sum(leaders.column("replicated")).as_py() or 0)
+            pending = int(pc.sum(status.column("pending")).as_py() or 0)
+            progress.update(loaded, completed=done_rows)
+            progress.update(replicated, completed=repl)
+            if pending == 0 and done_rows >= rows and repl >= partitions and leaders.num_rows >= partitions:
+                break
+            if time.perf_counter() - t0 > 600:
+                raise JobError("the load did not finish within 600 s")
+            time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def _spinner(console: Console) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True)
+
+
+def _spark_sql(spark: Any, text: str) -> pa.Table:
+    result: pa.Table = spark.sql(text).toArrow()
+    return result
+
+
+def _spark_queries(spark: Any, opts: Options, console: Console) -> dict[str, tuple[pa.Table, list[float]]]:
+    """Every reference query on Spark SQL (cached table): the result and the timings.
+
+    Runs before the sparkbus nodes start: they hold every task slot of the session while they run (one
+    barrier task each), so a Spark SQL query would wait for them; and neither engine shares the CPU.
+    """
+    out = {}
+    with _spinner(console) as progress:
+        task = progress.add_task("Spark SQL")
+        for q in QUERIES:
+            progress.update(task, description=f"Spark SQL: {q.name}")
+            out[q.name] = _timed(partial(_spark_sql, spark, q.sql), opts.spark_reps, warmup=1)
+    return out
+
+
+def _sparkbus_queries(
+    cluster: Cluster, theirs: dict[str, tuple[pa.Table, list[float]]], opts: Options, console: Console
+) -> list[QueryResult]:
+    results = []
+    with _spinner(console) as progress:
+        task = progress.add_task("sparkbus")
+        for q in QUERIES:
+            progress.update(task, description=f"sparkbus: {q.name}")
+            ours, ours_ms = _timed(partial(cluster.sql, q.sql), opts.sparkbus_reps, warmup=2)
+            spark_table, spark_ms = theirs[q.name]
+            match, detail = compare(ours, spark_table, ordered=q.ordered)
+            results.append(
+                QueryResult(
+                    name=q.name,
+                    sql=q.sql,
+                    ordered=q.ordered,
+                    match=match,
+                    detail=detail,
+                    rows=ours.num_rows,
+                    sparkbus_ms=ours_ms,
+                    spark_ms=spark_ms,
+                )
+            )
+    return results
+
+
+def _expected_by_kind(table: pa.Table) -> dict[str, tuple[int, float]]:
+    grouped = table.group_by("kind").aggregate([("kind", "count"), ("value", "sum")])
+    return {
+        k: (int(n), float(s))
+        for k, n, s in zip(
+            grouped.column("kind").to_pylist(),
+            grouped.column("kind_count").to_pylist(),
+            grouped.column("value_sum").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def _view_matches(peeked: pa.Table, expected: dict[str, tuple[int, float]]) -> bool:
+    got = {
+        k: (int(n), float(s))
+        for k, n, s in zip(
+            peeked.column("kind").to_pylist(),
+            peeked.column("n").to_pylist(),
+            peeked.column("total").to_pylist(),
+            strict=True,
+        )
+    }
+    if set(got) != set(expected):
+        return False
+    return all(
+        got[k][0] == expected[k][0]
+        and abs(got[k][1] - expected[k][1]) <= 1e-6 * max(1.0, abs(expected[k][1]))
+        for k in got
+    )
+
+
+def _view(cluster: Cluster, events: pa.Table, rows: int) -> dict[str, Any]:
+    """Events into the compute controller, a view, more writes, and a peek after each."""
+    from sparkbus.roles.compute import Aggregate, ViewDef  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    cluster.create_table(TABLE, events.schema)
+    for batch in events.to_batches(max_chunksize=131_072):
+        cluster.write(TABLE, pa.Table.from_batches([batch]))
+    fed_s = time.perf_counter() - t0
+    view = ViewDef(
+        source=TABLE,
+        group_by=("kind",),
+        aggregates=(
+            Aggregate(func="count", column=None, name="n"),
+            Aggregate(func="sum", column="value", name="total"),
+        ),
+    )
+    t0 = time.perf_counter()
+    cluster.create_view(VIEW, view)
+    first = cluster.peek(VIEW)
+    create_s = time.perf_counter() - t0
+    fresh = _view_matches(first, _expected_by_kind(events))
+    users = max(1, rows // 100)
+    per_round = max(1, WRITTEN_ROWS // WRITE_ROUNDS)
+    seen = events
+    latencies = []
+    for i in range(WRITE_ROUNDS):
+        new = written_rows(rows + i * per_round, per_round, users).cast(events.schema)
+        t0 = time.perf_counter()
+        cluster.write(TABLE, new)
+        peeked = cluster.peek(VIEW)
+        latencies.append((time.perf_counter() - t0) * 1e3)
+        seen = pa.concat_tables([seen, new])
+        fresh = fresh and _view_matches(peeked, _expected_by_kind(seen))
+    return {
+        "name": VIEW,
+        "definition": "SELECT kind, COUNT(*) AS n, SUM(value) AS total FROM events GROUP BY kind",
+        "fed_rows": events.num_rows,
+        "feed_s": round(fed_s, 3),
+        "create_and_first_peek_s": round(create_s, 3),
+        "written_rows": per_round * WRITE_ROUNDS,
+        "write_rounds": WRITE_ROUNDS,
+        "rows_after_writes": seen.num_rows,
+        "write_to_peek_p50_ms": round(statistics.median(latencies), 3),
+        "fresh": fresh,
+    }
+
+
+def run_job(opts: Options, console: Console) -> dict[str, Any]:
+    """Run every phase; returns the report (also written to ``opts.report`` and charted to ``opts.chart``)."""
+    from sparkbus.topologies.schema import load  # noqa: PLC0415
+
+    if opts.rows <= 0 and opts.data is None:
+        raise JobError(f"--rows must be a positive number of rows, got {opts.rows}")
+    topo = load(opts.topology)
+    executors, partitions, replication = check_topology(topo)
+    if opts.data is not None and not opts.data.exists():
+        raise JobError(f"--data {opts.data}: no such file or directory")
+    for target in (opts.report, opts.chart):
+        if not target.parent.is_dir():
+            raise JobError(f"--report {target}: directory {target.parent} does not exist")
+    _check_java()
+
+    from sparkbus.topologies.mainjob_exchange import compare_exchanges  # noqa: PLC0415
+    from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, embedded_session  # noqa: PLC0415
+
+    phases: dict[str, float] = {}
+    wall = time.perf_counter()
+    data_dir = tempfile.mkdtemp(prefix="sparkbus-run-")
+    os.environ["SPARKBUS_DATA_DIR"] = data_dir  # before the JVM starts: Python workers inherit it
+    spark = None
+    try:
+        with _phase(phases, "spark_start"):
+            console.print(
+                f"[bold]sparkbus run[/bold]: {topo.source} on Spark {topo.spark.master if topo.spark else ''}"
+            )
+            try:
+                spark = embedded_session(
+                    topo, **{"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
+                )
+            except Exception as exc:
+                raise JobError(f"Spark did not start: {str(exc).strip().splitlines()[0]}") from None
+            spark.sparkContext.setLogLevel("ERROR")
+        with _phase(phases, "data"):
+            frame = (
+                read_events(spark, opts.data) if opts.data is not None else generated_events(spark, opts.rows)
+            )
+            frame = frame.cache()  # both engines, and the toArrow() baseline, read the same cached rows
+            rows = frame.count()
+            if rows == 0:
+                raise JobError(f"--data {opts.data}: no rows")
+            frame.createOrReplaceTempView(TABLE)
+            t0 = time.perf_counter()
+            events = frame.toArrow()
+            toarrow_s = time.perf_counter() - t0
+        with _phase(phases, "spark_queries"):
+            theirs = _spark_queries(spark, opts, console)
+        factory = _DriverNodes()
+        runtime = SparkRuntime(
+            topo, spark, factory, data=RoutedFrame(frame, partitions), ready_timeout=max(60.0, rows / 10_000)
+        )
+        stopped = False
+        try:
+            coordinator = next(nid for nid, spec in topo.placed("driver") if "query" in spec.roles)
+            cluster: Cluster = DirectCluster(_Lazy(factory, coordinator))
+            with _phase(phases, "load"):
+                load_s = _load(cluster, rows, partitions, console, runtime.start)
+            count = cluster.sql(f"SELECT COUNT(*) AS n FROM {TABLE}").column("n")[0].as_py()
+            if count != rows:
+                raise JobError(f"sparkbus holds {count} rows after the load, Spark produced {rows}")
+            with _phase(phases, "sparkbus_queries"):
+                results = _sparkbus_queries(cluster, theirs, opts, console)
+            with _phase(phases, "view"):
+                console.print("view: feeding the compute controller, creating the view, writing more rows")
+                view = _view(cluster, events, rows)
+            with _phase(phases, "exchange"):
+                console.print(f"exchange: moving the output of '{EXCHANGE_QUERY}' by push, BinX and HTTP")
+                ex_query = next(q for q in QUERIES if q.name == EXCHANGE_QUERY)
+                exchange = {
+                    "query": ex_query.name,
+                    **compare_exchanges(cluster.sql(ex_query.sql), bus_config(topo)),
+                }
+            stopped = True
+            runtime.stop()
+        except SparkRuntimeError as exc:
+            raise JobError(str(exc).splitlines()[0]) from None
+        finally:
+            if not stopped:
+                with suppress(Exception):  # the failure being raised is the one to report
+                    runtime.stop(timeout=30)
+    finally:
+        if spark is not None:
+            spark.catalog.clearCache()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    phases["total"] = time.perf_counter() - wall
+    load_info = {
+        "seconds": round(load_s, 3),
+        "rows_per_s": round(rows / load_s, 1),
+        "toarrow_seconds": round(toarrow_s, 3),
+        "toarrow_rows_per_s": round(rows / toarrow_s, 1),
+        "load_vs_toarrow": round((rows / load_s) / (rows / toarrow_s), 3),
+        "executor_nodes": executors,
+        "partitions": partitions,
+        "replication": replication,
+        "what": "from SparkRuntime.start() (Spark computes and routes the rows, nodes start) until every row is "
+        "written on its leader and every partition's segments are acked by its followers",
+    }
+    report = build_report(
+        rows=rows,
+        topology=str(topo.source),
+        commit=_commit(),
+        phases=phases,
+        queries=results,
+        load=load_info,
+        view=view,
+        exchange=exchange,
+    )
+    write_json(report, opts.report)
+    write_chart(report, opts.chart)
+    return report
+
+
+class _Lazy:
+    """A driver node handle, looked up when first called (the runtime builds it inside ``start``)."""
+
+    def __init__(self, factory: _DriverNodes, node_id: str) -> None:
+        self.factory = factory
+        self.node_id = node_id
+
+    def call(self, role: str, name: str, args: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
+        handle: Any = self.factory.built[self.node_id]
+        return handle.call(role, name, args, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        handle: Any = self.factory.built[self.node_id]
+        return dict(handle.status())
+
+
+def main_job(opts: Options, console: Console | None = None) -> int:
+    """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise."""
+    console = console or Console()
+    try:
+        report = run_job(opts, console)
+    except JobError as exc:
+        Console(stderr=True).print(f"sparkbus run: {exc}", markup=False, highlight=False)
+        return 1
+    print_summary(report, console)
+    console.print(f"report: {opts.report}\nchart:  {opts.chart}", markup=False, highlight=False)
+    return 0 if report["all_results_match"] and report["view"]["fresh"] else 1

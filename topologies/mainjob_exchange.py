@@ -1,0 +1,131 @@
+"""The main job's exchange comparison: one query's participant output moved by each of the three exchanges.
+
+The query engine moves fragment output over the bus's push credit streams only; it cannot yet read an
+exchange source from BinX or HTTP. So this measures the *transport* of the same bytes, not a query: the
+rows the chosen query's participants send to its initiator, cut into Arrow IPC pages of the bus batch
+size, moved from one bus node to another inside the driver process over loopback TCP:
+
+* push: the ``echo`` service's credit stream (``stream`` call), the bus mechanism query fragments use,
+  with as many batches as there are pages, each the size of the largest page;
+* BinX: the ``binx.server`` role holds the pages in an output buffer, the ``binx.client`` role fetches
+  them (1 MiB per request), then deletes the buffer;
+* HTTP: ``HttpExchangeServer`` serves the same pages, ``HttpExchangeClient.fetch_all`` reads them
+  (1 MiB per request), then deletes the buffer.
+
+Filling the buffers is not timed; each transfer is, from the first request to the last page received.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from sparkbus.bus.config import BusConfig
+from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
+from sparkbus.bus.node import Node
+from sparkbus.codecs import encode_batch
+from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
+from sparkbus.topologies.echo import EchoRole
+
+MiB = 1 << 20
+_SERVER, _CLIENT = "exchange-server", "exchange-client"
+
+
+def pages_of(table: pa.Table, page_bytes: int) -> list[bytes]:
+    """``table`` as Arrow IPC pages of about ``page_bytes`` each (at least one page)."""
+    rows = max(1, table.num_rows)
+    per_page = max(1, int(page_bytes // max(1, table.nbytes / rows)))
+    batches = table.combine_chunks().to_batches(max_chunksize=per_page) or [
+        pa.RecordBatch.from_pylist([], schema=table.schema)
+    ]
+    return [bytes(encode_batch(b)) for b in batches]
+
+
+def _p50_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> dict[str, Any]:
+    """Move ``table``'s pages through push, BinX and HTTP ``reps`` times each; p50 milliseconds per exchange."""
+    pages = pages_of(table, config.batch_size)
+    total = sum(len(p) for p in pages)
+    timeout = 30.0
+
+    def echo(node: str) -> EchoRole:
+        return EchoRole(
+            node_id=node, batch_size=config.batch_size, credit=config.initial_credit, timeout=timeout
+        )
+
+    server = Node(_SERVER, config, [BinxServer(), echo(_SERVER)])
+    client = Node(_CLIENT, config, [BinxClient(rng=random.Random(0), max_wait=0.0), echo(_CLIENT)])
+    buffers = OutputBuffers(
+        instance_id="mainjob", max_buffer_bytes=total + MiB, max_total_bytes=4 * total + 4 * MiB
+    )
+    http = HttpExchangeServer(buffers, host="127.0.0.1", port=0, max_wait=0.0)
+    samples: dict[str, list[float]] = {"push": [], "binx": [], "http": []}
+    try:
+        s_ep, c_ep = server.bind(), client.bind()
+        server.start({_CLIENT: c_ep})
+        client.start({_SERVER: s_ep})
+        server.wait_ready(timeout)
+        client.wait_ready(timeout)
+        http.start()
+        biggest = max(len(p) for p in pages)
+        for i in range(reps):
+            t0 = time.perf_counter()
+            client.call(
+                "echo",
+                "stream",
+                {"peer": _SERVER, "batches": len(pages), "batch_size": biggest, "timeout": timeout},
+                timeout=timeout + 5,
+            )
+            samples["push"].append(time.perf_counter() - t0)
+
+            task = f"mainjob-{i}"
+            server.call("binx.server", "create", {"task_id": task, "buffer_id": 0, "max_bytes": total + MiB})
+            server.call("binx.server", "add_pages", {"task_id": task, "buffer_id": 0, "pages": pages})
+            server.call("binx.server", "no_more_pages", {"task_id": task, "buffer_id": 0})
+            got = 0
+            t0 = time.perf_counter()
+            while True:
+                reply = client.call(
+                    "binx.client",
+                    "fetch",
+                    {"peer": _SERVER, "task_id": task, "buffer_id": 0},
+                    timeout=timeout,
+                )
+                got += sum(len(p) for p in reply["pages"])
+                if reply["complete"]:
+                    break
+            samples["binx"].append(time.perf_counter() - t0)
+            if got != total:
+                raise RuntimeError(f"BinX moved {got} bytes of {total}")
+
+            with http.producer():  # holds the server's lock and wakes its long-polls
+                buffers.create(task, 0)
+                buffers.add_pages(task, 0, pages)
+                buffers.no_more_pages(task, 0)
+            t0 = time.perf_counter()
+            with HttpExchangeClient("127.0.0.1", http.port, timeout=timeout) as hc:
+                got = sum(len(p) for p in hc.fetch_all(task, 0, max_bytes=MiB, max_wait=0.0))
+            samples["http"].append(time.perf_counter() - t0)
+            if got != total:
+                raise RuntimeError(f"HTTP moved {got} bytes of {total}")
+    finally:
+        http.close()
+        client.stop()
+        server.stop()
+    return {
+        "rows": table.num_rows,
+        "bytes": total,
+        "pages": len(pages),
+        "reps": reps,
+        "p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
+        "mb_per_s": {k: round(total / statistics.median(v) / 1e6, 1) for k, v in samples.items()},
+        "what": "transport only: the query's participant output as Arrow IPC pages, moved between two bus "
+        "nodes in the driver process over loopback (the query engine has no BinX/HTTP exchange source yet)",
+    }
