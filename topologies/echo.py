@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 NAME = "echo"
 MAX_PAYLOAD = 1 << 20
+#: Bounds on what a peer's StreamRequest can make this node build: one batch fits a frame, and one
+#: credit window holds at most MAX_WINDOW_BATCHES batches (every batch of a window is built at once).
+MAX_BATCH_SIZE = 64 << 20
+MAX_CREDIT = 1 << 30
+MAX_WINDOW_BATCHES = 1 << 20
 
 
 def _non_negative(cls: str, **values: int) -> None:
@@ -98,6 +103,15 @@ class StreamRequest:
         if not 0 < self.batch_size <= self.credit:
             raise ValueError(
                 f"StreamRequest needs 0 < batch_size <= credit, got batch_size={self.batch_size} credit={self.credit}"
+            )
+        if (
+            self.batch_size > MAX_BATCH_SIZE
+            or self.credit > MAX_CREDIT
+            or self.credit // self.batch_size > MAX_WINDOW_BATCHES
+        ):
+            raise ValueError(
+                f"StreamRequest needs batch_size <= {MAX_BATCH_SIZE}, credit <= {MAX_CREDIT} and at most "
+                f"{MAX_WINDOW_BATCHES} batches per credit window, got batch_size={self.batch_size} credit={self.credit}"
             )
 
 
@@ -160,6 +174,7 @@ class _Outgoing:
     batch_size: int
     credit: int
     sent: int = 0
+    max_credit: int = 0
 
 
 @dataclass
@@ -227,7 +242,9 @@ class EchoRole:
                 out = self._outgoing.get((peer, stream))
                 if out is None:
                     return []
-                out.credit = credit
+                # A well-behaved receiver never grants more than the window it accepted; a larger grant
+                # would make one pump build more batches than the request's bounds allow.
+                out.credit = min(credit, out.max_credit)
                 return self._pump(out)
             case TimerFired(key=key):
                 return self._timeout(key)
@@ -317,7 +334,7 @@ class EchoRole:
         if (peer, key) in self._outgoing:
             reason = f"stream {key} to {peer} is already being sent"
             return [Send(peer=peer, message=EchoRefused(request_id=req.request_id, reason=reason))]
-        out = _Outgoing(peer, req.request_id, req.batches, req.batch_size, req.credit)
+        out = _Outgoing(peer, req.request_id, req.batches, req.batch_size, req.credit, max_credit=req.credit)
         self._outgoing[(peer, key)] = out
         self.counters.streams_served += 1
         return [OpenStream(peer=peer, stream=key, credit=req.credit), *self._pump(out)]

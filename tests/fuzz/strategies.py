@@ -1,0 +1,166 @@
+"""Hypothesis strategies for every registered message class, from its type hints.
+
+Values are drawn near the edges a peer could pick (0, -1, 2**64-1, empty and odd strings, the names the
+roles use), then the class's own constructor checks them: an instance a constructor refuses is one the
+decoder would refuse too, so it is rejected and another is drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from functools import cache
+from typing import Any
+
+from hypothesis import strategies as st
+
+import sparkbus.topologies.echo  # noqa: F401  (registers the echo messages)
+from sparkbus.codecs import REGISTRY, EnvelopeCodec
+
+#: Names a role may recognise: peers of processes.toml, tables, stream prefixes, ids.
+NAMES = (
+    "coordinator",
+    "store-0",
+    "store-1",
+    "store-2",
+    "orders",
+    "orders/0",
+    "q1",
+    "local",
+    "1",
+    "replication/orders/0/1",
+    "echo/1",
+    "query/1",
+    "t1.0.0.0",
+)
+small = st.integers(min_value=0, max_value=8)
+ints = st.one_of(
+    small,
+    small,
+    small,
+    st.integers(min_value=-1, max_value=1 << 20),
+    st.sampled_from([0, 1, -1, 2**31 - 1, 2**63 - 1, 2**64 - 1]),
+)
+texts = st.one_of(
+    st.sampled_from(NAMES),
+    st.sampled_from(NAMES),
+    st.text(max_size=12),
+    st.sampled_from(NAMES).map(lambda s: s + "/x"),
+)
+#: Fields whose valid values a generic draw almost never hits.
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "magic": st.sampled_from([b"SBUS", b"SBUX"]),
+    "version": st.tuples(small, small, small),
+    "kind": st.sampled_from(["node", "client", "peer"]),
+}
+blobs = st.one_of(st.binary(max_size=64), st.just(b""))
+plain_values = st.one_of(st.none(), st.booleans(), ints, texts, blobs)
+
+
+def _for(hint: Any) -> st.SearchStrategy[Any]:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any or hint is object:
+        return st.recursive(plain_values, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+    if hint is type(None):
+        return st.none()
+    if hint is bool:
+        return st.booleans()
+    if hint is int:
+        return ints
+    if hint is float:
+        return st.one_of(ints.map(float), st.floats(allow_nan=False, width=64))
+    if hint is str:
+        return texts
+    if hint in (bytes, memoryview, bytearray):
+        return blobs
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return st.sampled_from(list(hint))
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return instances(hint)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(_for(a) for a in args))
+    if origin is typing.Literal:
+        return st.sampled_from(args)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return st.lists(_for(args[0]), max_size=4).map(tuple)
+        return st.tuples(*(_for(a) for a in args))
+    if origin in (list, typing.Sequence):
+        return st.lists(_for(args[0]), max_size=4)
+    if origin in (dict, typing.Mapping):
+        return st.dictionaries(_for(args[0]), _for(args[1]), max_size=3)
+    if origin in (frozenset, set):
+        return st.frozensets(_for(args[0]), max_size=3)
+    return plain_values
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    try:
+        return cls(**values)
+    except (ValueError, TypeError, KeyError, OverflowError):
+        return None
+
+
+@cache
+def instances(cls: type) -> st.SearchStrategy[Any]:
+    """Instances of the dataclass ``cls`` that its constructor accepts."""
+    hints = typing.get_type_hints(cls)
+    fields = {
+        f.name: FIELDS[f.name] if f.name in FIELDS else _for(hints[f.name])
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
+    return (
+        st.fixed_dictionaries(fields).map(lambda values: _build(cls, values)).filter(lambda m: m is not None)
+    )
+
+
+def message_classes() -> list[type]:
+    return [cls for _, cls in sorted(REGISTRY.codes().items())]
+
+
+def any_message() -> st.SearchStrategy[Any]:
+    return st.one_of(*(instances(c) for c in message_classes()))
+
+
+CODEC = EnvelopeCodec(REGISTRY)
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn, base: st.SearchStrategy[list[bytes]]) -> list[bytes]:
+    """Frames of a valid message, then damaged the ways a hostile peer or a broken link would."""
+    frames = [bytes(f) for f in draw(base)]
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        op = draw(st.sampled_from(["flip", "truncate", "extend", "drop", "dup", "swap", "random", "type"]))
+        i = draw(st.integers(min_value=0, max_value=max(0, len(frames) - 1)))
+        if not frames:
+            frames = [draw(st.binary(max_size=32))]
+            continue
+        f = frames[i]
+        if op == "flip" and f:
+            j = draw(st.integers(min_value=0, max_value=len(f) - 1))
+            frames[i] = f[:j] + bytes([f[j] ^ draw(st.integers(min_value=1, max_value=255))]) + f[j + 1 :]
+        elif op == "truncate":
+            frames[i] = f[: draw(st.integers(min_value=0, max_value=len(f)))]
+        elif op == "extend":
+            frames[i] = f + draw(st.binary(min_size=1, max_size=16))
+        elif op == "drop":
+            del frames[i]
+        elif op == "dup":
+            frames.insert(i, f)
+        elif op == "swap" and len(frames) > 1:
+            frames[0], frames[-1] = frames[-1], frames[0]
+        elif op == "random":
+            frames[i] = draw(st.binary(max_size=64))
+        elif op == "type":
+            # The same body under another registered type code: the decoder must refuse the mismatch.
+            code = draw(st.sampled_from(sorted(REGISTRY.codes())))
+            frames[0] = CODEC.encode(draw(instances(REGISTRY.codes()[code])))[0]
+    return frames
+
+
+def encoded(cls: type) -> st.SearchStrategy[list[bytes]]:
+    return instances(cls).map(lambda m: [bytes(f) for f in CODEC.encode(m)])

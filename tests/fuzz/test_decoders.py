@@ -1,0 +1,108 @@
+"""Every decoder, fed valid input, damaged input and noise: a result or ``DecodeError``, nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+import pyarrow as pa
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkbus.codecs import Compression, DecodeError, EnvelopeCodec, Limits, decode_batch, encode_batch
+from sparkbus.codecs.compression import decompress_bounded
+
+from .conftest import count
+from .strategies import CODEC, REGISTRY, instances, message_classes, mutated_frames
+
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+CLASSES = message_classes()
+
+
+def _decode(codec: EnvelopeCodec, frames: list[bytes]) -> None:
+    count("envelope")
+    with contextlib.suppress(DecodeError):
+        codec.decode(frames)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: f"{REGISTRY.code_of(c):#06x}-{c.__name__}")
+@FUZZ
+@given(data=st.data())
+def test_each_registered_message_round_trips_and_damage_is_refused(cls: type, data: st.DataObject) -> None:
+    msg = data.draw(instances(cls))
+    frames = CODEC.encode(msg, session=7, seq=3)
+    assert CODEC.decode(frames).message == msg
+    count("envelope")
+    _decode(CODEC, data.draw(mutated_frames(st.just([bytes(f) for f in frames]))))
+
+
+@FUZZ
+@given(frames=st.lists(st.binary(max_size=80), max_size=6))
+def test_noise_is_refused(frames: list[bytes]) -> None:
+    _decode(CODEC, frames)
+
+
+header_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=6), st.binary(max_size=6)
+)
+
+
+@FUZZ
+@given(
+    header=st.lists(header_values, min_size=0, max_size=8),
+    body=st.dictionaries(st.text(max_size=10), header_values, max_size=5),
+    extra=st.lists(st.binary(max_size=16), max_size=3),
+)
+def test_well_formed_msgpack_with_wrong_contents_is_refused(
+    header: list, body: dict, extra: list[bytes]
+) -> None:
+    if len(header) >= 2 and isinstance(header[1], bool):
+        header[1] = int(header[1])
+    frames = [msgpack.packb(header), msgpack.packb(body), *extra]
+    _decode(CODEC, frames)
+
+
+@FUZZ
+@given(data=st.data(), cls=st.sampled_from(CLASSES))
+def test_compressed_frames_damaged_are_refused(data: st.DataObject, cls: type) -> None:
+    codec = EnvelopeCodec(
+        REGISTRY,
+        compression=Compression(level=1, min_size=0, enabled=True),
+        limits=Limits(max_decompressed_bytes=1 << 20),
+    )
+    frames = [bytes(f) for f in codec.encode(data.draw(instances(cls)))]
+    _decode(codec, data.draw(mutated_frames(st.just(frames))))
+
+
+def _batch(n: int) -> bytes:
+    return encode_batch(
+        pa.RecordBatch.from_pydict(
+            {"k": pa.array(range(n), pa.int64()), "s": pa.array([str(i) for i in range(n)], pa.string())}
+        )
+    ).to_pybytes()
+
+
+@FUZZ
+@given(data=st.data(), n=st.integers(min_value=0, max_value=20))
+def test_row_batches_damaged_are_refused(data: st.DataObject, n: int) -> None:
+    frames = data.draw(mutated_frames(st.just([_batch(n)])))
+    for frame in frames or [b""]:
+        count("batch")
+        with contextlib.suppress(DecodeError):
+            decode_batch(frame)
+
+
+@FUZZ
+@given(data=st.data(), payload=st.binary(max_size=2000))
+def test_zstd_frames_damaged_are_refused(data: st.DataObject, payload: bytes) -> None:
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(payload)
+    dctx = zstandard.ZstdDecompressor()
+    for damaged in data.draw(mutated_frames(st.just([frame]))) or [b""]:
+        count("zstd")
+        try:
+            out = decompress_bounded(dctx, damaged, 4096, "Fuzz", "<frame>")
+        except DecodeError:
+            continue
+        assert len(out) <= 4096
