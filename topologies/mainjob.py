@@ -28,6 +28,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -661,7 +662,7 @@ def main_job(opts: Options, console: Console | None = None) -> int:
     try:
         report = run_job(opts, console)
     except JobError as exc:
-        Console(stderr=True).print(f"sparkbus run: {exc}", markup=False, highlight=False)
+        print(f"sparkbus run: {exc}", file=sys.stderr)  # one line, never wrapped
         return 1
     print_summary(report, console)
     console.print(f"report: {opts.report}\nchart:  {opts.chart}", markup=False, highlight=False)

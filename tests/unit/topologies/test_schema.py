@@ -67,7 +67,7 @@ def test_local_toml_is_the_embedded_default() -> None:
     assert [nid for nid, _ in topo.placed("driver")] == ["coordinator"]
     assert topo.bus.heartbeat == 0.25
     assert topo.bus.batch_size == 512 * 1024
-    assert {t.name: t.replication for t in topo.tables} == {"orders": 2, "customers": 2}
+    assert {t.name: t.replication for t in topo.tables} == {"events": 2, "orders": 2, "customers": 2}
 
 
 def test_processes_toml_has_no_spark() -> None:

@@ -26,12 +26,12 @@ def test_summary_content(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(shipped("local.toml"))]) == 0
     out = capsys.readouterr().out
     assert "runs on: Spark local[2], application sparkbus-local" in out
-    assert "heartbeat 250ms, peer timeout 2s; batches 512KiB, initial credit 4MiB" in out
+    assert "heartbeat 250ms, peer timeout 5s; batches 512KiB, initial credit 4MiB" in out
     assert "store-0, store-1" in out
     assert "orders" in out and "customers" in out
     # echo is installed; the protocol families are flagged until they land
     assert "echo*" not in out
-    assert "2 tables" in out
+    assert "3 tables" in out
 
 
 def test_processes_summary_escapes_markup(capsys: pytest.CaptureFixture[str]) -> None:
