@@ -123,8 +123,9 @@ class Arrangement:
             self._latest = None
             self._max_time = max(self._max_time, pc.max(updates[TIME]).as_py())
             # Consolidating on every append would cost O(size) per write; folding once the pending
-            # updates outnumber the consolidated ones keeps appends amortised O(batch).
-            if self._pending_rows > max(1024, self._consolidated.num_rows):
+            # updates outnumber the consolidated ones twice keeps appends amortised O(batch) and lets
+            # a maintained view's changes (about one row per touched group) pile up over a few writes.
+            if self._pending_rows > max(4096, 2 * self._consolidated.num_rows):
                 self._fold()
         if self.upper and upper > self.upper[0]:
             self.upper = (upper,)
@@ -140,9 +141,10 @@ class Arrangement:
             self._latest = None
             return
         if self.since and since[0] > self.since[0]:
+            # Folding is left to the next read or to the append threshold: reads consolidate at the
+            # since, and a view compacted after every write would otherwise consolidate every time.
             self.since = since
             self._dirty = True
-            self._fold()
 
     def _fold(self) -> None:
         if not self._dirty:

@@ -154,7 +154,8 @@ class Reduction:
         ext = pa.table(cols).cast(self.acc_schema)
         # Only the groups the delta touches change: split every state table into those groups and the rest
         # (a cheap membership test), fold the delta into the touched part, and diff only that part's output.
-        acc_hit, acc_rest = self._split(self.acc, delta)
+        touched = self._touched(delta)
+        acc_hit, acc_rest = self._split(self.acc, touched)
         acc_hit = self._merge(acc_hit, ext, self.keys, _N)
         mult_hits: list[pa.Table] = []
         for i, slot in enumerate(s for s in self.slots if s.extreme is not None):
@@ -162,13 +163,13 @@ class Reduction:
             column = delta[slot.agg.column]
             part = {k: delta[k] for k in self.keys} | {"__v": column, "__m": diff}
             mult = pa.table(part).filter(pc.is_valid(column)).cast(self.mults[i].schema)
-            hit, rest = self._split(self.mults[i], delta)
+            hit, rest = self._split(self.mults[i], touched)
             hit = self._merge(hit, mult, [*self.keys, "__v"], "__m")
             mult_hits.append(hit)
             self.mults[i] = _append(rest, hit)
         self.acc = _append(acc_rest, acc_hit)
         new = self._output(acc_hit, mult_hits)
-        old, out_rest = self._split(self.output, delta)
+        old, out_rest = self._split(self.output, touched)
         self.output = _append(out_rest, new)
         changes = pa.concat_tables(
             [
@@ -178,8 +179,12 @@ class Reduction:
         )
         return consolidate(changes)
 
-    def _split(self, table: pa.Table, delta: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The rows of ``table`` whose group may occur in ``delta``, and the others.
+    def _touched(self, delta: pa.Table) -> list[pa.Array]:
+        """Per key column, the distinct values ``delta`` has there (computed once per step)."""
+        return [pc.unique(delta[k].combine_chunks()) for k in self.keys]
+
+    def _split(self, table: pa.Table, touched: list[pa.Array]) -> tuple[pa.Table, pa.Table]:
+        """The rows of ``table`` whose group may occur in the delta (``touched``), and the others.
 
         Per-column membership over-approximates for several key columns; the extra groups are merged with
         nothing and their old and new output rows cancel, so this stays exact. Null matches null.
@@ -187,10 +192,7 @@ class Reduction:
         if not self.keys or table.num_rows == 0:
             return table, table.slice(0, 0)
         mask = None
-        for k in self.keys:
-            values = pc.unique(
-                delta[k].combine_chunks() if isinstance(delta[k], pa.ChunkedArray) else delta[k]
-            )
+        for k, values in zip(self.keys, touched, strict=True):
             member = pc.is_in(table[k], value_set=values, skip_nulls=False)
             mask = member if mask is None else pc.and_(mask, member)
         return table.filter(mask), table.filter(pc.invert(mask))

@@ -217,6 +217,27 @@ def test_arrangement_compaction_keeps_reads_at_and_after_since() -> None:
     assert arr.since == () and arr.upper == ()
 
 
+def test_compaction_after_every_write_keeps_reads_exact_and_memory_bounded() -> None:
+    # Compaction folds lazily (on the next read or once enough updates are pending): reads at and after
+    # the since stay exact, and what the arrangement holds stays within a few times the live rows.
+    arr = Arrangement(SCHEMA)
+    present: Counter[tuple[Any, Any]] = Counter()
+    for t in range(60):
+        rows = [(f"k{(t * 7 + i) % 13}", t % 5, t, 1) for i in range(200)]
+        if t:
+            rows += [(f"k{((t - 1) * 7 + i) % 13}", (t - 1) % 5, t, -1) for i in range(200)]
+        for k, v, _, d in rows:
+            present[(k, v)] += d
+        present += Counter()
+        arr.append(updates(rows), t + 1)
+        arr.compact((t,))
+        assert len(arr) <= 4096 + 2 * len(present) + len(rows)
+        if t % 7 == 0:
+            assert as_tuples(arr.read_at(t)) == sorted(present.elements(), key=repr)
+    assert arr.since == (59,)
+    assert as_tuples(arr.read_at(59)) == sorted(present.elements(), key=repr)
+
+
 def test_rows_repeat_by_multiplicity() -> None:
     arr = Arrangement(SCHEMA)
     arr.append(updates([("a", 1, 0, 3), ("b", 2, 0, 1), ("b", 2, 1, -1)]), 2)
