@@ -6,16 +6,22 @@ A segment file is immutable::
     hlen      u32 big-endian
     header    msgpack map {segment_id, base_id, included, major, rows, partition}
     body      one Arrow IPC stream (buffers compressed with zstd), any number of record batches
-    trailer   b"SBSEGEND", u64 big-endian length of everything before the trailer, 16-byte BLAKE2b of it
+    trailer   b"SBSEGEND", u64 big-endian length of everything before the trailer, 16-byte checksum of it
 
 The trailer makes a half-written file recognisable without parsing it, and the same checksum travels in
 the SEGMENT_OFFER so a receiver verifies the bytes it assembled before it keeps them.
+
+The checksum (``BlockDigest``) is a CRC32 per MiB of the file, folded into a 16-byte BLAKE2b of the CRCs and
+the length: the per-block scheme of HDFS and Kafka. A BLAKE2b over the whole file ran at about 500 MB/s
+here, half the bus's stream throughput, and was the largest cost of a transit; CRC32 runs at about 4 GB/s.
+It detects torn, truncated and corrupted files, which is its job; it is not a defence against a forger.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +31,42 @@ import pyarrow as pa
 
 from sparkbus.roles.replication.storage import FileWriter, SimulatedCrash, Storage
 
-MAGIC = b"SBSEG\x01\x00\x00"
+MAGIC = b"SBSEG\x02\x00\x00"
 TRAILER_MAGIC = b"SBSEGEND"
 DIGEST_BYTES = 16
 TRAILER_BYTES = len(TRAILER_MAGIC) + 8 + DIGEST_BYTES
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+class BlockDigest:
+    """The segment checksum: CRC32 of every ``block`` bytes, then BLAKE2b (16 bytes) of the CRCs and the
+    length. Fed incrementally in chunks of any size; the result depends only on the bytes."""
+
+    def __init__(self, block: int = 1 << 20) -> None:
+        self.block = block
+        self._crcs = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self._crc = 0
+        self._fill = 0
+        self.total = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        self.total += len(view)
+        while view:
+            n = min(len(view), self.block - self._fill)
+            self._crc = zlib.crc32(view[:n], self._crc)
+            self._fill += n
+            view = view[n:]
+            if self._fill == self.block:
+                self._crcs.update(struct.pack(">I", self._crc))
+                self._crc, self._fill = 0, 0
+
+    def digest(self) -> bytes:
+        final = self._crcs.copy()
+        if self._fill:
+            final.update(struct.pack(">I", self._crc))
+        final.update(struct.pack(">Q", self.total))
+        return final.digest()
 
 
 class SegmentCorrupt(Exception):
@@ -53,7 +90,7 @@ class SegmentEntry:
         acked: placement ids (section 3.6) of the replicas that acknowledged the segment.
         rows: row count, for status and planning.
         max_lsn: the highest row version inside (keeps the Lamport clock right without reading rows).
-        size: bytes of the file, checksum: its BLAKE2b digest (both offered to receivers).
+        size: bytes of the file, checksum: its ``BlockDigest`` (both offered to receivers).
     """
 
     segment_id: str
@@ -215,7 +252,7 @@ class SegmentHeader:
 class _HashingSink:
     """A write-only file object that forwards to a ``FileWriter`` and hashes what passes."""
 
-    def __init__(self, writer: FileWriter, digest: Any) -> None:
+    def __init__(self, writer: FileWriter, digest: BlockDigest) -> None:
         self.writer = writer
         self.digest = digest
         self.written = 0
@@ -241,7 +278,7 @@ def write_segment(
     """Write a whole segment file atomically; returns (size, checksum)."""
     writer = storage.create(name)
     try:
-        digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        digest = BlockDigest()
         sink = _HashingSink(writer, digest)
         head = header.to_bytes()
         sink.write(MAGIC + struct.pack(">I", len(head)) + head)
@@ -299,13 +336,20 @@ class TrailerCheck:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self._digest = BlockDigest()
         self._tail = b""
         self.total = 0
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | memoryview) -> None:
+        """Hash all but the last ``TRAILER_BYTES`` seen so far, without copying a large chunk."""
         self.total += len(chunk)
-        data = self._tail + chunk
+        if len(chunk) >= TRAILER_BYTES:
+            view = memoryview(chunk)
+            self._digest.update(self._tail)
+            self._digest.update(view[: len(view) - TRAILER_BYTES])
+            self._tail = bytes(view[len(view) - TRAILER_BYTES :])
+            return
+        data = self._tail + bytes(chunk)
         keep = min(TRAILER_BYTES, len(data))
         self._digest.update(data[: len(data) - keep])
         self._tail = data[len(data) - keep :]

@@ -212,3 +212,26 @@ def test_writes_after_a_torn_log_record_survive_the_next_crash() -> None:
     again.write(rows(3), 0.0)
     third = PartitionStore.open(again.storage, P, 1, StoreConfig())
     assert keys_of(third) == [1, 3]
+
+
+def test_block_digest_depends_on_the_bytes_not_on_how_they_were_chunked() -> None:
+    import random
+
+    from sparkbus.roles.replication.segments import BlockDigest
+
+    data = random.Random(5).randbytes(10_000)
+    whole = BlockDigest(block=1000)
+    whole.update(data)
+    pieces = BlockDigest(block=1000)
+    rng = random.Random(6)
+    at = 0
+    while at < len(data):
+        n = rng.randint(1, 2500)
+        pieces.update(memoryview(data)[at : at + n])
+        at += n
+    assert pieces.digest() == whole.digest()
+    flipped = BlockDigest(block=1000)
+    flipped.update(data[:4321] + bytes([data[4321] ^ 1]) + data[4322:])
+    shorter = BlockDigest(block=1000)
+    shorter.update(data[:-1])
+    assert len({whole.digest(), flipped.digest(), shorter.digest()}) == 3
