@@ -1,19 +1,29 @@
 """Segment replication figures (issue 6): fast-forward cost against segment size, merge and write rates,
-and a two-replica run that checks both replicas end identical.
+replication over the bus against a raw bus stream, and checks that replicas end identical.
 
-Stores live on disk (DiskStorage, real fsyncs) in a temporary directory. The two-replica run drives two
-``replication`` roles with an in-process pump (actions of one become events of the other); the bus core is
-not used, so ``replication_vs_bus_ratio`` is reported as null until it lands.
+Stores live on disk (DiskStorage, real fsyncs) in a temporary directory. ``replication_vs_bus_ratio``: two
+real bus ``Node``s, the leader in this process and the follower in a spawned one (the layout of
+benchmarks/bus.py), run a ``replication`` role and a plain stream role side by side. Alternately, the
+follower is given a fresh placement, so the leader offers it a large segment again (timed from the
+``assign`` call on the leader to the SEGMENT_ACK there: transit, checksum, fsync, rename, manifest), and
+the plain role streams the same number of bytes in batches of the same size under the same credit (timed
+to the last batch at the receiver; CLOCK_MONOTONIC is one clock for both processes). The ratio is of the
+medians. The write-rate runs drive roles with an in-process pump (actions of one become events of the
+other).
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import statistics
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +31,8 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import median, parser, table, write
 
+from sparkbus.bus import BusConfig
+from sparkbus.bus import contract as c
 from sparkbus.bus.contract import (
     BatchReceived,
     Consumed,
@@ -34,6 +46,7 @@ from sparkbus.bus.contract import (
     SendBatch,
     TimerFired,
 )
+from sparkbus.bus.node import Endpoints, Node
 from sparkbus.codecs import decode_batch, encode_batch
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
@@ -166,11 +179,153 @@ def replicated_run(tmp: Path, rf: int, total: int, batch: int, chunk: int) -> tu
     return total / write_s, (moved / 1e6) / repl_s if rf > 1 else 0.0, identical
 
 
+# ---------------------------------------------------------------- replication against a raw bus stream
+
+
+@dataclass
+class PlainStream:
+    """The raw bus stream: sends ``total`` bytes in ``chunk``-byte batches within credit; the receiver
+    consumes each batch at once and notes when the last one arrived."""
+
+    name: str = "plain"
+    messages: ClassVar[tuple[type, ...]] = ()
+    peer: str = ""
+    left: int = 0
+    chunk: bytes = b""
+    stream: str = ""
+    runs: int = 0
+    last_at: float = 0.0
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        if isinstance(event, c.LocalCall) and event.name == "send":
+            a = event.args
+            self.runs += 1
+            self.peer, self.left, self.chunk = a["peer"], a["total"], b"\x01" * a["chunk"]
+            self.stream = f"plain/{self.runs}"
+            out: list[c.Action] = [c.OpenStream(peer=self.peer, stream=self.stream, credit=a["credit"])]
+            return out + self._pump(a["credit"]) + [c.Reply(call_id=event.call_id)]
+        if isinstance(event, c.LocalCall):
+            return [c.Reply(call_id=event.call_id, result=self.last_at)]
+        if isinstance(event, c.CreditChanged):
+            return self._pump(event.credit)
+        if isinstance(event, c.BatchReceived):
+            if event.last:
+                self.last_at = now
+            return [c.Consumed(peer=event.peer, stream=event.stream, size=event.size)]
+        return []
+
+    def _pump(self, credit: int) -> list[c.Action]:
+        out: list[c.Action] = []
+        while self.left and credit >= min(len(self.chunk), self.left):
+            n = min(len(self.chunk), self.left)
+            credit -= n
+            self.left -= n
+            data = self.chunk if n == len(self.chunk) else self.chunk[:n]
+            out.append(c.SendBatch(peer=self.peer, stream=self.stream, data=data, last=self.left == 0))
+        return out
+
+
+class TimedReplication(ReplicationRole):
+    """The replication role, noting (with the node's clock) when a SEGMENT_ACK last marked a segment acked."""
+
+    acked_at = 0.0
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        before = self.counters.get("acked", 0)
+        out = super().handle(event, now)
+        if self.counters.get("acked", 0) > before:
+            self.acked_at = now
+        return out
+
+
+def _bus_config() -> BusConfig:
+    # The plain stream is accepted on its first batch with the initial credit: the replication default.
+    return BusConfig(cluster_tag="bench-repl", hwm=100_000, initial_credit=ReplicationConfig().credit_bytes)
+
+
+def _follower(conn: Any, root: str, spec: PartitionSpec, config: ReplicationConfig) -> None:
+    role = ReplicationRole("b", Layout.of([spec]), lambda p: DiskStorage(Path(root) / "b"), config)
+    node = Node("b", _bus_config(), [role, PlainStream()])
+    conn.send(node.bind().to_json())
+    node.start({"a": Endpoints.from_json(conn.recv())})
+    while (cmd := conn.recv()) is not None:
+        name, args = cmd
+        conn.send(node.call(*name.split("."), args, timeout=600))
+    node.stop()
+
+
+def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
+    """Replication of one ``n``-row segment over the bus, and a plain stream of as many bytes."""
+    config = ReplicationConfig(store=StoreConfig(flush_rows=1 << 30, flush_bytes=1 << 40))
+    alone = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1),))
+    role = TimedReplication("a", Layout.of([alone]), lambda p: DiskStorage(tmp / "bus-a"), config)
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_follower, args=(child, str(tmp), alone, config), daemon=True)
+    proc.start()
+    node = Node("a", _bus_config(), [role, PlainStream()])
+    try:
+        peer = Endpoints.from_json(conn.recv())
+        conn.send(node.bind().to_json())
+        node.start({"b": peer})
+        node.wait_ready(timeout=30)
+        step = 1 << 18
+        for i in range(0, n, step):
+            batch = rows(min(step, n - i), i).combine_chunks().to_batches()[0]
+            node.call(
+                "replication", "write", {"partition": P, "rows": bytes(encode_batch(batch))}, timeout=600
+            )
+        node.call("replication", "flush", {"partition": P}, timeout=600)
+        size = role.local[P].store.entries[-1].size
+        repl_s, bus_s = [], []
+        for i in range(repeats):
+            # A new placement of b: its store starts empty and the leader offers the segment again.
+            spec = replace(alone, replicas=(*alone.replicas, Replica(node="b", placement=100 + i)))
+            conn.send(("replication.assign", {"spec": spec}))
+            conn.recv()
+            role.acked_at = 0.0
+            t0 = time.monotonic()
+            node.call("replication", "assign", {"spec": spec}, timeout=600)
+            while not role.acked_at:
+                time.sleep(0.0005)
+            repl_s.append(role.acked_at - t0)
+            t0 = time.monotonic()
+            args = {"peer": "b", "total": size, "chunk": config.chunk_bytes, "credit": config.credit_bytes}
+            node.call("plain", "send", args, timeout=600)
+            while True:
+                conn.send(("plain.result", {}))
+                last_at = conn.recv()
+                if last_at > t0:
+                    break
+                time.sleep(0.0005)
+            bus_s.append(last_at - t0)
+        reads = [node.call("replication", "read", {"partition": P}, timeout=600)]
+        conn.send(("replication.read", {"partition": P}))
+        reads.append(conn.recv())
+        repl, bus = statistics.median(repl_s), statistics.median(bus_s)
+        return {
+            "segment_bytes": size,
+            "segment_rows": n,
+            "chunk_bytes": config.chunk_bytes,
+            "credit_bytes": config.credit_bytes,
+            "replication_mb_per_s": size / repl / 1e6,
+            "bus_stream_mb_per_s": size / bus / 1e6,
+            "ratio": bus / repl,
+            "identical": reads[0] == reads[1],
+            "replication_s": repl_s,
+            "bus_s": bus_s,
+        }
+    finally:
+        conn.send(None)
+        proc.join(30)
+        node.stop()
+
+
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
     big = 100_000 if args.quick else 1_000_000
     repeats = 3 if args.quick else 5
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(prefix="repl-bench-") as d:
         tmp = Path(d)
         small_s = fast_forward_seconds(tmp, 1_000, repeats)
         big_s = fast_forward_seconds(tmp, big, repeats)
@@ -178,25 +333,33 @@ def main() -> None:
         total = 200_000 if args.quick else 1_000_000
         w1, _, same1 = replicated_run(tmp, 1, total, 10_000, 1 << 20)
         w2, mbps, same2 = replicated_run(tmp, 2, total, 10_000, 1 << 20)
+        vs_bus = replication_vs_bus(tmp, 1_000_000 if args.quick else 8_000_000, repeats)
     figures = {
         "fast_forward_size_ratio": big_s / small_s,
         "fast_forward_seconds": {"1k_rows": small_s, f"{big}_rows": big_s},
         "merge_rows_per_s": merge,
         "write_rows_per_s": {"rf1": w1, "rf2": w2},
         "replication_mb_per_s": mbps,
-        "replication_vs_bus_ratio": None,
-        "replicas_identical": same1 and same2,
+        "replication_vs_bus_ratio": vs_bus["ratio"],
+        "replication_vs_bus": vs_bus,
+        "replicas_identical": same1 and same2 and vs_bus["identical"],
     }
     write(args.out, "replication", figures, args.quick)
+    seg_mb = vs_bus["segment_bytes"] / 1e6
     print(
         table(
             [
                 ("fast_forward_size_ratio", f"{figures['fast_forward_size_ratio']:.2f}", "goal <= 2"),
                 ("merge_rows_per_s", f"{merge:,.0f}", ""),
                 ("write_rows_per_s rf1", f"{w1:,.0f}", "10k-row writes, fsync each"),
-                ("write_rows_per_s rf2", f"{w2:,.0f}", ""),
+                ("write_rows_per_s rf2", f"{w2:,.0f}", "in-process pump"),
                 ("replication_mb_per_s", f"{mbps:.1f}", "in-process pump, no bus"),
-                ("replication_vs_bus_ratio", "n/a", "needs bus streams"),
+                (
+                    "replication_vs_bus_ratio",
+                    f"{vs_bus['ratio']:.2f}",
+                    f"goal >= 0.5; {seg_mb:.0f} MB segment: {vs_bus['replication_mb_per_s']:.0f} MB/s "
+                    f"replicated, {vs_bus['bus_stream_mb_per_s']:.0f} MB/s plain stream",
+                ),
                 ("replicas_identical", str(figures["replicas_identical"]), ""),
             ],
             ("figure", "value", "note"),
