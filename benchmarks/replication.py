@@ -276,6 +276,9 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
                 "replication", "write", {"partition": P, "rows": bytes(encode_batch(batch))}, timeout=600
             )
         node.call("replication", "flush", {"partition": P}, timeout=600)
+        # Writing and flushing millions of rows holds the loop longer than the peer timeout: the link may
+        # have been reset meanwhile, so time nothing before it is up again.
+        node.wait_ready(timeout=30)
         size = role.local[P].store.entries[-1].size
         repl_s, bus_s = [], []
         for i in range(repeats):
