@@ -6,6 +6,7 @@ import pytest
 
 from sparkbus.topologies import load, loads, shipped
 from sparkbus.topologies.busnode import BusNodeFactory, RoleUnavailable, build_roles, bus_config, unavailable
+from sparkbus.topologies.registry import ROLES, Entry, Registry
 from sparkbus.topologies.runtime import NodeRequest
 
 ECHO_ONLY = """
@@ -42,14 +43,21 @@ def test_bus_config_follows_the_topology() -> None:
 def test_unavailable_roles_are_refused_by_name() -> None:
     topo = load(shipped("processes.toml"))
     req = NodeRequest(node_id="store-0", topology=topo, advertise_host="127.0.0.1")
-    missing = unavailable(topo, "store-0")
-    if not missing:
-        pytest.skip("every protocol family is installed")
-    with pytest.raises(RoleUnavailable, match="node store-0: cannot build"):
-        build_roles(req)
-    names = [r.name for r in build_roles(req, skip_unavailable=True)]
+    # Every shipped family is installed, so break one entry: its module exists but not its factory.
+    entries = {e.name: e for e in ROLES}
+    entries["query"] = Entry(
+        name="query", kind="role", target="sparkbus.roles.query:no_such_factory", summary="broken"
+    )
+    registry = Registry(entries)
+    missing = unavailable(topo, "store-0", registry)
+    assert list(missing) == ["query"]
+    assert "no callable 'no_such_factory'" in missing["query"]
+    with pytest.raises(RoleUnavailable, match="node store-0: cannot build query"):
+        build_roles(req, registry=registry)
+    names = [r.name for r in build_roles(req, registry=registry, skip_unavailable=True)]
     assert "echo" in names
-    assert not set(names) & set(missing)
+    assert "query" not in names
+    assert unavailable(topo, "store-0") == {}
 
 
 def test_echo_nodes_bind_and_stop_without_starting() -> None:

@@ -11,6 +11,7 @@ def test_known_names() -> None:
     assert ROLES.names("role") == [
         "binx.client",
         "binx.server",
+        "client.gateway",
         "compute.controller",
         "compute.replica",
         "query",

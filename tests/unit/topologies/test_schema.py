@@ -127,7 +127,7 @@ def test_unknown_role_lists_known_ones() -> None:
     text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "qeury"]')
     assert only_problem(text) == (
         "nodes[1].roles[1]: unknown role 'qeury'; known roles: binx.client, binx.server, "
-        "compute.controller, compute.replica, query, replication"
+        "client.gateway, compute.controller, compute.replica, query, replication"
     )
 
 
