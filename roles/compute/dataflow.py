@@ -23,7 +23,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.roles.compute.arrangement import DIFF, TIME, advance_times, consolidate, i64, update_schema
+from sparkbus.roles.compute.arrangement import (
+    DIFF,
+    TIME,
+    advance_times,
+    conform,
+    consolidate,
+    i64,
+    update_schema,
+)
 from sparkbus.roles.compute.plans import Aggregate, Finishing, MapExpr, Predicate, ViewDef
 
 _COMPARE = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal}
@@ -151,7 +159,7 @@ class Reduction:
                 tp = self.acc_schema.field(slot.total).type
                 value = pc.multiply(pc.cast(delta[column], tp), pc.cast(diff, tp))
                 cols[slot.total] = pc.if_else(valid, value, pa.scalar(0, tp))
-        ext = pa.table(cols).cast(self.acc_schema)
+        ext = conform(pa.table(cols), self.acc_schema)
         # Only the groups the delta touches change: split every state table into those groups and the rest
         # (a cheap membership test), fold the delta into the touched part, and diff only that part's output.
         touched = self._touched(delta)
@@ -203,7 +211,7 @@ class Reduction:
         sums = [c for c in state.column_names if c not in keys]
         merged = both.group_by(keys, use_threads=False).aggregate([(c, "sum") for c in sums])
         merged = merged.rename_columns([*keys, *sums] if keys else sums).select(state.column_names)
-        return merged.filter(pc.not_equal(merged[count], i64(0))).cast(state.schema)
+        return conform(merged.filter(pc.not_equal(merged[count], i64(0))), state.schema)
 
     def _output(self, acc: pa.Table, mults: list[pa.Table]) -> pa.Table:
         """The output rows of the groups in ``acc`` (and their value multiplicities in ``mults``)."""
@@ -252,7 +260,7 @@ class Reduction:
                         pc.cast(acc[slot.total], pa.float64()), pc.cast(acc[slot.count], pa.float64())
                     )
                     out[name] = pc.if_else(some, mean, pa.scalar(None, pa.float64()))
-        return pa.table(out).cast(self.out_schema) if out else self.out_schema.empty_table()
+        return conform(pa.table(out), self.out_schema) if out else self.out_schema.empty_table()
 
     def _is_count(self, name: str) -> bool:
         return any(s.agg.name == name and s.agg.func == "count" for s in self.slots)
@@ -307,7 +315,7 @@ class Dataflow:
         """Output updates for the source updates ``updates`` (times below ``as_of`` count as ``as_of``)."""
         linear = apply_linear(self.view, advance_times(updates, self.as_of))
         if self._reduction is None:
-            return consolidate(linear).cast(update_schema(self.schema))
+            return conform(consolidate(linear), update_schema(self.schema))
         outputs: list[pa.Table] = []
         if not self._started:
             # The first step happens at as_of even without input: a global aggregate has a row there.
@@ -316,6 +324,11 @@ class Dataflow:
             linear = linear.filter(pc.not_equal(linear[TIME], i64(self.as_of)))
             outputs.append(self._step(first, self.as_of))
         if linear.num_rows:
+            bounds = pc.min_max(linear[TIME])
+            if bounds["min"] == bounds["max"]:
+                # One time (a write is one time): no sort and no split needed.
+                outputs.append(self._step(linear, bounds["min"].as_py()))
+                return outputs[0] if len(outputs) == 1 else pa.concat_tables(outputs)
             ordered = linear.sort_by(TIME)
             counts = pc.value_counts(ordered[TIME])
             offset = 0
@@ -331,7 +344,7 @@ class Dataflow:
         assert self._reduction is not None
         changes = self._reduction.step(delta)
         times = pa.repeat(pa.scalar(t, pa.int64()), changes.num_rows)
-        return changes.add_column(changes.num_columns - 1, TIME, times).cast(update_schema(self.schema))
+        return conform(changes.add_column(changes.num_columns - 1, TIME, times), update_schema(self.schema))
 
 
 # ---------------------------------------------------------------- peek finishing
