@@ -2,7 +2,9 @@
 
 Credits are bytes (Mustang 3.4.2; zguide chapter 7). The receiver *sets* the sender's credit with flow
 control that carries an ordinal; the sender applies only ordinals newer than the last it applied, so a
-reordered, stale grant can never inflate the window.
+reordered, stale grant can never inflate the window. Nor can a grant exceed the stream's window, the most
+the receiver will ever hold for it: an honest receiver never grants more than it has free, so a larger
+grant (fuzzing sent 2**64 - 1) is a peer breaking the rules and is refused.
 
 Each grant also names the last batch the receiver had seen (``acked``). The sender subtracts the bytes it
 sent after that batch, which were in flight when the grant was made. So the bytes a receiver may have to
@@ -21,13 +23,14 @@ from sparkbus.bus.contract import LocalProtocolError, RemoteProtocolError
 class CreditSender:
     """The sending side of a stream: bytes it may still put in flight."""
 
-    __slots__ = ("closed", "credit", "in_flight", "last_grant", "next_ordinal", "stream")
+    __slots__ = ("closed", "credit", "in_flight", "last_grant", "max_credit", "next_ordinal", "stream")
 
     def __init__(self, stream: str, credit: int) -> None:
         if credit < 0:
             raise LocalProtocolError(f"stream {stream}: initial credit must be >= 0, got {credit}")
         self.stream = stream
         self.credit = credit
+        self.max_credit = credit  # the window agreed when the stream was opened
         self.next_ordinal = 0
         self.last_grant = -1
         self.closed = False
@@ -55,14 +58,26 @@ class CreditSender:
         self.in_flight.append((ordinal, size))
         return ordinal, self.credit
 
-    def grant(self, ordinal: int, credit: int, acked: int) -> bool:
+    def grant(self, ordinal: int, credit: int, acked: int, *, window: int | None = None) -> bool:
         """Apply flow control; returns False (and changes nothing) for a stale or repeated ordinal.
 
+        Args:
+            ordinal, credit, acked: the FLOW_CONTROL's fields.
+            window: the most the receiver may hold for the stream; default the initial credit. (A receiver
+                that was not told the credit out of band uses its node's default, which may be larger.)
+
         Raises:
-            RemoteProtocolError: a negative credit, or an ``acked`` batch that was never sent.
+            RemoteProtocolError: a negative credit, a credit larger than the window, or an ``acked`` batch
+                that was never sent. Nothing changes.
         """
+        limit = self.max_credit if window is None else max(window, self.max_credit)
         if credit < 0:
             raise RemoteProtocolError(f"stream {self.stream}: negative credit {credit} in flow control")
+        if credit > limit:
+            raise RemoteProtocolError(
+                f"stream {self.stream}: flow control grants {credit} bytes, more than the stream's window "
+                f"of {limit}"
+            )
         if acked >= self.next_ordinal:
             raise RemoteProtocolError(f"stream {self.stream}: flow control acks batch {acked}, never sent")
         if ordinal <= self.last_grant:

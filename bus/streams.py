@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sparkbus.bus import contract as c
-from sparkbus.bus.credit import CreditReceiver
+from sparkbus.bus.credit import CreditReceiver, CreditSender
 from sparkbus.bus.messages import ErrorCode, FlowControl, StreamBatch
 from sparkbus.bus.state import NodeState, _Inbound, _Peer
 from sparkbus.codecs import REGISTRY, Header
@@ -89,7 +89,7 @@ class StreamLayer(NodeState):
             return
         role_name, sender = entry
         try:
-            applied = sender.grant(msg.ordinal, msg.credit, msg.acked)
+            applied = sender.grant(msg.ordinal, msg.credit, msg.acked, window=self._window(sender))
         except c.RemoteProtocolError as exc:
             self._error_to(inbound, ErrorCode.STREAM_VIOLATION, str(exc), REGISTRY.code_of(FlowControl), now)
             return
@@ -102,6 +102,15 @@ class StreamLayer(NodeState):
             self._dispatch(
                 role, c.CreditChanged(peer=inbound.peer, stream=sender.stream, credit=sender.credit), now
             )
+
+    def _window(self, sender: CreditSender) -> int:
+        """The most a receiver may hold for ``sender``'s stream, so the largest grant it may send.
+
+        The credit agreed when the stream was opened is what an ``AcceptStream`` receiver holds; a receiver
+        that was not told accepts the stream with its ``initial_credit``, and the nodes of one cluster share
+        their bus settings. A FLOW_CONTROL above this is refused as ``STREAM_VIOLATION``.
+        """
+        return max(sender.max_credit, self.config.initial_credit)
 
     def _stream_peer(self, peer: str, stream: str) -> _Peer:
         if peer == self.node_id:
@@ -195,7 +204,7 @@ class StreamLayer(NodeState):
         self.counters["flow_control_out"] += 1
         if peer == self.node_id:
             entry = self._peers[peer].senders.get(stream)
-            if entry is not None and entry[1].grant(ordinal, credit, acked):
+            if entry is not None and entry[1].grant(ordinal, credit, acked, window=self._window(entry[1])):
                 role = self.roles.get(entry[0])
                 if role is not None:
                     self._local.append(

@@ -28,8 +28,8 @@ def test_flow_control_sets_credit_and_stale_ordinals_are_ignored() -> None:
     s.spend(100, last=False)
     assert s.grant(ordinal=1, credit=80, acked=0)
     assert s.credit == 80
-    assert not s.grant(ordinal=0, credit=500, acked=0)  # reordered, older grant
-    assert not s.grant(ordinal=1, credit=500, acked=0)  # repeated
+    assert not s.grant(ordinal=0, credit=95, acked=0)  # reordered, older grant
+    assert not s.grant(ordinal=1, credit=95, acked=0)  # repeated
     assert s.credit == 80
 
 
@@ -111,3 +111,40 @@ def test_random_schedules_never_exceed_the_credit(ops: list[tuple[str, int]]) ->
             sender.grant(*grants.pop(n % len(grants)))
         assert sum(held) + sum(s for _, s, _ in wire) <= MAX
         assert receiver.local >= 0
+
+
+@pytest.mark.parametrize("credit", [MAX + 1, 2**32, 2**64 - 1])
+def test_a_grant_beyond_the_streams_window_is_refused_and_changes_nothing(credit: int) -> None:
+    """The sender's initial credit is the window the receiver accepted; an honest receiver never grants
+    more than it holds free, so a larger grant (found by fuzzing: up to 2**64 - 1) is the peer's error."""
+    s = CreditSender("q/1", MAX)
+    s.spend(400, last=False)
+    with pytest.raises(RemoteProtocolError, match=f"grants {credit} bytes, more than the stream's window"):
+        s.grant(ordinal=0, credit=credit, acked=0)
+    assert (s.credit, s.last_grant, s.max_credit) == (MAX - 400, -1, MAX)
+    assert s.grant(ordinal=0, credit=MAX, acked=0)  # the whole window is still a valid grant
+    assert s.credit == MAX
+
+
+def test_the_window_may_be_wider_than_the_initial_credit() -> None:
+    """A receiver that was not told the credit accepts the stream with its own default (``window``)."""
+    s = CreditSender("q/1", 100)
+    assert s.grant(ordinal=0, credit=MAX, acked=-1, window=MAX)
+    with pytest.raises(RemoteProtocolError, match="window of 1000"):
+        s.grant(ordinal=1, credit=MAX + 1, acked=-1, window=MAX)
+    with pytest.raises(RemoteProtocolError, match="window of 100"):
+        CreditSender("q/2", 100).grant(ordinal=0, credit=101, acked=-1, window=50)  # never below the initial
+
+
+@given(st.integers(0, MAX), st.integers(0, 4 * MAX))
+def test_every_honest_receiver_grant_is_within_the_senders_window(consumed: int, extra: int) -> None:
+    """Whatever the receiver grants through its own API, the sender accepts it: the bound refuses only
+    what no honest receiver can send."""
+    sender, receiver = CreditSender("s", MAX), CreditReceiver("s", MAX)
+    ordinal, remaining = sender.spend(MAX, last=False)
+    receiver.received(ordinal, MAX, remaining, last=False)
+    receiver.consumed(consumed)
+    with pytest.raises(LocalProtocolError):
+        receiver.grant(consumed + 1 + extra)  # the receiver cannot grant what it does not have free
+    assert sender.grant(*receiver.grant(consumed))
+    assert sender.credit == consumed
