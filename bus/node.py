@@ -9,7 +9,10 @@ other threads talk to it through an inproc pipe.
 
 With ``BusConfig.curve`` every socket speaks CURVE (``sparkbus.bus.security``): a peer whose key or
 address is not allowed never gets past the ZeroMQ handshake, so it cannot even send a HELLO; each such
-refusal is logged with its address and counted (``refusals["curve_denied"]`` in ``status()``).
+refusal is logged with its address and counted (``refusals["curve_denied"]`` in ``status()``). A peer
+whose handshake fails before ZAP is asked (a plain client, another mechanism, a broken handshake) is seen
+by the server sockets' monitors and counted as ``refusals["curve_handshake_failed"]``, and logged once
+per address where the address can still be read (see ``Node._on_server_monitor``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import os
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -112,6 +116,13 @@ class Node:
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._pushes: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
+        # CURVE only: monitors of our ROUTER and PULL (name "control" / "data"), the peer address of each
+        # connection they accepted (by file descriptor), and a handshake failure waiting for the
+        # DISCONNECTED that names its connection.
+        self._server_monitors: dict[zmq.Socket[bytes], str] = {}
+        self._accepted: dict[tuple[str, int], str] = {}
+        self._failed_handshake: dict[str, str] = {}
+        self._failed_addresses: set[str] = set()
         self._wake_rx: zmq.Socket[bytes] | None = None
         self._wake_tx: zmq.Socket[bytes] | None = None
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -171,8 +182,9 @@ class Node:
         domain = f"sparkbus/{self.node_id}/{id(self):x}"
         security.register(ctx, domain, curve, self._on_curve_denied)
         self._zap_domain = domain
-        for sock in (router, pull):
+        for sock, name in ((router, "control"), (pull, "data")):
             security.apply_server(sock, self._keys, domain)
+            self._server_monitors[sock.get_monitor_socket(_SERVER_EVENTS)] = name
 
     def _on_curve_denied(self, address: str, reason: str) -> None:
         """A client failed ZAP (runs on the authenticator's thread)."""
@@ -324,7 +336,7 @@ class Node:
         dealer_peer = {sock: peer for peer, sock in self._dealers.items()}
         for sock in self._dealers.values():
             poller.register(sock, zmq.POLLIN)
-        for mon in self._monitors:
+        for mon in [*self._monitors, *self._server_monitors]:
             poller.register(mon, zmq.POLLIN)
         try:
             while not self._stopping.is_set():
@@ -367,6 +379,9 @@ class Node:
         for mon, peer in self._monitors.items():
             if mon in events:
                 self._on_monitor(mon, peer)
+        for mon, name in self._server_monitors.items():
+            if mon in events:
+                self._on_server_monitor(mon, name)
 
     def _drain_wake(self) -> None:
         assert self._wake_rx is not None
@@ -420,6 +435,55 @@ class Node:
         if first:
             log.warning("node %s: %s", self.node_id, what)
 
+    def _on_server_monitor(self, mon: zmq.Socket[bytes], name: str) -> None:
+        """Handshake failures on our CURVE server sockets, which never reach the ZAP handler.
+
+        libzmq 4.3's monitor does not name the peer of a failed handshake (the v2 monitor that does is a
+        draft API, not built into pyzmq's wheels): ACCEPTED carries the connection's file descriptor,
+        HANDSHAKE_FAILED_* only the reason, and the DISCONNECTED that follows names the descriptor. One
+        I/O thread emits a connection's failure and its disconnect back to back, so the failure belongs to
+        that DISCONNECTED's connection, whose peer address was read when ACCEPTED was handled. A handshake
+        that fails at once (a plain client) has often closed its descriptor by then: such failures are
+        still counted, and logged once per socket and reason as coming from an unknown address.
+        """
+        while True:
+            try:
+                msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            event, value = msg["event"], int(msg["value"])
+            if event == zmq.EVENT_ACCEPTED:
+                if len(self._accepted) < _MAX_TRACKED:
+                    self._accepted[(name, value)] = _peer_address(value)
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                with self._security_lock:
+                    key = "curve_handshake_failed"
+                    self._security_refusals[key] = self._security_refusals.get(key, 0) + 1
+                self._failed_handshake[name] = (
+                    f"protocol error {value:#x}"
+                    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    else f"error {value} before the handshake completed"
+                )
+            elif event == zmq.EVENT_DISCONNECTED:
+                address = self._accepted.pop((name, value), _UNKNOWN)
+                reason = self._failed_handshake.pop(name, None)
+                if reason is not None:
+                    self._log_failed_handshake(name, address, reason)
+
+    def _log_failed_handshake(self, name: str, address: str, reason: str) -> None:
+        key = f"{name}: {reason}" if address == _UNKNOWN else address
+        first = key not in self._failed_addresses
+        if first and len(self._failed_addresses) < _MAX_TRACKED:  # bounded: one warning per address
+            self._failed_addresses.add(key)
+        (log.warning if first else log.debug)(
+            "node %s: refused a client from %s on its %s socket: the CURVE handshake failed (%s; a plain "
+            "or misconfigured client)",
+            self.node_id,
+            address,
+            name,
+            reason,
+        )
+
     def _flush(self) -> None:
         for out in self.core.take():
             if isinstance(out, Completed):
@@ -465,13 +529,17 @@ class Node:
             dealer.disable_monitor()
             # After a graceful stop, give the BYE we just queued a moment to leave.
             dealer.close(linger=200 if self._graceful else 0)
-        socks += list(self._monitors)
+        for server in (self._router, self._pull):
+            if server is not None and self._server_monitors:
+                server.disable_monitor()
+        socks += list(self._monitors) + list(self._server_monitors)
         for sock in socks:
             if sock is not None and not sock.closed:
                 sock.close(linger=0)
         self._dealers.clear()
         self._pushes.clear()
         self._monitors.clear()
+        self._server_monitors.clear()
         self._router = self._pull = self._wake_rx = self._wake_tx = None
         if self._zap_domain is not None:
             security.unregister(context(), self._zap_domain)
@@ -479,3 +547,26 @@ class Node:
 
 
 _WAKE_LOCK = threading.Lock()
+_MAX_TRACKED = 1024
+_UNKNOWN = "an unknown address"
+_SERVER_EVENTS = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+def _peer_address(fd: int) -> str:
+    """The peer address of the connection on ``fd`` (libzmq's, borrowed: never closed here)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return _UNKNOWN  # closed already
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return _UNKNOWN
+    finally:
+        sock.detach()
+    return str(peer[0]) if isinstance(peer, tuple) else (peer or "a local socket")

@@ -223,3 +223,37 @@ def test_loopback_capture_holds_no_payload_in_clear(
     assert len(wire) > 1 << 20
     found = (marker in wire, PATTERN in wire)
     assert found == ((False, False) if curve else (True, True))
+
+
+def test_a_failed_curve_handshake_is_counted_and_logged_once(
+    keys: Path, nodes: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Plain clients never reach ZAP (the mechanisms differ), yet the CURVE node counts and logs them.
+
+    libzmq's monitor names the peer only through the connection's descriptor, which a handshake failing
+    at once has often closed before the node reads it: the warning then says "an unknown address", once
+    per server socket and reason. Where the address was read, it is 127.0.0.1.
+    """
+    server = _node("a", _config(keys))
+    nodes.append(server)
+    server.start({})
+    assert server.endpoints is not None
+    with caplog.at_level(logging.WARNING, logger="sparkbus.bus"):
+        for name in ("b", "c"):
+            plain = _node(name, _config(None))
+            nodes.append(plain)
+            plain.start({"a": server.endpoints})
+        deadline = time.monotonic() + 10
+        # each plain node's DEALER (control) and PUSH (data) fail their handshake
+        while server.status()["refusals"].get("curve_handshake_failed", 0) < 4:
+            assert time.monotonic() < deadline, server.status()["refusals"]
+            time.sleep(0.02)
+        while not any("the CURVE handshake failed" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no warning logged"
+            time.sleep(0.02)
+    st = server.status()
+    assert st["peers"] == {} and "curve_denied" not in st["refusals"]
+    warnings = [r.getMessage() for r in caplog.records if "the CURVE handshake failed" in r.getMessage()]
+    assert all("from 127.0.0.1 " in w or "from an unknown address " in w for w in warnings), warnings
+    # four failures, but one warning for 127.0.0.1 and one per socket for an unknown address at most
+    assert len(warnings) <= 3, warnings
