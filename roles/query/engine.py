@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
 from sparkbus.roles.query.errors import ExecutionError
-from sparkbus.roles.query.expressions import Expr, Scalar, evaluate, evaluate_column
+from sparkbus.roles.query.expressions import Expr, Scalar, columns_of, evaluate, evaluate_column
 from sparkbus.roles.query.plan import (
     Aggregate,
     Filter,
@@ -103,7 +103,7 @@ def read_parquet(path: str | Path) -> pa.Table:
 
 
 def aligned(table: pa.Table) -> pa.Table:
-    """``table`` with one chunk per column, every buffer in memory Arrow allocated (64-byte aligned).
+    """``table`` with one chunk per column and every buffer aligned to 8 bytes (copied where it was not).
 
     Batches decoded from bus frames sit wherever the frame put them; Acero (``group_by``) warns about, and
     works slower on, buffers not aligned to their values, and one chunk per column makes every later kernel
@@ -112,7 +112,7 @@ def aligned(table: pa.Table) -> pa.Table:
     columns = []
     for col in table.columns:
         chunks = col.chunks
-        if len(chunks) == 1 and all(b is None or b.address % 64 == 0 for b in chunks[0].buffers()):
+        if len(chunks) == 1 and all(b is None or b.address % 8 == 0 for b in chunks[0].buffers()):
             columns.append(chunks[0])
         elif chunks:
             columns.append(pa.concat_arrays(chunks))
@@ -233,9 +233,10 @@ def run(
         ExecutionError: any operator failed on the data.
     """
     table: pa.Table | None = None
-    for op in chain(node):
+    ops = chain(node)
+    for i, op in enumerate(ops):
         if isinstance(op, Scan):
-            table = _scan(op, store, params)
+            table = _scan(op, store, params, ops[i + 1 : i + 2])
         elif isinstance(op, Receive):
             table = received
         elif table is None:
@@ -245,28 +246,50 @@ def run(
     return table
 
 
-def _scan(op: Scan, store: PartitionStore, params: Sequence[Scalar]) -> pa.Table | None:
+def _scan(
+    op: Scan, store: PartitionStore, params: Sequence[Scalar], above: Sequence[PlanNode] = ()
+) -> pa.Table | None:
+    """The partition's rows where the predicate holds, with only the columns the operators above read.
+
+    The mask is computed on the whole partition, then only the needed columns are filtered: the scan's
+    own list, or the columns a ``Project`` right above reads.
+    """
     table = store.get(op.table)
     if table is None:
         return None
-    if op.predicate is not None:
-        table = _filter(table, op.predicate, params)
-    if op.columns is not None:
-        missing = [c for c in op.columns if c not in table.column_names]
+    wanted = op.columns
+    project = above[0] if above and isinstance(above[0], Project) else None
+    if wanted is None and project is not None:
+        read = set().union(*(columns_of(e) for _, e in project.items))
+        wanted = tuple(c for c in table.column_names if c in read)
+    if wanted is not None:
+        missing = [c for c in wanted if c not in table.column_names]
         if missing:
             raise ExecutionError(
                 f"scan {op.table}: no column {missing[0]!r}; columns are {table.column_names}"
             )
-        table = table.select(list(op.columns))
-    return table
+    if op.predicate is None:
+        return table.select(list(wanted)) if wanted is not None else table
+    mask = _mask(table, op.predicate, params)
+    if isinstance(mask, pa.Scalar):
+        table = table if mask.as_py() is True else table.slice(0, 0)
+        return table.select(list(wanted)) if wanted is not None else table
+    if wanted is not None:
+        table = table.select(list(wanted))
+    return table.filter(mask)
+
+
+def _mask(table: pa.Table, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:
+    mask = evaluate(predicate, table, params)
+    if not isinstance(mask, pa.Scalar) and not pa.types.is_boolean(mask.type):
+        raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
+    return mask
 
 
 def _filter(table: pa.Table, predicate: Expr, params: Sequence[Scalar]) -> pa.Table:
-    mask = evaluate(predicate, table, params)
+    mask = _mask(table, predicate, params)
     if isinstance(mask, pa.Scalar):
         return table if mask.as_py() is True else table.slice(0, 0)
-    if not pa.types.is_boolean(mask.type):
-        raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
     return table.filter(mask)
 
 

@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkbus.roles.query import aggregate, engine
-from sparkbus.roles.query.plan import Limit, Scan, Sort, SortKey
+from sparkbus.roles.query.expressions import Call, Column, Literal
+from sparkbus.roles.query.plan import Limit, Project, Scan, Sort, SortKey
 
 from .helpers import distributed, split
 
@@ -163,3 +164,23 @@ def test_store_and_inbox_realign_buffers() -> None:
     assert stored.column("v").num_chunks == 1
     assert stored.column("v").chunk(0).buffers()[1].address % 64 == 0
     assert stored.column("v").to_pylist() == [1, 2, 3]
+
+
+@given(keyed_tables(), st.sampled_from([("i",), ("s", "row"), ("f",)]), st.integers(-5, 5))
+def test_scan_filters_only_the_columns_the_projection_reads(
+    table: pa.Table, names: tuple[str, ...], bound: int
+) -> None:
+    pred = Call(op="gt", args=(Column(name="i"), Literal(value=bound)))
+    plan = Project(
+        input=Scan(table="t", predicate=pred), items=tuple((f"o{n}", Column(name=n)) for n in names)
+    )
+    store = engine.PartitionStore()
+    store.load("t", table)
+    got = engine.run(plan, store)
+    want = table.filter(pc.greater(table.column("i"), bound))
+    assert got is not None
+    assert got.column_names == [f"o{n}" for n in names]
+    assert repr(got.to_pydict()) == repr({f"o{n}": want.column(n).to_pylist() for n in names})
+    count = engine.run(Scan(table="t", columns=(), predicate=pred), store)
+    assert count is not None
+    assert (count.num_columns, count.num_rows) == (0, want.num_rows)
