@@ -147,12 +147,17 @@ def _describe(exc: BaseException) -> str:
 class _Task:
     """One barrier task's life: rendezvous, serve, stop, report."""
 
-    def __init__(self, plan: _TaskPlan, rows: Iterator[Any]) -> None:
+    def __init__(self, plan: _TaskPlan, batches: Iterator[pa.RecordBatch]) -> None:
         self.plan = plan
         self.ctx = BarrierTaskContext.get()
         self.task = self.ctx.partitionId()
         self.node_id = plan.node_ids[self.task]
-        self.local_data = _to_batches(rows) if plan.with_data else ()
+        # Spark's Arrow batches as they are (maxRecordsPerBatch rows each); the replication role reads them
+        # once, as one table. A task without data gets the placeholder row of its range partition: dropped.
+        self.local_data = tuple(b for b in batches if b.num_rows) if plan.with_data else ()
+        if not plan.with_data:
+            for _ in batches:
+                pass
         self.node: NodeHandle | None = None
         self.endpoints = Endpoints(control="", data="")
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -229,23 +234,16 @@ class _Task:
                 raise RuntimeError(f"node died: {failure}")
 
 
-def _to_batches(rows: Iterator[Any], chunk: int = 65_536) -> tuple[pa.RecordBatch, ...]:
-    """Spark rows to Arrow record batches of at most ``chunk`` rows."""
-    batches: list[pa.RecordBatch] = []
-    buffer: list[dict[str, Any]] = []
-    for row in rows:
-        buffer.append(row.asDict())
-        if len(buffer) == chunk:
-            batches.extend(pa.Table.from_pylist(buffer).to_batches())
-            buffer = []
-    if buffer:
-        batches.extend(pa.Table.from_pylist(buffer).to_batches())
-    return tuple(batches)
+#: the one row each barrier task yields, as Spark and as Arrow see it
+RESULT_SCHEMA = "node string, partition long, status string, counters string"
+_RESULT_ARROW = pa.schema(
+    [("node", pa.string()), ("partition", pa.int64()), ("status", pa.string()), ("counters", pa.string())]
+)
 
 
 def _barrier_task(plan: _TaskPlan) -> Any:
-    def run(rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
-        yield _Task(plan, rows).run()
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([_Task(plan, batches).run()], schema=_RESULT_ARROW)
 
     return run
 
@@ -407,9 +405,9 @@ class SparkRuntime:
             with_data=self.data is not None,
         )
         sc = self.session.sparkContext
-        # rdd.barrier() rather than mapInArrow(barrier=True): PySpark's mapInArrow requires pandas.
-        source = self.data.repartition(n).rdd if self.data is not None else sc.parallelize(range(n), n)
-        job = source.barrier().mapPartitions(_barrier_task(plan))
+        # One partition per task; without data, a range with one row per partition.
+        source = self.data.repartition(n) if self.data is not None else self.session.range(0, n, 1, n)
+        job = source.mapInArrow(_barrier_task(plan), RESULT_SCHEMA, barrier=True)
 
         def run() -> None:
             sc.setJobGroup(self._group, f"sparkbus {self.topology.cluster.name}: {n} nodes", True)

@@ -204,7 +204,9 @@ class ServingReplication(ReplicationRole):
                         f"local rows for {partition}, whose designated leader is {spec.replicas[0].node}, "
                         f"not {self.node}: the rows were not routed by partition"
                     )
-                for chunk in part.to_batches(max_chunksize=LOAD_CHUNK_ROWS):
+                # Spark hands the rows over in small Arrow batches (maxRecordsPerBatch, 10,000 rows): write
+                # them in chunks of LOAD_CHUNK_ROWS, so each durable (fsync'd) log append carries many.
+                for chunk in part.combine_chunks().to_batches(max_chunksize=LOAD_CHUNK_ROWS):
                     self.loading.append((partition, pa.Table.from_batches([chunk])))
         except (ValueError, pa.ArrowInvalid) as exc:
             self.load_error = f"{self.node}: cannot load local data: {exc}"
