@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pyarrow as pa
@@ -40,6 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 from sparkbus.bus import security
 from sparkbus.bus.node import context
 from sparkbus.codecs import encode_batch
+from sparkbus.codecs.schema import to_plain
 from sparkbus.roles.client import (
     ArrowParts,
     AuthenticationError,
@@ -63,6 +64,9 @@ from sparkbus.topologies.keys import RUN_DIR
 from sparkbus.topologies.keys import key_dir as topology_key_dir
 from sparkbus.topologies.launcher import state_file
 from sparkbus.topologies.schema import load
+
+if TYPE_CHECKING:
+    from sparkbus.roles.compute import ViewDef
 
 #: The key pair a client looks for in a key directory (``private/client.key_secret``; the shared
 #: ``cluster`` pair when there is none).
@@ -392,6 +396,26 @@ class Client:
     def peek(self, view: str, **args: Any) -> pa.Table:
         """Read a view (or table) of the compute controller."""
         return as_table(self.call(Op.PEEK, {"view": view, **args}))
+
+    def create_table(self, name: str, schema: pa.Schema) -> dict[str, Any]:
+        """Create an input table of the compute controller (what views read); returns ``{"upper"}``."""
+        return dict(self.call(Op.CREATE_TABLE, {"name": name, "schema": schema.serialize().to_pybytes()}))
+
+    def write_table(self, name: str, data: pa.Table) -> int:
+        """Append rows to a compute controller table (``create_table``); returns the write's time. Never
+        retried by default (a write is not idempotent)."""
+        batch = (
+            data.combine_chunks().to_batches()[0]
+            if data.num_rows
+            else pa.RecordBatch.from_pylist([], schema=data.schema)
+        )
+        reply = self.call(Op.TABLE_WRITE, {"table": name, "batch": bytes(encode_batch(batch))})
+        return int(reply["time"])
+
+    def create_view(self, name: str, view: ViewDef) -> dict[str, Any]:
+        """Create a view the compute replicas keep fresh (a ``sparkbus.roles.compute.ViewDef``); returns
+        ``{"as_of", "id"}``. Read it with ``peek``."""
+        return dict(self.call(Op.CREATE_VIEW, {"name": name, "view": to_plain(view)}))
 
     def subscribe(self, view: str) -> dict[str, Any]:
         """Subscribe to a view; returns ``{"id", "as_of"}``; read updates with ``fetch(id)``."""

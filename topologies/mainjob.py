@@ -18,8 +18,9 @@ Phases (docs/MAIN_JOB.md explains each figure):
 6. ``exchange``: one query's participant output moved by push streams, BinX and HTTP
    (``mainjob_exchange``).
 
-Everything talks to the cluster through ``Cluster``, a narrow interface; ``DirectCluster`` implements it
-with local calls into the driver's coordinator node.
+Once the nodes run, everything talks to the cluster through the thin client: ``ClientCluster`` is
+``sparkbus.connect`` to the coordinator's control endpoint (its ``client.gateway`` role routes SQL to
+the query role, table writes, views and peeks to the compute controller), exactly as user code would.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,7 +54,9 @@ from sparkbus.topologies.mainjob_report import (
     write_json,
 )
 from sparkbus.topologies.model import Topology
-from sparkbus.topologies.runtime import NodeHandle, NodeRequest
+
+if TYPE_CHECKING:
+    from sparkbus.topologies.client import Client
 
 TABLE = "events"
 KEY = "event_id"
@@ -122,7 +125,7 @@ class Options:
 
 
 class Cluster(Protocol):
-    """What the main job needs from a running cluster (the thin client will offer the same)."""
+    """What the main job needs from a running cluster."""
 
     def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table: ...
 
@@ -137,55 +140,39 @@ class Cluster(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
-class DirectCluster:
-    """``Cluster`` over local calls into one driver-side bus node (the coordinator)."""
+class ClientCluster:
+    """``Cluster`` over the thin client (``sparkbus.connect``) connected to a node running
+    ``client.gateway``, ``query`` and ``compute.controller`` (the coordinator)."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @classmethod
+    def connect(cls, address: str, cluster_tag: str, **kw: Any) -> ClientCluster:
+        from sparkbus.topologies.client import connect  # noqa: PLC0415
+
+        return cls(connect(address, cluster_tag=cluster_tag, **kw))
 
     def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table:
-        from sparkbus.roles.query import sql  # noqa: PLC0415
-
-        return sql(self.node, text, timeout=timeout)
+        return self.client.sql(text, timeout=timeout)
 
     def create_table(self, name: str, schema: pa.Schema) -> None:
-        self.node.call("compute.controller", "create_table", {"name": name, "schema": schema})
+        self.client.create_table(name, schema)
 
     def write(self, table: str, rows: pa.Table) -> int:
-        from sparkbus.roles.compute.arrangement import encode_table  # noqa: PLC0415
-
-        reply = self.node.call("compute.controller", "write", {"table": table, "batch": encode_table(rows)})
-        return int(reply["time"])
+        return self.client.write_table(table, rows)
 
     def create_view(self, name: str, view: Any) -> None:
-        self.node.call("compute.controller", "create_view", {"name": name, "view": view})
+        self.client.create_view(name, view)
 
     def peek(self, view: str) -> pa.Table:
-        from sparkbus.roles.compute.arrangement import decode_table  # noqa: PLC0415
-
-        return decode_table(self.node.call("compute.controller", "peek", {"view": view}))
+        return self.client.peek(view)
 
     def status(self) -> dict[str, Any]:
-        return dict(self.node.status())
+        return self.client.status()
 
-
-class _DriverNodes:
-    """A ``NodeFactory`` that remembers the nodes it builds in this process (the driver's).
-
-    Spark tasks get a plain ``BusNodeFactory`` when it is pickled: handles hold sockets.
-    """
-
-    def __init__(self) -> None:
-        self.inner = BusNodeFactory()
-        self.built: dict[str, NodeHandle] = {}
-
-    def __call__(self, request: NodeRequest) -> NodeHandle:
-        handle = self.inner(request)
-        self.built[request.node_id] = handle
-        return handle
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (BusNodeFactory, ())
+    def close(self) -> None:
+        self.client.close()
 
 
 # ---------------------------------------------------------------- data
@@ -208,14 +195,19 @@ def check_topology(topo: Topology) -> tuple[int, int, int]:
             f"{topo.source}: tables.{TABLE}.partitions ({table.partitions}) must be a multiple of the "
             f"{len(executors)} executor nodes, so Spark can route each row to its partition's leader"
         )
-    coordinators = [
-        nid for nid, spec in topo.placed("driver") if {"query", "compute.controller"} <= set(spec.roles)
-    ]
-    if not coordinators:
+    if not any(set(spec.roles) >= _COORDINATOR_ROLES for _, spec in topo.placed("driver")):
         raise JobError(
-            f"{topo.source}: sparkbus run needs a driver node running query and compute.controller"
+            f"{topo.source}: sparkbus run needs a driver node running {', '.join(sorted(_COORDINATOR_ROLES))}"
         )
     return len(executors), table.partitions, table.replication
+
+
+#: what the driver node the job connects to runs: the thin client's gateway and the roles it routes to
+_COORDINATOR_ROLES = frozenset({"client.gateway", "query", "compute.controller"})
+
+
+def _coordinator(topo: Topology) -> str:
+    return next(nid for nid, spec in topo.placed("driver") if set(spec.roles) >= _COORDINATOR_ROLES)
 
 
 def generated_events(spark: Any, rows: int) -> Any:
@@ -356,9 +348,10 @@ def _check_java() -> None:
 
 
 def _load(
-    cluster: Cluster, rows: int, partitions: int, console: Console, runtime_start: Callable[[], None]
-) -> float:
-    """Start the runtime and wait until every row is written and replicated; returns the seconds."""
+    rows: int, partitions: int, console: Console, runtime_start: Callable[[], Cluster]
+) -> tuple[float, Cluster]:
+    """Start the runtime, connect, and wait until every row is written and replicated; returns the seconds
+    and the connected cluster."""
     from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
 
     columns = [
@@ -370,7 +363,7 @@ def _load(
     t0 = time.perf_counter()
     with Progress(SpinnerColumn(), *columns, console=console, transient=False) as progress:
         start = progress.add_task("Spark: route rows to their leaders, start nodes", total=1)
-        runtime_start()
+        cluster = runtime_start()
         progress.update(start, completed=1)
         loaded = progress.add_task("rows written on leaders", total=rows)
         replicated = progress.add_task("partitions replicated", total=partitions)
@@ -393,7 +386,7 @@ def _load(
             if time.perf_counter() - t0 > 600:
                 raise JobError("the load did not finish within 600 s")
             time.sleep(0.05)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cluster
 
 
 def _spinner(console: Console) -> Progress:
@@ -541,6 +534,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
             raise JobError(f"--report {target}: directory {target.parent} does not exist")
     _check_java()
 
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
     from sparkbus.topologies.mainjob_exchange import compare_exchanges  # noqa: PLC0415
     from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, embedded_session  # noqa: PLC0415
 
@@ -575,16 +569,29 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
             toarrow_s = time.perf_counter() - t0
         with _phase(phases, "spark_queries"):
             theirs = _spark_queries(spark, opts, console)
-        factory = _DriverNodes()
         runtime = SparkRuntime(
-            topo, spark, factory, data=RoutedFrame(frame, partitions), ready_timeout=max(60.0, rows / 10_000)
+            topo,
+            spark,
+            BusNodeFactory(),
+            data=RoutedFrame(frame, partitions),
+            ready_timeout=max(60.0, rows / 10_000),
         )
+        coordinator = _coordinator(topo)
+        clusters: list[ClientCluster] = []
+
+        def start() -> Cluster:
+            runtime.start()
+            cluster = ClientCluster.connect(
+                runtime.endpoints[coordinator].control, bus_config(topo).cluster_tag, connect_timeout=30.0
+            )
+            clusters.append(cluster)
+            return cluster
+
         stopped = False
         try:
-            coordinator = next(nid for nid, spec in topo.placed("driver") if "query" in spec.roles)
-            cluster: Cluster = DirectCluster(_Lazy(factory, coordinator))
             with _phase(phases, "load"):
-                load_s = _load(cluster, rows, partitions, console, runtime.start)
+                load_s, cluster = _load(rows, partitions, console, start)
+            start_s = runtime.rendezvous_seconds or 0.0
             count = cluster.sql(f"SELECT COUNT(*) AS n FROM {TABLE}").column("n")[0].as_py()
             if count != rows:
                 raise JobError(f"sparkbus holds {count} rows after the load, Spark produced {rows}")
@@ -600,11 +607,18 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                     "query": ex_query.name,
                     **compare_exchanges(cluster.sql(ex_query.sql), bus_config(topo)),
                 }
+            for c in clusters:
+                c.close()
+            clusters.clear()
             stopped = True
             runtime.stop()
         except SparkRuntimeError as exc:
             raise JobError(str(exc).splitlines()[0]) from None
+        except ClientError as exc:
+            raise JobError(f"the thin client: {str(exc).splitlines()[0]}") from None
         finally:
+            for c in clusters:
+                c.close()
             if not stopped:
                 with suppress(Exception):  # the failure being raised is the one to report
                     runtime.stop(timeout=30)
@@ -615,6 +629,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     phases["total"] = time.perf_counter() - wall
     load_info = {
         "seconds": round(load_s, 3),
+        "start_seconds": round(start_s, 3),
         "rows_per_s": round(rows / load_s, 1),
         "toarrow_seconds": round(toarrow_s, 3),
         "toarrow_rows_per_s": round(rows / toarrow_s, 1),
@@ -638,22 +653,6 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     write_json(report, opts.report)
     write_chart(report, opts.chart)
     return report
-
-
-class _Lazy:
-    """A driver node handle, looked up when first called (the runtime builds it inside ``start``)."""
-
-    def __init__(self, factory: _DriverNodes, node_id: str) -> None:
-        self.factory = factory
-        self.node_id = node_id
-
-    def call(self, role: str, name: str, args: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
-        handle: Any = self.factory.built[self.node_id]
-        return handle.call(role, name, args, timeout=timeout)
-
-    def status(self) -> dict[str, Any]:
-        handle: Any = self.factory.built[self.node_id]
-        return dict(handle.status())
 
 
 def main_job(opts: Options, console: Console | None = None) -> int:

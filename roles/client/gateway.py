@@ -30,7 +30,7 @@ detached               restore timer fires                    released (connecti
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +39,7 @@ import msgpack
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.codecs import MiB
+from sparkbus.codecs.errors import DecodeError
 from sparkbus.roles.client.chunks import split_ipc
 from sparkbus.roles.client.messages import (
     ARROW_OPS,
@@ -74,7 +75,22 @@ ROUTES: dict[int, tuple[str, str]] = {
     Op.SUBSCRIBE: ("compute.controller", "subscribe"),
     Op.FETCH: ("compute.controller", "fetch"),
     Op.UNSUBSCRIBE: ("compute.controller", "unsubscribe"),
+    Op.CREATE_TABLE: ("compute.controller", "create_table"),
+    Op.TABLE_WRITE: ("compute.controller", "write"),
+    Op.CREATE_VIEW: ("compute.controller", "create_view"),
 }
+
+
+def _view_args(args: dict[str, Any]) -> dict[str, Any]:
+    """CREATE_VIEW carries the ``ViewDef`` in its plain (msgpack) form; the controller takes the object."""
+    from sparkbus.codecs.schema import from_plain  # noqa: PLC0415
+    from sparkbus.roles.compute.plans import ViewDef  # noqa: PLC0415 (only a gateway next to compute needs it)
+
+    return {**args, "view": from_plain(ViewDef, args.get("view"), "CREATE_VIEW")}
+
+
+#: op -> the conversion of a request's msgpack args into what the routed local call takes.
+ARGS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {Op.CREATE_VIEW: _view_args}
 
 
 @dataclass
@@ -257,6 +273,12 @@ class Gateway:
         if route is None:
             return self._complete(ctx, rid, msg.op, window, None, f"unknown operation {msg.op}")
         args = dict(msg.args)
+        convert = ARGS.get(msg.op)
+        if convert is not None:
+            try:
+                args = convert(args)
+            except (DecodeError, ValueError, TypeError) as exc:
+                return self._complete(ctx, rid, msg.op, window, None, f"{Op(msg.op).name}: {exc}")
         ctx.running[rid] = (msg.op, window)
         return [c.Call(role=route[0], name=route[1], args=args, tag=f"{ctx.connection_id}/{rid}")]
 

@@ -29,6 +29,9 @@ class Op(enum.IntEnum):
     SUBSCRIBE = 31
     FETCH = 32
     UNSUBSCRIBE = 33
+    CREATE_TABLE = 34
+    TABLE_WRITE = 35
+    CREATE_VIEW = 36
 
 
 #: Operations that change nothing on the cluster: the default retry policy (IEP-82) re-sends only these.

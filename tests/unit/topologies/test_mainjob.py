@@ -138,6 +138,14 @@ def test_a_topology_without_spark_or_events_is_refused() -> None:
         check_topology(loads(text))
 
 
+def test_the_job_needs_a_driver_node_it_can_reach_through_the_thin_client() -> None:
+    text = shipped("local.toml").read_text().replace(', "client.gateway"]', "]")
+    with pytest.raises(
+        JobError, match=r"needs a driver node running client\.gateway, compute\.controller, query"
+    ):
+        check_topology(loads(text))
+
+
 def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
