@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from sparkbus.roles.compute import (
     ViewDef,
     ViewError,
 )
+from sparkbus.roles.compute.arrangement import consolidate
 from sparkbus.roles.compute.dataflow import constrain, finish, output_schema
 from sparkbus.roles.compute.plans import Finishing, SortKey
 
@@ -236,6 +238,17 @@ def test_compaction_after_every_write_keeps_reads_exact_and_memory_bounded() -> 
             assert as_tuples(arr.read_at(t)) == sorted(present.elements(), key=repr)
     assert arr.since == (59,)
     assert as_tuples(arr.read_at(59)) == sorted(present.elements(), key=repr)
+
+
+def test_a_group_whose_output_does_not_change_nets_to_nothing() -> None:
+    flow = Dataflow(GROUPED, SCHEMA, 0, "v")
+    out = Arrangement(flow.schema)
+    out.append(flow.feed(updates([("a", 1, 0, 1), ("b", 2, 0, 1)])), 1)
+    # Retract and re-insert the same row: group a is touched, its output is the same.
+    changes = flow.feed(updates([("a", 1, 1, -1), ("a", 1, 1, 1), ("b", 3, 1, 1)]))
+    out.append(changes, 2)
+    assert consolidate(changes).filter(pc.equal(consolidate(changes)["k"], "a")).num_rows == 0
+    assert as_tuples(out.read_at(1)) == oracle(GROUPED, Counter({("a", 1): 1, ("b", 2): 1, ("b", 3): 1}))
 
 
 def test_rows_repeat_by_multiplicity() -> None:
