@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from sparkbus.topologies import keys
 from sparkbus.topologies.launcher import status_command, up_command
 from sparkbus.topologies.schema import TopologyError, load
 from sparkbus.topologies.summary import print_summary
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from sparkbus.topologies.client import Client
 
 
 def package_version() -> str:
@@ -60,6 +68,298 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
             chart=report_path.with_suffix(".png"),
         )
     )
+
+
+# ---------------------------------------------------------------- commands for a running cluster
+
+#: the topology file the cluster commands connect by when neither --topology nor --address is given
+DEFAULT_TOPOLOGY = "topologies/processes.toml"
+#: rows of Arrow IPC per LOAD / TABLE_WRITE request, kept well below the 64 MiB message limit
+REQUEST_BYTES = 16 * 1024 * 1024
+_AGGREGATES = ("count", "sum", "avg", "min", "max")
+_OPS = {"=": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+
+
+class CommandError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 1."""
+
+
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    """The message on one line (schemas and nested errors span several), cut at ``limit`` characters."""
+    message = getattr(
+        exc, "message", None
+    )  # a ClientError whose role already named the code: "[1005 ...] ..."
+    text = " ".join((message if isinstance(message, str) and message.startswith("[") else str(exc)).split())
+    if not text:
+        return type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _connect(args: argparse.Namespace) -> Client:
+    """The thin client, by ``--address`` (with ``--cluster-tag``) or by topology file."""
+    from sparkbus.topologies.client import connect  # noqa: PLC0415 (pulls in pyarrow and the client)
+
+    options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
+    if args.key_dir is not None:
+        options["key_dir"] = args.key_dir
+    if args.address:
+        if not args.cluster_tag:
+            raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
+        return connect(args.address, cluster_tag=args.cluster_tag, **options)
+    topology = args.topology or DEFAULT_TOPOLOGY
+    if not Path(topology).exists():
+        raise CommandError(f"{topology}: no such topology file (give --topology FILE or --address tcp://...)")
+    return connect(topology, cluster_tag=args.cluster_tag, **options)
+
+
+def _read_rows(path: Path) -> pa.Table:
+    """A Parquet file or directory, or a CSV file with a header, as an Arrow table."""
+    import pyarrow.csv as pcsv  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    if not path.exists():
+        raise CommandError(f"{path}: no such file or directory")
+    is_csv = path.suffix.lower() == ".csv"
+    try:
+        return pcsv.read_csv(path) if is_csv else pq.read_table(path)
+    except Exception as exc:
+        raise CommandError(
+            f"{path}: cannot read it as {'CSV' if is_csv else 'Parquet'}: {_one_line(exc)}"
+        ) from None
+
+
+def _slices(table: pa.Table) -> list[pa.Table]:
+    per_row = max(1, table.nbytes // max(1, table.num_rows))
+    step = max(1, REQUEST_BYTES // per_row)
+    return [table.slice(i, step) for i in range(0, table.num_rows, step)] or [table]
+
+
+def _load(client: Client, args: argparse.Namespace) -> str:
+    from sparkbus.roles.client import Op, OperationError  # noqa: PLC0415
+    from sparkbus.roles.query import table_to_ipc  # noqa: PLC0415
+
+    rows = _read_rows(Path(args.path))
+    if not args.replace:
+        rows = _as_existing(client, args.table, rows)
+    held = 0
+    for i, part in enumerate(_slices(rows)):
+        args_ = {"table": args.table, "batches": [table_to_ipc(part)], "replace": args.replace and i == 0}
+        held = int(client.call(Op.LOAD, args_, timeout=args.timeout))
+    done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
+    if args.no_views:
+        return done
+    try:
+        client.create_table(args.table, rows.schema)
+    except OperationError as exc:
+        if "already exists" not in str(exc):
+            raise
+    for part in _slices(rows):
+        client.write_table(args.table, part)
+    return f"{done} and into the compute controller's table {args.table} for views"
+
+
+def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
+    """``rows`` cast to the schema of the table they are added to (CSV type inference may differ from the
+    first load: ``1`` is an integer, ``1.5`` a double)."""
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+    try:
+        schema = client.sql(f"SELECT * FROM {table} LIMIT 0").schema
+    except ClientError:
+        return rows  # no such table yet
+    if schema.names != rows.schema.names or schema.equals(rows.schema):
+        return rows  # the load reports the mismatch itself
+    try:
+        return rows.cast(schema)
+    except (ValueError, TypeError) as exc:
+        raise CommandError(f"rows do not fit table {table}: {_one_line(exc)}") from None
+
+
+def _print_table(table: pa.Table, args: argparse.Namespace, title: str) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    if args.json:
+        for row in table.to_pylist():
+            print(json.dumps(row, default=str))
+        return
+    out = Table(title=title, title_justify="left")
+    for name in table.column_names:
+        out.add_column(name, overflow="fold")
+    shown = table.slice(0, args.max_rows)
+    for row in shown.to_pylist():
+        out.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+    console = Console()
+    console.print(out)
+    more = f", {shown.num_rows} shown (--max-rows)" if shown.num_rows < table.num_rows else ""
+    console.print(f"({table.num_rows:,} rows{more})", highlight=False)
+
+
+def _aggregate(text: str) -> Any:
+    """``NAME=FUNC(COLUMN)`` or ``NAME=count(*)``."""
+    from sparkbus.roles.compute import Aggregate  # noqa: PLC0415
+
+    name, _, call = text.partition("=")
+    func, _, rest = call.partition("(")
+    column = rest.removesuffix(")").strip()
+    if not name or not func or not rest.endswith(")"):
+        raise CommandError(f"--agg {text!r}: expected NAME=FUNC(COLUMN), e.g. total=sum(value) or n=count(*)")
+    kind: Any = func.strip().lower()
+    if kind not in _AGGREGATES:
+        raise CommandError(f"--agg {text!r}: {kind} is not one of {', '.join(_AGGREGATES)}")
+    try:
+        return Aggregate(func=kind, column=None if column in ("", "*") else column, name=name.strip())
+    except ValueError as exc:
+        raise CommandError(f"--agg {text!r}: {exc}") from None
+
+
+def _predicate(text: str) -> Any:
+    """``COLUMN OP VALUE`` with OP one of = != < <= > >=; VALUE a number or a string."""
+    from sparkbus.roles.compute import Predicate  # noqa: PLC0415
+
+    parts = text.split(None, 2)
+    if len(parts) != 3 or parts[1] not in _OPS:
+        raise CommandError(f"--where {text!r}: expected COLUMN OP VALUE with OP one of {' '.join(_OPS)}")
+    column, op, raw = parts
+    value: Any
+    try:
+        value = int(raw)
+    except ValueError:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = raw.strip("'\"")
+    return Predicate(column=column, op=_OPS[op], value=value)  # type: ignore[arg-type]
+
+
+def _view_def(args: argparse.Namespace) -> Any:
+    from sparkbus.roles.compute import ViewDef  # noqa: PLC0415
+
+    try:
+        return ViewDef(
+            source=args.source,
+            filters=tuple(_predicate(w) for w in args.where),
+            project=tuple(c.strip() for c in args.project.split(",")) if args.project else None,
+            group_by=tuple(c.strip() for c in args.group_by.split(",")) if args.group_by else (),
+            aggregates=tuple(_aggregate(a) for a in args.agg),
+        )
+    except ValueError as exc:
+        raise CommandError(f"view {args.name}: {exc}") from None
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    """``sparkbus load | sql | view``: one operation through the thin client; 0, or 1 and one line."""
+    name = args.command if args.command != "view" else f"view {args.view_command}"
+    try:
+        if args.command == "view" and args.view_command == "create":
+            view = _view_def(args)  # a bad definition needs no connection
+        with _connect(args) as client:
+            if args.command == "load":
+                print(_load(client, args))
+            elif args.command == "sql":
+                _print_table(client.sql(args.query, timeout=args.timeout), args, "")
+            elif args.view_command == "create":
+                created = client.create_view(args.name, view)
+                print(f"view {args.name} created (as of time {created.get('as_of')})")
+            else:
+                _print_table(client.peek(args.name), args, f"view {args.name}")
+    except CommandError as exc:
+        print(f"sparkbus {name}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a client, role or file error: one line, never a traceback
+        from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+        if not isinstance(exc, ClientError | OSError | ValueError | TopologyError):
+            raise
+        print(f"sparkbus {name}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    where = p.add_argument_group("which cluster")
+    where.add_argument(
+        "--topology",
+        default=None,
+        metavar="FILE",
+        help=f"the topology file `sparkbus up` runs (default {DEFAULT_TOPOLOGY}); its gateway nodes and "
+        "keys are found through the state file `up` writes",
+    )
+    where.add_argument("--address", default=None, help="a gateway node's control endpoint, tcp://HOST:PORT")
+    where.add_argument(
+        "--cluster-tag", default=None, help="the nodes' bus tag NAME/TAG (needed with --address)"
+    )
+    where.add_argument("--key-dir", default=None, help="CURVE keys: a directory with a client pair")
+    where.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to reach a node (default 10)"
+    )
+    where.add_argument("--timeout", type=float, default=60.0, help="seconds per operation (default 60)")
+
+
+def _output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
+    p.add_argument("--max-rows", type=int, default=100, help="rows to print in the table (default 100)")
+
+
+def _add_cluster_parsers(sub: Any) -> None:
+    load_p = sub.add_parser(
+        "load",
+        help="load a Parquet or CSV file into a table of a running cluster",
+        description="Read a Parquet file or directory, or a CSV file with a header, and load its rows through "
+        "the thin client: into the gateway node's query catalog as table TABLE (what `sparkbus sql` reads), "
+        "and into the compute controller's table TABLE (what views read; created with the file's schema).",
+    )
+    load_p.add_argument("table", help="the table name")
+    load_p.add_argument("path", help="a .parquet file or directory, or a .csv file")
+    load_p.add_argument(
+        "--replace", action="store_true", help="replace the SQL table's rows instead of adding"
+    )
+    load_p.add_argument("--no-views", action="store_true", help="only the SQL table, not the compute table")
+    _client_options(load_p)
+    sql_p = sub.add_parser(
+        "sql",
+        help="run a SQL query on a running cluster and print the result",
+        description="Run one SELECT through the thin client (the gateway node's query role initiates it, every "
+        "node up participates) and print the rows as a table. Errors are one line, exit status 1.",
+    )
+    sql_p.add_argument("query", help='the query, e.g. "SELECT kind, COUNT(*) AS n FROM events GROUP BY kind"')
+    _output_options(sql_p)
+    _client_options(sql_p)
+    view = sub.add_parser(
+        "view",
+        help="create or peek a view kept fresh by the compute replicas",
+        description="Views of the compute controller over its tables (`sparkbus load` fills them).",
+    )
+    view_sub = view.add_subparsers(dest="view_command", metavar="create|peek", required=True)
+    create = view_sub.add_parser(
+        "create",
+        help="create a view",
+        description="Create view NAME over table SOURCE: optional filters, a projection, a group-by and "
+        "aggregates, e.g. `sparkbus view create by_kind --source events --group-by kind --agg 'n=count(*)' "
+        "--agg 'total=sum(value)'`.",
+    )
+    create.add_argument("name", help="the view's name")
+    create.add_argument("--source", required=True, help="the table (or view) it reads")
+    create.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="'COLUMN OP VALUE'",
+        help="a filter, OP one of = != < <= > >= (repeatable; all must hold)",
+    )
+    create.add_argument("--project", default=None, metavar="A,B", help="keep only these columns")
+    create.add_argument("--group-by", default=None, metavar="A,B", help="group by these columns")
+    create.add_argument(
+        "--agg",
+        action="append",
+        default=[],
+        metavar="NAME=FUNC(COLUMN)",
+        help="an aggregate: count(*), count, sum, avg, min, max (repeatable)",
+    )
+    _client_options(create)
+    peek = view_sub.add_parser("peek", help="print a view's rows", description="Print the rows of view NAME.")
+    peek.add_argument("name", help="the view (or table) to read")
+    _output_options(peek)
+    _client_options(peek)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("target", help="the topology file given to `sparkbus up`, or a tcp:// status address")
     status.add_argument("--timeout", type=float, default=3.0, help="seconds to wait per node (default 3)")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_cluster_parsers(sub)
+    keys.add_parser(sub)
     return parser
 
 
@@ -140,6 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return up_command(args.topology, ready_timeout=args.timeout, skip_unavailable=args.skip_unavailable)
     if args.command == "status":
         return status_command(args.target, timeout=args.timeout, as_json=args.json)
+    if args.command in ("load", "sql", "view"):
+        return cluster_command(args)
+    if args.command == "keys":
+        return keys.main(args)
     if args.command == "run":
         return run_command(args.topology, rows=args.rows, data=args.data, report=args.report)
     parser.error(f"unknown command {args.command}")

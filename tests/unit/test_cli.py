@@ -33,3 +33,66 @@ def test_entry_point_is_installed() -> None:
     assert exe is not None, "the sparkbus console script is not on PATH"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.startswith("sparkbus ")
+
+
+def test_every_command_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("run", "validate", "up", "status", "load", "sql", "view", "keys"):
+        assert command in out
+
+
+def test_a_view_definition_from_the_command_line() -> None:
+    args = cli.build_parser().parse_args(
+        [
+            "view",
+            "create",
+            "big_by_kind",
+            "--source",
+            "events",
+            "--where",
+            "value >= 2.5",
+            "--where",
+            "kind != 'x y'",
+            "--group-by",
+            "kind",
+            "--agg",
+            "n=count(*)",
+            "--agg",
+            "total=SUM(value)",
+        ]
+    )
+    view = cli._view_def(args)
+    assert view.source == "events" and view.group_by == ("kind",)
+    assert [(p.column, p.op, p.value) for p in view.filters] == [("value", "ge", 2.5), ("kind", "ne", "x y")]
+    assert [(a.func, a.column, a.name) for a in view.aggregates] == [
+        ("count", None, "n"),
+        ("sum", "value", "total"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--agg", "total=sum"], "expected NAME=FUNC(COLUMN)"),
+        (["--agg", "t=median(value)"], "median is not one of count, sum, avg, min, max"),
+        (["--where", "value ~ 3"], "expected COLUMN OP VALUE"),
+        (["--group-by", "kind,kind"], "names a column twice"),
+    ],
+)
+def test_a_bad_view_definition_is_one_line_and_needs_no_cluster(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["view", "create", "v", "--source", "events", *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sparkbus view create: ") and message in err and err.count("\n") == 1
+
+
+def test_address_needs_a_cluster_tag_and_a_missing_file_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["sql", "SELECT 1", "--address", "tcp://127.0.0.1:1"]) == 1
+    assert "--address needs --cluster-tag" in capsys.readouterr().err
+    assert cli.main(["sql", "SELECT 1", "--topology", str(tmp_path / "none.toml")]) == 1
+    assert "no such topology file" in capsys.readouterr().err

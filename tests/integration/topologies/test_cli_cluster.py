@@ -1,0 +1,142 @@
+"""The cluster commands against a real ``sparkbus up processes.toml`` (CURVE, keys made by ``up`` in the run
+directory): ``sparkbus load``, ``sql``, ``view create`` / ``view peek`` and ``status`` as subprocesses,
+their output and exit status. Loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from sparkbus.topologies import shipped
+
+from ..client.test_up import stop
+from .test_up import READY_TIMEOUT, Up
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = str(shipped("processes.toml"))
+
+
+def sparkbus(up: Up, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """One ``sparkbus`` command against the running cluster (its run directory), reaped on timeout."""
+    return subprocess.run(
+        [sys.executable, "-m", "sparkbus.topologies.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**up.env, "COLUMNS": "200"},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def client(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
+    return sparkbus(up, *args, "--topology", TOPOLOGY, "--connect-timeout", "20", "--timeout", "30")
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    running = Up({**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
+    try:
+        running.wait_for("ready (4 nodes)", READY_TIMEOUT + 10)
+        running.wait_for("state:", 10)
+        yield running
+    finally:
+        stop(running)
+
+
+def events(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "event_id": pa.array(range(n), pa.int64()),
+            "kind": pa.array([("view", "click", "buy")[i % 3] for i in range(n)]),
+            "value": pa.array([float(i) for i in range(n)]),
+        }
+    )
+
+
+def test_load_sql_views_and_status_against_a_running_cluster(up: Up, tmp_path: Path) -> None:
+    data = events(3000)
+    parquet = tmp_path / "events.parquet"
+    pq.write_table(data, parquet)
+    csv = tmp_path / "more.csv"
+    pcsv.write_csv(events(30), csv)
+
+    loaded = client(up, "load", "events", str(parquet))
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded 3,000 rows into events" in loaded.stdout
+
+    counted = client(up, "sql", "SELECT kind, COUNT(*) AS n, SUM(value) AS total FROM events GROUP BY kind")
+    assert counted.returncode == 0, counted.stderr
+    for kind in ("view", "click", "buy"):
+        assert kind in counted.stdout and "1000" in counted.stdout
+    assert "(3 rows)" in counted.stdout
+
+    as_json = client(up, "sql", "SELECT COUNT(*) AS n FROM events WHERE value >= 2990", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert [json.loads(line) for line in as_json.stdout.splitlines()] == [{"n": 10}]
+
+    created = client(
+        up, "view", "create", "by_kind", "--source", "events", "--group-by", "kind", "--agg", "n=count(*)"
+    )
+    assert created.returncode == 0, created.stderr
+    assert "view by_kind created" in created.stdout
+
+    more = client(up, "load", "events", str(csv), "--no-views")
+    assert more.returncode == 0, more.stderr
+    peeked = client(up, "view", "peek", "by_kind", "--json")
+    assert peeked.returncode == 0, peeked.stderr
+    rows = {r["kind"]: r["n"] for r in map(json.loads, peeked.stdout.splitlines())}
+    assert rows == {"view": 1000, "click": 1000, "buy": 1000}  # --no-views left the view's table alone
+    table = client(up, "view", "peek", "by_kind")
+    assert table.returncode == 0 and "by_kind" in table.stdout and "1000" in table.stdout
+
+    again = client(up, "sql", "SELECT COUNT(*) AS n FROM events", "--json")
+    assert json.loads(again.stdout) == {"n": 3030}
+
+    status = sparkbus(up, "status", TOPOLOGY, "--json")
+    assert status.returncode == 0, status.stderr
+    assert sorted(json.loads(status.stdout)) == ["coordinator", "store-0", "store-1", "store-2"]
+
+
+def test_errors_are_one_clear_line_and_exit_1(up: Up, tmp_path: Path) -> None:
+    bad = client(up, "sql", "SELEC nonsense")
+    assert bad.returncode == 1
+    assert bad.stdout == ""
+    assert bad.stderr.startswith("sparkbus sql: ") and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+    missing = client(up, "sql", "SELECT COUNT(*) AS n FROM no_such_table")
+    assert missing.returncode == 1 and "no_such_table" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+
+    nofile = client(up, "load", "t", str(tmp_path / "absent.parquet"))
+    assert nofile.returncode == 1 and "no such file" in nofile.stderr
+
+    noview = client(up, "view", "peek", "no_such_view")
+    assert noview.returncode == 1 and "no_such_view" in noview.stderr
+    assert len(noview.stderr.strip().splitlines()) == 1, noview.stderr
+
+    badagg = client(up, "view", "create", "v", "--source", "events", "--agg", "total=sum")
+    assert badagg.returncode == 1 and "NAME=FUNC(COLUMN)" in badagg.stderr
+
+
+def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-m", "sparkbus.topologies.cli", "sql", "SELECT 1", "--topology", TOPOLOGY],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 1
+    assert "no running cluster recorded" in res.stderr and len(res.stderr.strip().splitlines()) == 1
