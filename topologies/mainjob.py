@@ -282,7 +282,9 @@ class RoutedFrame:
         from sparkbus.roles.replication import PARTITION_COLUMN  # noqa: PLC0415
 
         part = F.concat(F.lit(f"{TABLE}/"), F.pmod(F.hash(F.col(KEY)), F.lit(self.partitions)).cast("string"))
-        return self.frame.withColumn(PARTITION_COLUMN, part).repartition(n, F.col(KEY))
+        # The name is added after the shuffle, in the stage that hands the rows to the nodes: the shuffle
+        # then moves only the table's own columns.
+        return self.frame.repartition(n, F.col(KEY)).withColumn(PARTITION_COLUMN, part)
 
 
 def written_rows(first_id: int, count: int, users: int) -> pa.Table:
