@@ -5,7 +5,7 @@ Stores live on disk (DiskStorage, real fsyncs) in a temporary directory. ``repli
 real bus ``Node``s, the leader in this process and the follower in a spawned one (the layout of
 benchmarks/bus.py), run a ``replication`` role and a plain stream role side by side. Alternately, the
 follower is given a fresh placement, so the leader offers it a large segment again (timed from the
-``assign`` call on the leader to the SEGMENT_ACK there: transit, checksum, fsync, rename, manifest), and
+``assign`` call on the leader to the SEGMENT_ACK there: transit, checksum, fsync, manifest), and
 the plain role streams the same number of bytes in batches of the same size under the same credit (timed
 to the last batch at the receiver; CLOCK_MONOTONIC is one clock for both processes). The ratio is of the
 medians. The write-rate runs drive roles with an in-process pump (actions of one become events of the
@@ -68,15 +68,16 @@ def segment_of(root: Path, n: int) -> tuple[PartitionStore, Any]:
 
 
 def fast_forward_seconds(tmp: Path, n: int, repeats: int) -> float:
-    """Time to make an already-received segment file the root (rename + manifest): the spec's metadata op."""
+    """Time to make an already-received segment file the root (the manifest listing it, as a receiver
+    does after the file, written in place under its name, is fsync'd): the spec's metadata operation."""
     source, entry = segment_of(tmp / f"src{n}", n)
     times = []
     for i in range(repeats):
         target = PartitionStore.open(DiskStorage(tmp / f"ff{n}-{i}"), P, 2, StoreConfig())
-        data = source.storage.read(segment_file(entry.segment_id))
-        write_whole(target.storage, f"in-{entry.segment_id}", [data])
+        writer = target.storage.create_in_place(segment_file(entry.segment_id))
+        writer.append(source.storage.read(segment_file(entry.segment_id)))
+        writer.commit()
         t0 = time.perf_counter()
-        target.storage.rename(f"in-{entry.segment_id}", segment_file(entry.segment_id))
         target.add_segment(entry)
         times.append(time.perf_counter() - t0)
     return median(times)

@@ -45,6 +45,7 @@ class _In:
     offer: SegmentOffered
     peer: str
     stream: str
+    name: str
     writer: FileWriter
     check: TrailerCheck
     state: InState = InState.RECEIVING
@@ -125,9 +126,17 @@ class Receiving:
             return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
         self.accepts += 1
         stream = stream_key(offer.partition, offer.segment_id, self.accepts)
-        writer = rep.store.storage.create(f"in-{offer.segment_id}")
+        # Written straight under the segment's name: no rename (and directory sync) at the end. Until
+        # the manifest lists it, recovery deletes it as an unlisted file. A file of that name that
+        # already exists (a listed segment the decision replaces) is never overwritten in place.
+        name = segment_file(offer.segment_id)
+        if rep.store.storage.exists(name):
+            name = f"in-{offer.segment_id}"
+            writer = rep.store.storage.create(name)
+        else:
+            writer = rep.store.storage.create_in_place(name)
         self.incoming[key] = _In(
-            offer=offer, peer=peer, stream=stream, writer=writer, check=TrailerCheck(stream)
+            offer=offer, peer=peer, stream=stream, name=name, writer=writer, check=TrailerCheck(stream)
         )
         credit = self.config.credit_bytes
         self._emit(AcceptStream(peer=peer, stream=stream, credit=credit))
@@ -211,13 +220,14 @@ class Receiving:
         self.incoming.pop((offer.partition, offer.segment_id))
         self._emit(CloseStream(peer=inc.peer, stream=inc.stream))
         store = rep.store
-        temp = f"in-{offer.segment_id}"
+        temp = inc.name
         # The partition may have moved on while the bytes travelled: decide again on what we have now.
         decision = self._decide(rep, offer, inc.peer)
         if decision == "ff":
             if store.entry(offer.segment_id) is not None:
                 store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
-            store.storage.rename(temp, segment_file(offer.segment_id))
+            if temp != segment_file(offer.segment_id):
+                store.storage.rename(temp, segment_file(offer.segment_id))
             store.add_segment(
                 SegmentEntry(
                     segment_id=offer.segment_id,
@@ -234,15 +244,21 @@ class Receiving:
             self._count("fast_forwards")
         elif decision == "merge":
             store.merge_segment_file(temp, self._now)
-            store.storage.delete(temp)
+            self._drop_received(rep, inc)
             self._count("merges")
             self._flush(rep)
         else:
-            store.storage.delete(temp)
+            self._drop_received(rep, inc)
             if decision is not DeclineReason.SEGMENT_EXISTS:
                 return self._send_ack(inc, rep, f"segment no longer applies: {decision.name}")
         self._send_ack(inc, rep, "")
         return None
+
+    def _drop_received(self, rep: LocalReplica, inc: _In) -> None:
+        """Delete a received file that is not kept as a segment (merged, or no longer needed)."""
+        if inc.name == segment_file(inc.offer.segment_id) and rep.store.entry(inc.offer.segment_id):
+            return  # listed meanwhile: the name is a segment of ours now, not what we received
+        rep.store.storage.delete(inc.name)
 
     def _send_ack(self, inc: _In, rep: LocalReplica, error: str) -> None:
         self._emit(

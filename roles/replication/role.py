@@ -171,6 +171,9 @@ class ReplicationRole(Receiving):
         elif isinstance(event, TimerFired):
             if event.key == TICK:
                 out.append(SetTimer(key=TICK, at=now + self.config.tick))
+                for rep in self.local.values():
+                    if rep.store.save_acked():  # acks are recorded lazily (PartitionStore.set_acked)
+                        self._count("acked_saves")
         elif isinstance(event, LocalCall):
             self._on_call(event)
             return out
@@ -681,6 +684,7 @@ class ReplicationRole(Receiving):
                 "memtable_rows": rep.store.memtable_rows,
                 "recovered": {  # what opening the store found after a crash
                     "partial_files": rep.store.recovered_partial,
+                    "discarded": rep.store.recovered_files,
                     "log_records": rep.store.recovered_log_records,
                     "torn_log_tail": rep.store.recovered_torn_tail,
                 },

@@ -1,8 +1,9 @@
 """Where a partition replica keeps its bytes: a small Storage interface, on disk and in memory.
 
 The store above it needs only a handful of operations: create a file by appending chunks and commit it
-atomically (write to a temporary name, fsync, rename, fsync the directory), append durably to a log,
-read byte ranges, list and delete. ``DiskStorage`` does exactly that with real files. ``MemoryStorage``
+atomically (write to a temporary name, fsync, rename, fsync the directory), or write it in place under
+its final name (fsync only: the caller makes sure a partial file is never taken for a whole one), append
+durably to a log, read byte ranges, list and delete. ``DiskStorage`` does exactly that with real files. ``MemoryStorage``
 keeps bytes in dictionaries for tests and the simulator and can simulate a crash: whatever was not
 committed or synced is lost, and a crash can be armed to strike in the middle of the n-th mutation.
 
@@ -40,6 +41,17 @@ class Storage(Protocol):
 
     def create(self, name: str) -> FileWriter:
         """Start a new file ``name``; it becomes visible, whole and durable only on ``commit``."""
+        ...
+
+    def create_in_place(self, name: str) -> FileWriter:
+        """Start a new file ``name`` under its final name (it must not exist yet).
+
+        The file is visible, and after a crash may be found partial, from the start; ``commit`` makes its
+        bytes durable (fsync) without a rename. Its directory entry becomes durable with the directory's
+        next sync (every ``create`` commit and ``rename`` does one). ``abort`` removes it. The caller must
+        be able to tell a partial file from a whole one without trusting the name (the segment store lists
+        a file in its manifest only after ``commit``).
+        """
         ...
 
     def append_durable(self, name: str, data: bytes) -> None:
@@ -87,11 +99,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 class _DiskWriter:
-    def __init__(self, root: Path, name: str) -> None:
+    """Writes ``name`` through a temporary (``in_place=False``) or directly under its final name."""
+
+    def __init__(self, root: Path, name: str, in_place: bool = False) -> None:
         self._final = root / name
-        self._tmp = root / (name + _TMP_SUFFIX)
+        self._tmp = self._final if in_place else root / (name + _TMP_SUFFIX)
         self._root = root
-        self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
+        # In place, never truncate an existing file ("xb"): it may be a listed segment.
+        file = open(self._tmp, "xb") if in_place else open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
+        self._file: BinaryIO | None = file
         self._written = 0
         self._unsynced = 0
 
@@ -112,6 +128,13 @@ class _DiskWriter:
         if self._file is None:
             raise ValueError(f"{self._final.name}: already committed or aborted")
         self._file.flush()
+        if self._tmp == self._final:
+            # In place: the data (and the size) must be on disk before anyone lists the file; the
+            # directory entry is synced with the directory's next sync (the manifest's rename).
+            os.fdatasync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            return
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
@@ -144,6 +167,10 @@ class DiskStorage:
     def create(self, name: str) -> FileWriter:
         self._path(name)
         return _DiskWriter(self.root, name)
+
+    def create_in_place(self, name: str) -> FileWriter:
+        self._path(name)
+        return _DiskWriter(self.root, name, in_place=True)
 
     def append_durable(self, name: str, data: bytes) -> None:
         path = self._path(name)
@@ -195,12 +222,13 @@ class DiskStorage:
 
 
 class _MemoryWriter:
-    def __init__(self, storage: MemoryStorage, name: str) -> None:
+    def __init__(self, storage: MemoryStorage, name: str, in_place: bool = False) -> None:
         self._storage = storage
         self._name = name
         self._buf = io.BytesIO()
         self._open = True
-        storage._temps[name] = self._buf
+        self._pending = storage._in_place if in_place else storage._temps
+        self._pending[name] = self._buf
 
     def append(self, data: bytes) -> None:
         if not self._open:
@@ -213,19 +241,21 @@ class _MemoryWriter:
             raise ValueError(f"{self._name}: already committed or aborted")
         self._storage._tick()
         self._open = False
-        self._storage._files[self._name] = self._buf.getvalue()
-        self._storage._temps.pop(self._name, None)
+        if self._pending.pop(self._name, None) is self._buf:  # an in-place file deleted meanwhile stays gone
+            self._storage._files[self._name] = self._buf.getvalue()
 
     def abort(self) -> None:
         self._open = False
-        self._storage._temps.pop(self._name, None)
+        if self._pending.get(self._name) is self._buf:
+            del self._pending[self._name]
 
 
 class MemoryStorage:
     """Files in memory, with crash simulation.
 
     A crash keeps what was committed or durably appended and loses the rest; temporary files survive as
-    partial files, as they would on disk, until ``discard_partial``. ``arm_crash(n)`` makes the n-th
+    partial files, as they would on disk, until ``discard_partial``; a file written in place survives under
+    its final name with every byte appended so far (the worst case for a reader: it may even look whole). ``arm_crash(n)`` makes the n-th
     following mutation raise ``SimulatedCrash``; a durable append struck this way leaves half its bytes
     (a torn write), everything else leaves the state as it was before the mutation. After the strike
     (``struck``) every mutation raises too: a dead process writes nothing more, even if its caller (a
@@ -235,6 +265,7 @@ class MemoryStorage:
     def __init__(self) -> None:
         self._files: dict[str, bytes] = {}
         self._temps: dict[str, io.BytesIO] = {}
+        self._in_place: dict[str, io.BytesIO] = {}
         self._countdown: int | None = None
         self.mutations = 0
         self.struck = False
@@ -268,11 +299,17 @@ class MemoryStorage:
         after = MemoryStorage()
         after._files = dict(self._files)
         after._temps = {n: io.BytesIO(b.getvalue()) for n, b in self._temps.items()}
+        after._files.update((n, b.getvalue()) for n, b in self._in_place.items())
         after.mutations = self.mutations
         return after
 
     def create(self, name: str) -> FileWriter:
         return _MemoryWriter(self, name)
+
+    def create_in_place(self, name: str) -> FileWriter:
+        if self.exists(name):
+            raise FileExistsError(name)
+        return _MemoryWriter(self, name, in_place=True)
 
     def append_durable(self, name: str, data: bytes) -> None:
         self._tick(torn=(name, data))
@@ -289,19 +326,20 @@ class MemoryStorage:
         return len(self._files[name])
 
     def exists(self, name: str) -> bool:
-        return name in self._files
+        return name in self._files or name in self._in_place
 
     def delete(self, name: str) -> None:
-        if name in self._files:
+        if name in self._files or name in self._in_place:
             self._tick()
-            del self._files[name]
+            self._files.pop(name, None)
+            self._in_place.pop(name, None)
 
     def rename(self, src: str, dst: str) -> None:
         self._tick()
         self._files[dst] = self._files.pop(src)
 
     def names(self) -> list[str]:
-        return sorted(self._files)
+        return sorted({*self._files, *self._in_place})
 
     def discard_partial(self) -> int:
         n = len(self._temps)

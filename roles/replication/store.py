@@ -11,9 +11,11 @@ store expects: the later acknowledged write wins.
 
 Durability: ``write`` appends the rows to the log with fsync before it returns, so the caller may
 acknowledge. A flush writes a segment file, then the manifest (segment list, root id, the log
-sequence it covers) atomically, then drops the log. ``open`` recovers: it removes partial files,
-verifies every listed segment's checksum, deletes files the manifest does not list, and replays log
-records the manifest does not cover (a torn last record is discarded by its CRC).
+sequence it covers) atomically, then drops the log. A segment file counts only once the manifest lists
+it. ``open`` recovers: it removes partial files, deletes files the manifest does not list (an incoming
+segment is written in place under its final name, so an unlisted one may be partial), verifies every
+listed segment's checksum, and replays log records the manifest does not cover (a torn last record is
+discarded by its CRC). Additions to acked lists are saved lazily (``set_acked``, ``save_acked``).
 """
 
 from __future__ import annotations
@@ -92,6 +94,29 @@ def segment_file(segment_id: str) -> str:
     return f"seg-{segment_id}"
 
 
+def read_manifest(storage: Storage, partition: str = "") -> dict[str, Any]:
+    """The contents of ``storage``'s manifest, checked (magic, CRC32).
+
+    Raises:
+        StoreError: the manifest is damaged.
+    """
+    data = storage.read(MANIFEST)
+    if data[:8] != _MANIFEST_MAGIC or len(data) < 12:
+        raise StoreError(f"{partition}: manifest has a bad magic")
+    (crc,) = struct.unpack(">I", data[8:12])
+    if zlib.crc32(data[12:]) != crc:
+        raise StoreError(f"{partition}: manifest checksum mismatch")
+    plain: dict[str, Any] = msgpack.unpackb(data[12:], raw=False)
+    return plain
+
+
+def listed_files(storage: Storage) -> set[str]:
+    """The segment files ``storage``'s manifest lists; any other ``seg-`` file is not (yet) a segment."""
+    if not storage.exists(MANIFEST):
+        return set()
+    return {segment_file(p["segment_id"]) for p in read_manifest(storage)["entries"]}
+
+
 def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
     """Keep, per key, the row with the highest (lsn, origin); identical rows collapse to one."""
     if table.num_rows <= 1:
@@ -132,6 +157,8 @@ class PartitionStore:
         self._wal_flushed = 0
         self._next_segment = 0
         self.recovered_partial = 0
+        self.recovered_files: list[str] = []
+        self._acked_unsaved = False
         self.recovered_log_records = 0
         self.recovered_torn_tail = False
 
@@ -147,13 +174,17 @@ class PartitionStore:
             SegmentCorrupt: a segment the manifest lists fails its checksum (the disk lost data).
         """
         store = cls(storage, partition, placement, config)
-        store.recovered_partial = storage.discard_partial()
+        temporaries = storage.discard_partial()
         if storage.exists(MANIFEST):
             store._load_manifest()
+        # A segment file counts only once the manifest lists it: an incoming transfer is written in
+        # place under its segment name, so an unlisted one may be partial (or whole but never acked).
         listed = {segment_file(e.segment_id) for e in store.entries}
         for name in storage.names():
             if name.startswith(("seg-", "in-", "split-")) and name not in listed:
                 storage.delete(name)
+                store.recovered_files.append(name)
+        store.recovered_partial = temporaries + len(store.recovered_files)
         if config.verify_on_open:
             for entry in store.entries:
                 if verify_segment(storage, segment_file(entry.segment_id)) != entry.checksum:
@@ -168,13 +199,7 @@ class PartitionStore:
         return store
 
     def _load_manifest(self) -> None:
-        data = self.storage.read(MANIFEST)
-        if data[:8] != _MANIFEST_MAGIC or len(data) < 12:
-            raise StoreError(f"{self.partition}: manifest has a bad magic")
-        (crc,) = struct.unpack(">I", data[8:12])
-        if zlib.crc32(data[12:]) != crc:
-            raise StoreError(f"{self.partition}: manifest checksum mismatch")
-        plain = msgpack.unpackb(data[12:], raw=False)
+        plain = read_manifest(self.storage, self.partition)
         self.entries = [SegmentEntry.from_plain(p) for p in plain["entries"]]
         self.root = plain["root"]
         self.lamport = plain["lamport"]
@@ -225,6 +250,7 @@ class PartitionStore:
             },
             use_bin_type=True,
         )
+        self._acked_unsaved = False
         write_whole(self.storage, MANIFEST, [_MANIFEST_MAGIC + struct.pack(">I", zlib.crc32(body)), body])
 
     # ------------------------------------------------------------ writes
@@ -432,8 +458,25 @@ class PartitionStore:
         return name, size, checksum, part.num_rows
 
     def set_acked(self, segment_id: str, acked: frozenset[int]) -> None:
+        """Record who holds a segment. Removals are persisted at once; additions lazily.
+
+        An addition lost in a crash only makes the replica offer the segment again, which the holder
+        answers with SEGMENT_EXISTS (or, for a fork it merged, merges again: upserts are idempotent).
+        A removal (OUT_OF_ORDER restarts from the major) is rare and is saved before anything relies on it.
+        """
+        old = self.entry(segment_id)
         self.entries = [e.with_acked(acked) if e.segment_id == segment_id else e for e in self.entries]
+        if old is not None and not old.acked <= acked:
+            self.save_manifest()
+        elif old is not None and acked != old.acked:
+            self._acked_unsaved = True
+
+    def save_acked(self) -> bool:
+        """Persist acked lists recorded lazily (the role calls it on its tick); True if it wrote."""
+        if not self._acked_unsaved:
+            return False
         self.save_manifest()
+        return True
 
     def entry(self, segment_id: str) -> SegmentEntry | None:
         for e in self.entries:

@@ -69,9 +69,14 @@ class _SlowWriter:
 
 
 class SlowIncomingDisk(DiskStorage):
+    """Incoming transfers are written in place under the segment's name (or ``in-`` when it exists)."""
+
     def create(self, name: str) -> FileWriter:
         writer = super().create(name)
         return _SlowWriter(writer) if name.startswith("in-") else writer
+
+    def create_in_place(self, name: str) -> FileWriter:
+        return _SlowWriter(super().create_in_place(name))
 
 
 def rows(keys: list[int]) -> bytes:

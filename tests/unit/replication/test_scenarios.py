@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -9,6 +10,7 @@ import pytest
 
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.role import ReplicationConfig
+from sparkbus.roles.replication.storage import FileWriter
 from sparkbus.roles.replication.store import StoreConfig
 
 from .harness import Cluster
@@ -245,3 +247,61 @@ def test_a_leader_crashing_mid_flush_keeps_every_acknowledged_write() -> None:
     got = c.read("a", P)["key"]
     assert set(keys) <= set(got) <= {*keys, 3}
     assert_identical(c, NODES, got)
+
+
+def test_a_receiver_crashing_between_the_segment_file_and_its_manifest_takes_nothing_half(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The incoming file is committed (fsync'd) under its final name; the crash strikes the manifest write
+    # that would list it. The file looks whole, but it was never listed nor acked: recovery deletes it and
+    # the leader offers the segment again.
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=14)
+    st = c.storages["c", P]
+    committed: list[str] = []
+    create = st.create_in_place
+
+    def create_then_crash(name: str) -> FileWriter:
+        writer = create(name)
+        commit = writer.commit
+
+        def commit_then_arm() -> None:
+            commit()
+            committed.append(name)
+            st.arm_crash(1)  # the next mutation: the manifest listing the segment
+
+        monkeypatch.setattr(writer, "commit", commit_then_arm)
+        return writer
+
+    monkeypatch.setattr(st, "create_in_place", create_then_crash)
+    keys = write_keys(c, "a", range(8))
+    c.settle(5)
+    assert "c" not in c.up and committed
+    name = committed[0]
+    crashed = c.storages["c", P]
+    assert crashed.exists(name), "the received file survived the crash under its final name"
+    segment_id = name.removeprefix("seg-")
+    entry = c.role("a").local[P].store.entry(segment_id)
+    assert entry is not None and 3 not in entry.acked, "c never acked it"
+    c.restart("c")
+    assert name in c.status("c")["partitions"][P]["recovered"]["discarded"]
+    c.settle(30)
+    assert_identical(c, NODES, keys)
+    assert c.status("c")["counters"].get("fast_forwards", 0) >= 2
+
+
+def test_an_ack_lost_in_a_crash_only_causes_a_re_offer_answered_segment_exists() -> None:
+    # Acked lists are saved lazily (on the tick): a leader that crashes first forgets that b and c hold
+    # the segment, offers it again, and both decline it as SEGMENT_EXISTS; nothing is copied or merged.
+    c = Cluster(NODES, [spec(*NODES)], replace(config(), tick=1000.0), seed=15)
+    keys = write_keys(c, "a", range(4))  # one segment
+    c.drain()
+    assert c.status("a")["counters"].get("acked") == 2
+    c.crash("a")
+    c.restart("a")
+    c.drain()
+    counters = c.status("a")["counters"]
+    assert counters.get("declined_SEGMENT_EXISTS") == 2
+    assert "acked" not in counters and "merges" not in counters
+    assert_identical(c, NODES, keys)
+    for n in "bc":
+        assert c.status(n)["counters"].get("fast_forwards") == 1, "nothing arrived a second time"

@@ -14,7 +14,13 @@ from sparkbus.roles.replication.segments import (
     is_referenced,
     verify_segment,
 )
-from sparkbus.roles.replication.storage import DiskStorage, MemoryStorage, SimulatedCrash, Storage
+from sparkbus.roles.replication.storage import (
+    DiskStorage,
+    MemoryStorage,
+    SimulatedCrash,
+    Storage,
+    write_whole,
+)
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig, segment_file
 
 P = "t/0"
@@ -176,8 +182,69 @@ def test_recovery_discards_partial_files(tmp_path: Path) -> None:
     (tmp_path / "seg-1.8").write_bytes(b"an orphan the manifest never listed")
     (tmp_path / "in-7.7").write_bytes(b"an incoming transfer")
     again = PartitionStore.open(disk, P, 1, CFG)
-    assert again.recovered_partial == 1
+    assert again.recovered_partial == 3  # the temporary and the two files the manifest does not list
+    assert sorted(again.recovered_files) == ["in-7.7", "seg-1.8"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["MANIFEST", "seg-1.1"]
+
+
+def test_a_whole_segment_written_in_place_but_never_listed_is_not_taken(tmp_path: Path) -> None:
+    # An incoming segment is written under its final name and committed (fsync) before the manifest lists
+    # it. A crash in between leaves a file that looks whole and verifies: it must still be discarded.
+    src = PartitionStore.open(DiskStorage(tmp_path / "src"), P, 1, CFG)
+    src.write(rows(1, 2, 3), 0.0)
+    entry = src.flush()
+    assert entry is not None
+    disk = DiskStorage(tmp_path / "dst")
+    dst = PartitionStore.open(disk, P, 2, CFG)
+    dst.write(rows(9), 0.0)
+    dst.flush()
+    writer = disk.create_in_place(segment_file(entry.segment_id))
+    writer.append(src.storage.read(segment_file(entry.segment_id)))
+    writer.commit()
+    assert verify_segment(disk, segment_file(entry.segment_id)) == entry.checksum
+    again = PartitionStore.open(disk, P, 2, CFG)
+    assert again.recovered_files == [segment_file(entry.segment_id)]
+    assert not disk.exists(segment_file(entry.segment_id))
+    assert keys_of(again) == [9]
+
+
+def test_a_file_written_in_place_never_replaces_an_existing_one(tmp_path: Path) -> None:
+    disk = DiskStorage(tmp_path)
+    write_whole(disk, "seg-1.1", [b"listed bytes"])
+    with pytest.raises(FileExistsError):
+        disk.create_in_place("seg-1.1")
+    mem = MemoryStorage()
+    write_whole(mem, "seg-1.1", [b"listed bytes"])
+    with pytest.raises(FileExistsError):
+        mem.create_in_place("seg-1.1")
+    assert disk.read("seg-1.1") == mem.read("seg-1.1") == b"listed bytes"
+
+
+def test_memory_storage_keeps_an_unfinished_in_place_file_through_a_crash() -> None:
+    st = MemoryStorage()
+    writer = st.create_in_place("seg-2.1")
+    writer.append(b"first half")
+    assert st.names() == ["seg-2.1"]
+    assert st.crashed().read("seg-2.1") == b"first half"
+    writer.abort()
+    assert not st.exists("seg-2.1")
+
+
+def test_acked_additions_are_saved_lazily_and_removals_at_once() -> None:
+    st = MemoryStorage()
+    s = PartitionStore.open(st, P, 1, CFG)
+    s.write(rows(1), 0.0)
+    entry = s.flush()
+    assert entry is not None
+    s.set_acked(entry.segment_id, frozenset({2, 3}))
+    lost = PartitionStore.open(st.crashed(), P, 1, CFG).entry(entry.segment_id)
+    assert lost is not None and lost.acked == frozenset()  # lost in a crash before the tick
+    assert s.save_acked() and not s.save_acked()
+    kept = PartitionStore.open(st.crashed(), P, 1, CFG).entry(entry.segment_id)
+    assert kept is not None and kept.acked == frozenset({2, 3})
+    s.set_acked(entry.segment_id, frozenset({3}))
+    removed = PartitionStore.open(st.crashed(), P, 1, CFG).entry(entry.segment_id)
+    assert removed is not None and removed.acked == frozenset({3})
 
 
 def test_chain_walks_follow_the_spec() -> None:
