@@ -12,6 +12,7 @@ only if every member has none is that an error, raised by whoever owns the whole
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
 from sparkbus.roles.query.errors import ExecutionError
-from sparkbus.roles.query.expressions import Expr, Scalar, columns_of, evaluate, evaluate_column
+from sparkbus.roles.query.expressions import Column, Expr, Scalar, columns_of, evaluate, evaluate_column
 from sparkbus.roles.query.plan import (
     Aggregate,
     Filter,
@@ -39,11 +40,45 @@ from sparkbus.roles.query.plan import (
 )
 
 
+@dataclass(eq=False)
+class _Order:
+    """The stable sort permutation of one version of a partition (None until a key is asked for twice)."""
+
+    table: pa.Table
+    indices: pa.Array | None = None
+
+
 class PartitionStore:
-    """The table partitions this node holds, by table name."""
+    """The table partitions this node holds, by table name.
+
+    It also keeps the sort orders that top-k queries ask for repeatedly (see ``sorted_order``).
+    """
+
+    #: sort orders kept (partition name and keys); each holds one permutation of the partition's rows
+    ORDERS = 8
 
     def __init__(self) -> None:
         self.tables: dict[str, pa.Table] = {}
+        self._orders: dict[tuple[str, tuple[SortKey, ...]], _Order] = {}
+
+    def sorted_order(self, name: str, table: pa.Table, keys: Sequence[SortKey]) -> pa.Array | None:
+        """The stable sort permutation of ``table`` (partition ``name`` as scanned now) by ``keys``.
+
+        Built the second time the same partition version and keys are asked for (a one-off query is not
+        made to pay for a full sort) and kept until the partition changes; None until then. A version is
+        the table object itself, so a table replaced by a load or by a publishing role is never confused
+        with the one the order was computed for.
+        """
+        key = (name, tuple(keys))
+        entry = self._orders.pop(key, None)
+        if entry is None or entry.table is not table:
+            entry = _Order(table=table)
+        elif entry.indices is None:
+            entry.indices = _sort_indices(table, keys, "top_k")
+        self._orders[key] = entry  # most recently used last
+        while len(self._orders) > self.ORDERS:
+            del self._orders[next(iter(self._orders))]
+        return entry.indices
 
     def load(self, name: str, table: pa.Table, *, replace: bool = False) -> int:
         """Add ``table``'s rows to partition ``name`` (or replace it); returns the partition's row count.
@@ -61,6 +96,8 @@ class PartitionStore:
                 )
             table = pa.concat_tables([old, table])
         self.tables[name] = aligned(table)
+        for key in [k for k in self._orders if k[0] == name]:
+            del self._orders[key]
         return int(table.num_rows)
 
     def get(self, name: str) -> pa.Table | None:
@@ -236,7 +273,7 @@ def run(
     ops = chain(node)
     for i, op in enumerate(ops):
         if isinstance(op, Scan):
-            table = _scan(op, store, params, ops[i + 1 : i + 2])
+            table = _scan(op, store, params, ops[i + 1 : i + 3])
         elif isinstance(op, Receive):
             table = received
         elif table is None:
@@ -252,7 +289,10 @@ def _scan(
     """The partition's rows where the predicate holds, with only the columns the operators above read.
 
     The mask is computed on the whole partition, then only the needed columns are filtered: the scan's
-    own list, or the columns a ``Project`` right above reads.
+    own list, or the columns a ``Project`` right above reads. Under a top-k (right above, or above a
+    renaming ``Project``) whose sort order the store keeps, the rows are read in that order until enough
+    match, instead of filtering the whole partition; the operators above then see exactly the rows and
+    order the top-k would have kept.
     """
     table = store.get(op.table)
     if table is None:
@@ -268,6 +308,14 @@ def _scan(
             raise ExecutionError(
                 f"scan {op.table}: no column {missing[0]!r}; columns are {table.column_names}"
             )
+    topk = _top_k_above(above, table.column_names)
+    order = store.sorted_order(op.table, table, topk[0]) if topk is not None else None
+    if topk is not None and order is not None:
+        needed = None if wanted is None else {*wanted, *(columns_of(op.predicate) if op.predicate else ())}
+        source = table if needed is None else table.select([c for c in table.column_names if c in needed])
+        first = _first_in_order(source, order, op.predicate, params, topk[1])
+        if first is not None:
+            return first.select(list(wanted)) if wanted is not None else first
     if op.predicate is None:
         return table.select(list(wanted)) if wanted is not None else table
     mask = _mask(table, op.predicate, params)
@@ -277,6 +325,50 @@ def _scan(
     if wanted is not None:
         table = table.select(list(wanted))
     return table.filter(mask)
+
+
+def _top_k_above(above: Sequence[PlanNode], columns: Sequence[str]) -> tuple[list[SortKey], int] | None:
+    """The keys (as scan columns) and count of a top-k right above the scan, or above a plain renaming."""
+    project = above[0] if above and isinstance(above[0], Project) else None
+    top = above[1] if project is not None and len(above) > 1 else (above[0] if above else None)
+    if not isinstance(top, TopK):
+        return None
+    source = {name: name for name in columns}
+    if project is not None:
+        source = {name: e.name for name, e in project.items if isinstance(e, Column)}
+    if any(k.column not in source or source[k.column] not in columns for k in top.keys):
+        return None
+    return [replace(k, column=source[k.column]) for k in top.keys], top.count
+
+
+def _first_in_order(
+    table: pa.Table, order: pa.Array, predicate: Expr | None, params: Sequence[Scalar], count: int
+) -> pa.Table | None:
+    """The first ``count`` rows of ``table`` in ``order`` where ``predicate`` holds (None: give up).
+
+    Walks the order in growing slices (four times larger each), taking each slice's rows and filtering
+    them, until ``count`` rows matched. The rows keep the order's sequence, which restricted to the
+    matching rows is their own stable sort order. A predicate so selective that an eighth of the
+    partition has not produced ``count`` rows gives up: filtering the whole partition is cheaper then.
+    """
+    found: list[pa.Table] = []
+    got, start, step, n = 0, 0, max(256, 8 * count), len(order)
+    while got < count and start < n:
+        if start > n // 8:
+            return None
+        part = table.take(order.slice(start, step))
+        start += step
+        step *= 4
+        if predicate is not None:
+            mask = _mask(part, predicate, params)
+            if isinstance(mask, pa.Scalar):
+                if mask.as_py() is not True:
+                    return table.slice(0, 0)
+            else:
+                part = part.filter(mask)
+        found.append(part)
+        got += part.num_rows
+    return concat(found).slice(0, count) if found else table.slice(0, 0)
 
 
 def _mask(table: pa.Table, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:

@@ -8,6 +8,7 @@ sorts explicit flag columns (NULL, NaN) and the values with a plain ``pc.sort_in
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from sparkbus.roles.query import aggregate, engine
 from sparkbus.roles.query.expressions import Call, Column, Literal
-from sparkbus.roles.query.plan import Limit, Project, Scan, Sort, SortKey
+from sparkbus.roles.query.plan import Limit, Project, Scan, Sort, SortKey, TopK
 
 from .helpers import distributed, split
 
@@ -184,3 +185,66 @@ def test_scan_filters_only_the_columns_the_projection_reads(
     count = engine.run(Scan(table="t", columns=(), predicate=pred), store)
     assert count is not None
     assert (count.num_columns, count.num_rows) == (0, want.num_rows)
+
+
+def _scan_top_k(keys: list[SortKey], count: int, predicate: Call | None) -> TopK:
+    renamed = tuple((f"o_{n}", Column(name=n)) for n in ("i", "f", "s", "b", "row"))
+    project = Project(input=Scan(table="t", predicate=predicate), items=renamed)
+    return TopK(input=project, keys=tuple(replace(k, column=f"o_{k.column}") for k in keys), count=count)
+
+
+@given(keyed_tables(), sort_keys, st.integers(0, 40), st.sampled_from([None, -3, 0, 2, 5000]))
+def test_kept_sort_order_gives_the_top_k_rows(
+    table: pa.Table, keys: list[SortKey], count: int, bound: int | None
+) -> None:
+    pred = None if bound is None else Call(op="lt", args=(Column(name="i"), Literal(value=bound)))
+    plan = _scan_top_k(keys, count, pred)
+    want = table if pred is None else table.filter(pc.less(table.column("i"), bound))
+    want_rows = reference_sort(want, keys).slice(0, count).column("row").to_pylist()
+    store = engine.PartitionStore()
+    store.load("t", table)
+    for _ in range(3):  # no order kept, order built, order used
+        got = engine.run(plan, store)
+        assert got is not None
+        assert got.column("o_row").to_pylist() == want_rows
+
+
+def test_kept_sort_order_walks_in_growing_slices_and_follows_reloads() -> None:
+    n = 20_000
+    table = pa.table(
+        {
+            "i": pc.cast(pc.bit_wise_and(pa.array(range(n), pa.int64()), 1023), pa.int64()),
+            "f": pa.array([float(x % 97) if x % 13 else None for x in range(n)], pa.float64()),
+            "s": pa.array([str(x % 7) for x in range(n)]),
+            "b": pa.array([x % 3 == 0 for x in range(n)]),
+            "row": pa.array(range(n), pa.int64()),
+        }
+    )
+    keys = [SortKey(column="f", descending=True, nulls_first=False), SortKey(column="row", descending=True)]
+    store = engine.PartitionStore()
+    store.load("t", table)
+    for bound, count in ((3, 10), (1, 25), (0, 5), (1024, 7)):  # few matches: slices grow, or give up
+        pred = Call(op="lt", args=(Column(name="i"), Literal(value=bound)))
+        want = reference_sort(table.filter(pc.less(table.column("i"), bound)), keys).slice(0, count)
+        for _ in range(3):
+            got = engine.run(_scan_top_k(keys, count, pred), store)
+            assert got is not None
+            assert got.column("o_row").to_pylist() == want.column("row").to_pylist()
+    store.load("t", table.slice(0, 100), replace=True)
+    for _ in range(3):
+        got = engine.run(_scan_top_k(keys, 4, None), store)
+        assert got is not None
+        assert (
+            got.column("o_row").to_pylist()
+            == reference_sort(table.slice(0, 100), keys).slice(0, 4).column("row").to_pylist()
+        )
+
+
+def test_store_keeps_a_bounded_number_of_orders() -> None:
+    store = engine.PartitionStore()
+    table = pa.table({"v": [3, 1, 2]})
+    for i in range(store.ORDERS + 5):
+        keys = [SortKey(column="v", descending=bool(i % 2), nulls_first=i % 4 < 2)]
+        store.sorted_order(f"t{i}", table, keys)
+        assert store.sorted_order(f"t{i}", table, keys) is not None
+    assert len(store._orders) == store.ORDERS
