@@ -8,12 +8,18 @@
   What the caller sees (the stream call's error), how long after the signal, and whether the link comes
   back once the peer is replaced (SIGKILL) or continued (SIGSTOP). Echo streams are not stored, so no
   acknowledged row can be lost here: ``rows_lost`` is 0 by construction and says so.
+* ``faults``: the fault tier (``pytest tests/faults``, as ``tox -e faults`` runs it): each scenario prints
+  what it measured (seconds from the signal or the cut to the error, from SIGCONT, a restart or the heal
+  to the next success, and for replication the acknowledged rows missing afterwards), collected here with
+  what the user sees. ``load``: 1,000 concurrent queries with 100 concurrent exchanges, wall time and
+  queries per second, and the participants' memory and descriptors before and after.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -180,6 +186,100 @@ def scenario(sig: signal.Signals) -> dict[str, Any]:
         _reap(proc)
 
 
+#: scenario name printed by a test -> (what is done, what the user sees)
+FAULTS = {
+    "query-sigkill": (
+        "SIGKILL of a query participant mid-query",
+        "QueryError 1002 MEMBER_LEAVE; after a restart the query succeeds",
+    ),
+    "query-sigstop": (
+        "SIGSTOP of a query participant mid-query",
+        "QueryError 1002 MEMBER_LEAVE after the peer timeout; after SIGCONT the query succeeds",
+    ),
+    "binx-sigkill": (
+        "SIGKILL of a BinX server mid-transfer",
+        "fetch fails: ExchangeGaveUp (max error duration 3 s); a restarted server serves a new buffer",
+    ),
+    "binx-sigstop": (
+        "SIGSTOP of a BinX server mid-transfer",
+        "the transfer pauses, then completes after SIGCONT: every page once, in order",
+    ),
+    "compute-sigkill": (
+        "SIGKILL of a compute replica under a targeted peek",
+        "peek fails: TARGET_FAILED; the other replica answers; the restarted one is hydrated and answers",
+    ),
+    "compute-sigstop": (
+        "SIGSTOP of a compute replica under a targeted peek",
+        "peek fails: TARGET_FAILED after the peer timeout; after SIGCONT it answers",
+    ),
+    "replication-sigstop": (
+        "SIGSTOP of a follower, then of the leader, mid-transit",
+        "writes keep being acknowledged (by b after fail-over); every acknowledged row on every replica",
+    ),
+    "netem-partition": (
+        "partition between two network namespaces during a query",
+        "QueryError 1002 MEMBER_LEAVE; after healing the next query succeeds",
+    ),
+    "tbf-2mbit": ("2 Mbit/s link between two namespaces (tbf), full scan", "correct result, later"),
+    "netem-delay-loss": ("netem 20 ms +- 10 ms delay, 2 % loss", "correct results, later"),
+}
+
+
+def faults(quick: bool) -> dict[str, Any]:
+    """Run the fault tier and collect what its scenarios printed."""
+    select = ["-k", "query_faults or replication"] if quick else []
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/faults",
+            *select,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    took = time.perf_counter() - t0
+    rows: list[dict[str, Any]] = []
+    load: dict[str, Any] | None = None
+    for raw in proc.stdout.splitlines():
+        # pytest -q writes its progress dots on the line a test prints to
+        at = min((raw.find(m) for m in ("FAULT ", "LOAD ") if m in raw), default=-1)
+        line = raw[at:] if at >= 0 else raw
+        if line.startswith("FAULT "):
+            name, *pairs = shlex.split(line)[1:]
+            values = dict(p.split("=", 1) for p in pairs)
+            what, sees = FAULTS[name]
+            lost = int(values.get("lost", 0))
+            rows.append({"scenario": what, "name": name, "user_sees": sees, **values, "rows_lost": lost})
+        elif line.startswith("LOAD "):
+            head, _, rest = line.partition(" before=")
+            load = dict(p.split("=", 1) for p in head.split()[1:])
+            before, _, after = rest.partition(" after=")
+            load["before"], load["after"] = (
+                json.loads(before.replace("'", '"')),
+                json.loads(after.replace("'", '"')),
+            )
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
+    return {
+        "scenarios": rows,
+        "load": load,
+        "skipped": skipped,
+        "summary": summary,
+        "seconds": round(took, 1),
+    }
+
+
 def main() -> None:
     args = parser(__doc__ or "").parse_args()
     batches, repeats = (16, 3) if args.quick else (256, 5)
@@ -189,12 +289,14 @@ def main() -> None:
         curve = stream_gbps(CurveSettings(key_dir=keys), batches, repeats)
     scenarios = [scenario(signal.SIGKILL), scenario(signal.SIGSTOP)]
     fz = fuzz(args.quick)
+    ft = faults(args.quick)
     figures = {
         "stream_1mib_plain_gbps": round(plain, 3),
         "stream_1mib_curve_gbps": round(curve, 3),
         "curve_vs_plain_1mib": round(curve / plain, 3),
         "fuzz": fz,
         "scenarios": scenarios,
+        "faults": ft,
     }
     write(args.out, "hostile", figures, args.quick)
     print(
@@ -218,6 +320,25 @@ def main() -> None:
             ("scenario", "outcome", "detect s", "recovery s", "rows lost"),
         )
     )
+    print()
+    print(
+        table(
+            [
+                (
+                    s["scenario"],
+                    s["user_sees"],
+                    s.get("detected", "-"),
+                    s.get("recovered", s.get("leader_recovery", "-")),
+                    str(s["rows_lost"]),
+                )
+                for s in ft["scenarios"]
+            ],
+            ("fault scenario", "user sees", "detect s", "recovery s", "rows lost"),
+        )
+    )
+    print(f"faults: {ft['summary']} ({ft['seconds']} s)")
+    if ft["load"] is not None:
+        print(f"load: {ft['load']}")
 
 
 if __name__ == "__main__":
