@@ -23,6 +23,7 @@ from sparkbus.bus.contract import (
     AcceptStream,
     Action,
     BatchReceived,
+    CallResult,
     CancelTimer,
     CloseStream,
     Consumed,
@@ -257,6 +258,8 @@ class EchoRole:
             case HandlerFailed():
                 self.counters.failures += 1
                 return []
+            case CallResult():
+                return []  # echo never calls another role
 
     # -- calls from the node's owner
 
