@@ -48,6 +48,7 @@ class _In:
     name: str
     writer: FileWriter
     check: TrailerCheck
+    tapped: bool
     state: InState = InState.RECEIVING
     received: int = 0
     chunks: int = 0
@@ -129,14 +130,17 @@ class Receiving:
         # Written straight under the segment's name: no rename (and directory sync) at the end. Until
         # the manifest lists it, recovery deletes it as an unlisted file. A file of that name that
         # already exists (a listed segment the decision replaces) is never overwritten in place.
+        # The checksum is computed by the writer's tap (off the node's loop on disk), or by us.
         name = segment_file(offer.segment_id)
-        if rep.store.storage.exists(name):
+        check = TrailerCheck(stream)
+        tapped = not rep.store.storage.exists(name)
+        if tapped:
+            writer = rep.store.storage.create_in_place(name, tap=check.feed)
+        else:
             name = f"in-{offer.segment_id}"
             writer = rep.store.storage.create(name)
-        else:
-            writer = rep.store.storage.create_in_place(name)
         self.incoming[key] = _In(
-            offer=offer, peer=peer, stream=stream, name=name, writer=writer, check=TrailerCheck(stream)
+            offer=offer, peer=peer, stream=stream, name=name, writer=writer, check=check, tapped=tapped
         )
         credit = self.config.credit_bytes
         self._emit(AcceptStream(peer=peer, stream=stream, credit=credit))
@@ -165,7 +169,8 @@ class Receiving:
             self._fail_in(inc, f"received {inc.received} bytes, offered {inc.offer.size}")
             return
         inc.writer.append(data)
-        inc.check.feed(data)
+        if not inc.tapped:
+            inc.check.feed(data)
         if inc.state is InState.COMPLETE:
             self._complete_in(inc)
 
@@ -211,6 +216,7 @@ class Receiving:
                 inc, f"got {inc.received} bytes in {inc.chunks} chunks, sender says {summary}"
             )
         try:
+            inc.writer.drain()  # the tap has seen every chunk
             checksum = inc.check.finish()
         except SegmentCorrupt as exc:
             return self._fail_in(inc, str(exc))

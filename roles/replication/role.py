@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import pyarrow as pa
 
@@ -95,6 +95,12 @@ class _Out:
     offset: int = 0
     credit: int = 0
     chunks: int = 0
+    reader: BinaryIO | None = None  # open from the first chunk to the last: no open per chunk
+
+    def close_reader(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
     @property
     def what(self) -> str:
@@ -489,6 +495,7 @@ class ReplicationRole(Receiving):
 
     def _end_out(self, out: _Out, retry: bool) -> None:
         self.outgoing.pop(out.dest, None)
+        out.close_reader()
         if out.state is OutState.DONE and out.stream and out.offset < out.size and out.peer in self.live:
             self._emit(CloseStream(peer=out.peer, stream=out.stream))  # ended before its last batch
         rep = self.local.get(out.dest[0])
@@ -531,14 +538,19 @@ class ReplicationRole(Receiving):
         if rep is None:
             return
         stream = out.stream
+        if out.reader is None and out.offset < out.size:
+            out.reader = rep.store.storage.open(out.file)
+            out.reader.seek(out.offset)
         while out.offset < out.size and out.credit > 0:
+            assert out.reader is not None
             n = min(self.config.chunk_bytes, out.credit, out.size - out.offset)
-            data = rep.store.storage.read(out.file, out.offset, n)
+            data = out.reader.read(n)  # a short file sends short: the receiver's size check refuses it
             out.offset += n
             out.credit -= n
             out.chunks += 1
             self._emit(SendBatch(peer=out.peer, stream=stream, data=data, last=out.offset == out.size))
         if out.offset == out.size:
+            out.close_reader()
             out.state = next_out(out.state, OutEvent.DRAINED, out.what)
             self._emit(CloseStream(peer=out.peer, stream=stream))
             self._emit(

@@ -14,22 +14,32 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
+import queue
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 _TMP_SUFFIX = ".tmp"
 _WRITEBACK_BYTES = 8 << 20
+_BEHIND = 4  # chunks an in-place writer's thread may lag behind (a transit's credit window: 4 x 1 MiB)
 
 
 class SimulatedCrash(Exception):
     """Raised by ``MemoryStorage`` when an armed crash strikes; the process is considered dead."""
 
 
+Tap = Callable[[bytes], None]
+
+
 class FileWriter(Protocol):
     """A file being created: append chunks, then ``commit`` (atomic and durable) or ``abort``."""
 
     def append(self, data: bytes) -> None: ...
+
+    def drain(self) -> None:
+        """Wait until every appended chunk is written and passed to the tap (if any)."""
+        ...
 
     def commit(self) -> None: ...
 
@@ -43,14 +53,15 @@ class Storage(Protocol):
         """Start a new file ``name``; it becomes visible, whole and durable only on ``commit``."""
         ...
 
-    def create_in_place(self, name: str) -> FileWriter:
+    def create_in_place(self, name: str, tap: Tap | None = None) -> FileWriter:
         """Start a new file ``name`` under its final name (it must not exist yet).
 
         The file is visible, and after a crash may be found partial, from the start; ``commit`` makes its
         bytes durable (fsync) without a rename. Its directory entry becomes durable with the directory's
         next sync (every ``create`` commit and ``rename`` does one). ``abort`` removes it. The caller must
         be able to tell a partial file from a whole one without trusting the name (the segment store lists
-        a file in its manifest only after ``commit``).
+        a file in its manifest only after ``commit``). ``tap`` sees every chunk, in order, once it is
+        written, possibly on another thread; ``drain`` waits for it.
         """
         ...
 
@@ -99,15 +110,13 @@ def _fsync_dir(path: Path) -> None:
 
 
 class _DiskWriter:
-    """Writes ``name`` through a temporary (``in_place=False``) or directly under its final name."""
+    """Writes ``name`` through a temporary, renamed over ``name`` on commit."""
 
-    def __init__(self, root: Path, name: str, in_place: bool = False) -> None:
+    def __init__(self, root: Path, name: str) -> None:
         self._final = root / name
-        self._tmp = self._final if in_place else root / (name + _TMP_SUFFIX)
+        self._tmp = root / (name + _TMP_SUFFIX)
         self._root = root
-        # In place, never truncate an existing file ("xb"): it may be a listed segment.
-        file = open(self._tmp, "xb") if in_place else open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
-        self._file: BinaryIO | None = file
+        self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
         self._written = 0
         self._unsynced = 0
 
@@ -124,17 +133,13 @@ class _DiskWriter:
             self._written += self._unsynced
             self._unsynced = 0
 
+    def drain(self) -> None:
+        pass  # written as appended
+
     def commit(self) -> None:
         if self._file is None:
             raise ValueError(f"{self._final.name}: already committed or aborted")
         self._file.flush()
-        if self._tmp == self._final:
-            # In place: the data (and the size) must be on disk before anyone lists the file; the
-            # directory entry is synced with the directory's next sync (the manifest's rename).
-            os.fdatasync(self._file.fileno())
-            self._file.close()
-            self._file = None
-            return
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
@@ -146,6 +151,88 @@ class _DiskWriter:
             self._file.close()
             self._file = None
         self._tmp.unlink(missing_ok=True)
+
+
+class _InPlaceWriter:
+    """Writes ``name`` under its final name, behind the caller: a thread writes the appended chunks in
+    order and hands each to the tap, at most ``_BEHIND`` chunks behind (``append`` blocks beyond that,
+    so memory stays bounded).
+
+    The caller (the node's loop, receiving a transit) goes on receiving while the previous chunk is
+    written and checksummed: the write and the checksum were each a third of a transit's time on the
+    loop. Both release the GIL. ``commit`` waits for every write, then fdatasync.
+    """
+
+    def __init__(self, path: Path, tap: Tap | None) -> None:
+        self._path = path
+        self._tap = tap
+        # O_EXCL: never write over an existing file in place, it may be a listed segment.
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_BEHIND)
+        self._error: Exception | None = None
+        self._cancelled = False
+        self._thread = threading.Thread(target=self._run, args=(self._fd,), name=f"write {path.name}")
+        self._thread.daemon = True  # a process that dies mid-transit leaves a partial, unlisted file
+        self._thread.start()
+
+    def _run(self, fd: int) -> None:
+        written = unsynced = 0
+        while (data := self._queue.get()) is not None:
+            try:
+                if self._cancelled or self._error is not None:
+                    continue
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self._tap is not None:
+                    self._tap(data)
+                unsynced += len(data)
+                if unsynced >= _WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+                    # Start writeback now so the fdatasync at commit finds little left to do.
+                    os.posix_fadvise(fd, written, unsynced, os.POSIX_FADV_DONTNEED)
+                    written, unsynced = written + unsynced, 0
+            except Exception as exc:  # raised again on the caller's thread
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _finish(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self._path.name}: already committed or aborted")
+        fd, self._fd = self._fd, None
+        self._queue.put(None)
+        self._thread.join()
+        return fd
+
+    def append(self, data: bytes) -> None:
+        if self._fd is None:
+            raise ValueError(f"{self._path.name}: append after commit or abort")
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)  # holds a reference: the caller's buffer lives until it is written
+
+    def drain(self) -> None:
+        if self._fd is not None:
+            self._queue.join()
+        if self._error is not None:
+            raise self._error
+
+    def commit(self) -> None:
+        fd = self._finish()
+        try:
+            if self._error is not None:
+                raise self._error
+            # The data and the size must be on disk before anyone lists the file; the directory entry is
+            # synced with the directory's next sync (the manifest's rename).
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            self._cancelled = True
+            os.close(self._finish())
+        self._path.unlink(missing_ok=True)
 
 
 class DiskStorage:
@@ -168,9 +255,8 @@ class DiskStorage:
         self._path(name)
         return _DiskWriter(self.root, name)
 
-    def create_in_place(self, name: str) -> FileWriter:
-        self._path(name)
-        return _DiskWriter(self.root, name, in_place=True)
+    def create_in_place(self, name: str, tap: Tap | None = None) -> FileWriter:
+        return _InPlaceWriter(self._path(name), tap)
 
     def append_durable(self, name: str, data: bytes) -> None:
         path = self._path(name)
@@ -222,8 +308,11 @@ class DiskStorage:
 
 
 class _MemoryWriter:
-    def __init__(self, storage: MemoryStorage, name: str, in_place: bool = False) -> None:
+    def __init__(
+        self, storage: MemoryStorage, name: str, in_place: bool = False, tap: Tap | None = None
+    ) -> None:
         self._storage = storage
+        self._tap = tap
         self._name = name
         self._buf = io.BytesIO()
         self._open = True
@@ -235,6 +324,11 @@ class _MemoryWriter:
             raise ValueError(f"{self._name}: append after commit or abort")
         self._storage._tick()
         self._buf.write(data)
+        if self._tap is not None:
+            self._tap(data)
+
+    def drain(self) -> None:
+        pass  # written as appended
 
     def commit(self) -> None:
         if not self._open:
@@ -306,10 +400,10 @@ class MemoryStorage:
     def create(self, name: str) -> FileWriter:
         return _MemoryWriter(self, name)
 
-    def create_in_place(self, name: str) -> FileWriter:
+    def create_in_place(self, name: str, tap: Tap | None = None) -> FileWriter:
         if self.exists(name):
             raise FileExistsError(name)
-        return _MemoryWriter(self, name, in_place=True)
+        return _MemoryWriter(self, name, in_place=True, tap=tap)
 
     def append_durable(self, name: str, data: bytes) -> None:
         self._tick(torn=(name, data))

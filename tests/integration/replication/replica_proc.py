@@ -36,7 +36,7 @@ from sparkbus.roles.replication import (
     ReplicationRole,
     StoreConfig,
 )
-from sparkbus.roles.replication.storage import FileWriter
+from sparkbus.roles.replication.storage import FileWriter, Tap
 
 P = "t/0"
 SLOW_APPEND = 0.02
@@ -61,6 +61,9 @@ class _SlowWriter:
         time.sleep(SLOW_APPEND)
         self.inner.append(data)
 
+    def drain(self) -> None:
+        self.inner.drain()
+
     def commit(self) -> None:
         self.inner.commit()
 
@@ -75,8 +78,8 @@ class SlowIncomingDisk(DiskStorage):
         writer = super().create(name)
         return _SlowWriter(writer) if name.startswith("in-") else writer
 
-    def create_in_place(self, name: str) -> FileWriter:
-        return _SlowWriter(super().create_in_place(name))
+    def create_in_place(self, name: str, tap: Tap | None = None) -> FileWriter:
+        return _SlowWriter(super().create_in_place(name, tap))
 
 
 def rows(keys: list[int]) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.role import ReplicationConfig
-from sparkbus.roles.replication.storage import FileWriter
+from sparkbus.roles.replication.storage import FileWriter, Tap
 from sparkbus.roles.replication.store import StoreConfig
 
 from .harness import Cluster
@@ -260,8 +260,8 @@ def test_a_receiver_crashing_between_the_segment_file_and_its_manifest_takes_not
     committed: list[str] = []
     create = st.create_in_place
 
-    def create_then_crash(name: str) -> FileWriter:
-        writer = create(name)
+    def create_then_crash(name: str, tap: Tap | None = None) -> FileWriter:
+        writer = create(name, tap)
         commit = writer.commit
 
         def commit_then_arm() -> None:

@@ -302,3 +302,34 @@ def test_block_digest_depends_on_the_bytes_not_on_how_they_were_chunked() -> Non
     shorter = BlockDigest(block=1000)
     shorter.update(data[:-1])
     assert len({whole.digest(), flipped.digest(), shorter.digest()}) == 3
+
+
+def test_an_in_place_disk_writer_writes_and_taps_every_chunk_in_order(tmp_path: Path) -> None:
+    disk = DiskStorage(tmp_path)
+    seen: list[bytes] = []
+    writer = disk.create_in_place("seg-3.1", tap=lambda data: seen.append(bytes(data)))
+    chunks = [bytes([i]) * (1000 + i) for i in range(20)]
+    for chunk in chunks:
+        writer.append(chunk)
+    writer.drain()
+    assert seen == chunks
+    writer.commit()
+    assert disk.read("seg-3.1") == b"".join(chunks)
+    with pytest.raises(ValueError, match="after commit"):
+        writer.append(b"more")
+    aborted = disk.create_in_place("seg-3.2")
+    aborted.append(memoryview(b"partial"))
+    aborted.abort()
+    assert disk.names() == ["seg-3.1"]
+
+
+def test_an_in_place_disk_writer_raises_a_failed_tap_on_the_callers_thread(tmp_path: Path) -> None:
+    def tap(data: bytes) -> None:
+        raise RuntimeError("tap failed")
+
+    writer = DiskStorage(tmp_path).create_in_place("seg-4.1", tap=tap)
+    writer.append(b"x")
+    with pytest.raises(RuntimeError, match="tap failed"):
+        writer.drain()
+    writer.abort()
+    assert not (tmp_path / "seg-4.1").exists()
