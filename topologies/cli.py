@@ -86,9 +86,8 @@ class CommandError(Exception):
 
 def _one_line(exc: BaseException, limit: int = 400) -> str:
     """The message on one line (schemas and nested errors span several), cut at ``limit`` characters."""
-    message = getattr(
-        exc, "message", None
-    )  # a ClientError whose role already named the code: "[1005 ...] ..."
+    # A ClientError whose role named the code already ("[1005 PARSING] ...") needs no second "[1005]".
+    message = getattr(exc, "message", None)
     text = " ".join((message if isinstance(message, str) and message.startswith("[") else str(exc)).split())
     if not text:
         return type(exc).__name__
@@ -143,8 +142,8 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         rows = _as_existing(client, args.table, rows)
     held = 0
     for i, part in enumerate(_slices(rows)):
-        args_ = {"table": args.table, "batches": [table_to_ipc(part)], "replace": args.replace and i == 0}
-        held = int(client.call(Op.LOAD, args_, timeout=args.timeout))
+        request = {"table": args.table, "batches": [table_to_ipc(part)], "replace": args.replace and i == 0}
+        held = int(client.call(Op.LOAD, request, timeout=args.timeout))
     done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
     if args.no_views:
         return done

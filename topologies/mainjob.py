@@ -56,7 +56,7 @@ from sparkbus.topologies.mainjob_report import (
 from sparkbus.topologies.model import Topology
 
 if TYPE_CHECKING:
-    from sparkbus.topologies.client import Client
+    from sparkbus.topologies.client import Client, ClientCurve
 
 TABLE = "events"
 KEY = "event_id"
@@ -173,6 +173,19 @@ class ClientCluster:
 
     def close(self) -> None:
         self.client.close()
+
+
+def client_keys(topo: Topology, address: str, coordinator: str) -> ClientCurve | None:
+    """The job's CURVE keys for the coordinator at ``address`` (None when the topology is plain): a
+    ``client`` or shared ``cluster`` pair of the key directory, else the coordinator's own pair (the job
+    runs in the coordinator's process, so it may speak with its key)."""
+    from sparkbus.topologies.client import ClientCurve  # noqa: PLC0415
+    from sparkbus.topologies.keys import key_dir  # noqa: PLC0415
+
+    where = key_dir(topo)
+    if where is None:
+        return None
+    return ClientCurve.from_key_dir(where, nodes={address: coordinator}, fallback_names=(coordinator,))
 
 
 # ---------------------------------------------------------------- data
@@ -583,8 +596,12 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
 
         def start() -> Cluster:
             runtime.start()
+            address = runtime.endpoints[coordinator].control
             cluster = ClientCluster.connect(
-                runtime.endpoints[coordinator].control, bus_config(topo).cluster_tag, connect_timeout=30.0
+                address,
+                bus_config(topo).cluster_tag,
+                curve=client_keys(topo, address, coordinator),
+                connect_timeout=30.0,
             )
             clusters.append(cluster)
             return cluster

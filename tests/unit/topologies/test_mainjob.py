@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from sparkbus.topologies import cli
-from sparkbus.topologies.mainjob import QUERIES, JobError, check_topology, written_rows
+from sparkbus.topologies.mainjob import QUERIES, JobError, check_topology, client_keys, written_rows
 from sparkbus.topologies.mainjob_report import QueryResult, build_report, compare, print_summary, write_json
 from sparkbus.topologies.schema import load, loads, shipped
 
@@ -160,3 +160,20 @@ def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
     assert err.startswith("sparkbus run: ") and err.count("\n") == 1 and "sparkbus validate" in err
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 1
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_the_job_speaks_curve_when_the_topology_does(tmp_path: Path) -> None:
+    from sparkbus.bus import security
+
+    assert client_keys(load(shipped("local.toml")), "tcp://127.0.0.1:1", "coordinator") is None
+    keys = tmp_path / "keys"
+    security.generate(keys, ["coordinator", "store-0", "store-1"])
+    text = (
+        shipped("local.toml")
+        .read_text()
+        .replace("[spark]\n", f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"\n\n[spark]\n', 1)
+    )
+    curve = client_keys(loads(text), "tcp://127.0.0.1:1", "coordinator")
+    assert curve is not None  # no client pair in the directory: the coordinator's own
+    assert curve.public == security.node_keys(keys, "coordinator").public
+    assert curve.server_key("tcp://127.0.0.1:1") == security.server_key(keys, "coordinator")
