@@ -107,9 +107,23 @@ def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table
         raise ExecutionError(f"aggregate: {exc}") from None
 
 
+_ARANGE: list[pa.Array] = [pa.array([], pa.int64())]
+_ARANGE_KEPT = 1 << 21
+
+
 def arange(n: int) -> pa.Array:
-    """0, 1, ..., n - 1 as int64, without a Python loop."""
-    return pc.cast(pc.indices_nonzero(pa.repeat(pa.scalar(True), n)), pa.int64())
+    """0, 1, ..., n - 1 as int64, without a Python loop.
+
+    A slice of one kept array, regrown to the next power of two when too short: building it costs 3 ns
+    a row (0.17 ms for the 50k rows of a group-by), a slice nothing. Beyond 2M rows (16 MB kept) it is
+    built for the call only.
+    """
+    if n > _ARANGE_KEPT:
+        return pc.cast(pc.indices_nonzero(pa.repeat(pa.scalar(True), n)), pa.int64())
+    if len(_ARANGE[0]) < n:
+        size = 1 << max(10, (n - 1).bit_length())
+        _ARANGE[0] = pc.cast(pc.indices_nonzero(pa.repeat(pa.scalar(True), size)), pa.int64())
+    return _ARANGE[0].slice(0, n)
 
 
 def _list_of(values: pa.Array) -> pa.Array:

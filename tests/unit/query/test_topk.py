@@ -248,3 +248,14 @@ def test_store_keeps_a_bounded_number_of_orders() -> None:
         store.sorted_order(f"t{i}", table, keys)
         assert store.sorted_order(f"t{i}", table, keys) is not None
     assert len(store._orders) == store.ORDERS
+
+
+@given(st.lists(st.integers(0, 5000), max_size=6))
+def test_arange_is_zero_to_n_in_any_call_order(sizes: list[int]) -> None:
+    for n in [*sizes, aggregate._ARANGE_KEPT + 3]:
+        got = aggregate.arange(n)
+        assert got.type == pa.int64()
+        assert len(got) == n
+        if n:
+            assert (got[0].as_py(), got[n - 1].as_py()) == (0, n - 1)
+            assert pc.all(pc.equal(pc.pairwise_diff(got), 1)).as_py() in (True, None)
