@@ -81,7 +81,9 @@ def test_cluster_example_has_curve_and_a_port_range() -> None:
     topo = load(shipped("cluster.example.toml"))
     assert topo.bus.security.mode == "curve"
     assert topo.bus.ports == PortRange(first=7100, last=7199)
-    assert topo.tables[1].key == ("order_id", "line_number")
+    keys = {t.name: t.key for t in topo.tables}
+    assert keys["lineitem"] == ("order_id", "line_number")
+    assert keys["events"] == ("event_id",)  # what sparkbus run loads
 
 
 def test_defaults() -> None:
