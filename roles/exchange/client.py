@@ -4,7 +4,11 @@ A source is one (peer, task id, buffer id). The caller pulls with the ``LocalCal
 ``peer``, ``task_id``, ``buffer_id``): each call answers with the pages received since the previous call
 (``{"pages": [...], "token": first token, "complete": bool}``), parking until at least one page, the end,
 or an error arrives. The first "fetch" opens the source; "close" (same args) deletes the remote buffer
-and answers once the server acknowledged the DELETE.
+and answers once the server acknowledged the DELETE. A "close" of a source that already ended (the
+caller has its end or its failure) answers at once, with None or the failure, and opens nothing: the
+client remembers the last ``MAX_ENDED`` ended sources. "abandon" (same args) ends a source at once in
+any state: a parked fetch fails, a DELETE goes out only if the peer is up and nobody waits for its
+answer (a query that failed, for instance because the peer left, has nothing to wait for).
 
 Per RFC-0009 and Prestissimo's exchange source:
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -97,6 +101,7 @@ class SourceEvent(enum.Enum):
     RETRY_DUE = "retry_due"
     RETRY_DUE_DOWN = "retry_due_down"
     GIVE_UP = "give_up"
+    ABANDON = "abandon"
 
 
 _LOCAL_EVENTS = frozenset(
@@ -107,6 +112,7 @@ _LOCAL_EVENTS = frozenset(
         SourceEvent.CLOSE_DOWN,
         SourceEvent.DRAINED,
         SourceEvent.DRAINED_DOWN,
+        SourceEvent.ABANDON,
     }
 )
 
@@ -173,9 +179,21 @@ _TRANSITIONS: dict[tuple[SourceState, SourceEvent], tuple[SourceState, bool]] = 
     (S.FAILED, E.CLOSE): (S.FAILED, True),
     (S.FAILED, E.CLOSE_DOWN): (S.FAILED, True),
 }
+# The caller no longer wants the source in any state: it ends here, with no DELETE to wait for.
+_TRANSITIONS.update({(state, E.ABANDON): (S.DONE, True) for state in S})
 del S, E
 
+#: How many ended sources a client remembers, so that a late "close" of one opens nothing.
+MAX_ENDED = 4096
+
 _SENDING = (SourceState.REQUESTING, SourceState.DELETING)
+# States in which the server may still hold pages this source asked for and no DELETE is in flight.
+_UNDELETED = (
+    SourceState.REQUESTING,
+    SourceState.BACKING_OFF,
+    SourceState.PAUSED,
+    SourceState.DELETE_BACKING_OFF,
+)
 
 
 @dataclass(kw_only=True)
@@ -206,6 +224,20 @@ class Source:
     def label(self) -> str:
         """How logs and errors name this source."""
         return f"binx source task {self.task_id} buffer {self.buffer_id} at peer {self.peer}"
+
+
+def _control(src: Source, kind: RequestType, sequence: int) -> BinRequest:
+    """An ACK (of everything before the source's token) or a DELETE of the source's buffer."""
+    return BinRequest(
+        sequence=sequence,
+        requestType=kind,
+        getDataSize=False,
+        maxSizeOctets=0,
+        maxWaitMicroSeconds=0,
+        taskId=src.task_id,
+        bufferId=src.buffer_id,
+        pageToken=src.token if kind is RequestType.ACK else 0,
+    )
 
 
 class BinxClient:
@@ -248,6 +280,8 @@ class BinxClient:
         self._sources: dict[SourceKey, Source] = {}
         self._by_sid: dict[int, Source] = {}
         self._requests: dict[int, int] = {}  # request sequence -> source id
+        # Ended sources, oldest first: key -> the failure's text, or None when it ended cleanly.
+        self._ended: OrderedDict[SourceKey, str | None] = OrderedDict()
         self._next_sid = 0
         self._next_seq = 0
         self.counters: dict[str, int] = {"requests": 0, "retries": 0, "stale_replies": 0, "acks": 0}
@@ -294,7 +328,7 @@ class BinxClient:
         except (KeyError, TypeError, ValueError) as exc:
             out.append(Reply(call_id=call.call_id, error=f"LocalProtocolError: bad arguments: {exc!r}"))
             return
-        if call.name not in ("fetch", "close"):
+        if call.name not in ("fetch", "close", "abandon"):
             out.append(
                 Reply(
                     call_id=call.call_id, error=f"LocalProtocolError: {CLIENT_ROLE} has no call {call.name!r}"
@@ -303,6 +337,12 @@ class BinxClient:
             return
         key = (peer, task_id, buffer_id)
         src = self._sources.get(key)
+        if src is None and call.name != "fetch" and (call.name == "abandon" or key in self._ended):
+            # Nothing is open: a source that already ended, or one never opened that is abandoned. A close
+            # here must not open a new source (its DELETE would wait for a lost peer until give-up).
+            error = self._ended.get(key) if call.name == "close" else None
+            out.append(Reply(call_id=call.call_id, error=error))
+            return
         if src is None:
             if len(self._sources) >= self.max_sources:
                 out.append(
@@ -311,6 +351,12 @@ class BinxClient:
                 return
             src = self._open(key)
         up = peer in self.up
+        if call.name == "abandon":
+            if up and src.state in _UNDELETED:
+                self._send_delete_untracked(src, out)
+            src.close_calls.append(call.call_id)
+            self._step(src, SourceEvent.ABANDON, now, out)
+            return
         if call.name == "close":
             src.closing = True
             src.close_calls.append(call.call_id)
@@ -331,6 +377,7 @@ class BinxClient:
             self._step(src, SourceEvent.DRAINED if up else SourceEvent.DRAINED_DOWN, now, out)
 
     def _open(self, key: SourceKey) -> Source:
+        self._ended.pop(key, None)
         self._next_sid += 1
         src = Source(
             sid=self._next_sid,
@@ -367,8 +414,12 @@ class BinxClient:
             self._drop(src)
 
     def _drop(self, src: Source) -> None:
-        self._sources.pop((src.peer, src.task_id, src.buffer_id), None)
+        key = (src.peer, src.task_id, src.buffer_id)
+        self._sources.pop(key, None)
         self._by_sid.pop(src.sid, None)
+        self._ended[key] = src.error if src.state is SourceState.FAILED else None
+        while len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
 
     # ------------------------------------------------------------ the state machine
 
@@ -393,6 +444,8 @@ class BinxClient:
             self._arm_give_up(src, out)
         elif state is SourceState.PAUSED:
             self._send_ack(src, out)
+        elif state is SourceState.DONE and event is SourceEvent.ABANDON:
+            self._abandon(src, out)
         elif state is SourceState.DONE:
             self._finish(src, out)
         elif state is SourceState.FAILED:
@@ -402,16 +455,7 @@ class BinxClient:
         self._next_seq += 1
         seq = self._next_seq
         if src.state is SourceState.DELETING:
-            req = BinRequest(
-                sequence=seq,
-                requestType=RequestType.DELETE,
-                getDataSize=False,
-                maxSizeOctets=0,
-                maxWaitMicroSeconds=0,
-                taskId=src.task_id,
-                bufferId=src.buffer_id,
-                pageToken=0,
-            )
+            req = _control(src, RequestType.DELETE, seq)
             wait = 0.0
         else:
             room = max(1, self.max_queued_bytes - src.queued_bytes)
@@ -438,17 +482,7 @@ class BinxClient:
             return
         self._next_seq += 1
         self.counters["acks"] += 1
-        ack = BinRequest(
-            sequence=self._next_seq,
-            requestType=RequestType.ACK,
-            getDataSize=False,
-            maxSizeOctets=0,
-            maxWaitMicroSeconds=0,
-            taskId=src.task_id,
-            bufferId=src.buffer_id,
-            pageToken=src.token,
-        )
-        out.append(Send(peer=src.peer, message=ack))
+        out.append(Send(peer=src.peer, message=_control(src, RequestType.ACK, self._next_seq)))
 
     def _forget_request(self, src: Source) -> None:
         if src.outstanding is not None:
@@ -486,6 +520,25 @@ class BinxClient:
             self._drop(src)  # the caller already has every page and the end: nothing left to say
         else:
             self._deliver(src, out)
+
+    def _abandon(self, src: Source, out: list[Action]) -> None:
+        if src.outstanding is not None:
+            out.append(CancelTimer(key=f"request/{src.outstanding}"))
+        self._forget_request(src)
+        out.extend(CancelTimer(key=f"{kind}/{src.sid}") for kind in ("retry", "giveup"))
+        if src.fetch_call is not None:
+            out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was abandoned"))
+            src.fetch_call = None
+        for call_id in src.close_calls:
+            out.append(Reply(call_id=call_id, result=None))
+        src.close_calls.clear()
+        self._drop(src)
+
+    def _send_delete_untracked(self, src: Source, out: list[Action]) -> None:
+        """A DELETE nobody waits for (its reply counts as stale): frees the server's pages if it is there."""
+        self._next_seq += 1
+        self.counters["requests"] += 1
+        out.append(Send(peer=src.peer, message=_control(src, RequestType.DELETE, self._next_seq)))
 
     def _fail(self, src: Source, event: SourceEvent, now: float, out: list[Action]) -> None:
         if event in (SourceEvent.CLOSE, SourceEvent.CLOSE_DOWN):

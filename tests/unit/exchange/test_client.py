@@ -180,15 +180,19 @@ def test_server_restart_with_a_new_task_instance_fails_clearly() -> None:
     assert "task instance changed" in error and T in error and "peer srv" in error
 
 
-def test_server_gone_for_good_gives_up_after_max_error_duration() -> None:
-    policy = BackoffPolicy(max_error_duration=30.0)
-    pair = make_pair(policy=policy)
+def first_page_then_parked_fetch(pair: Pair) -> int:
+    """Connect, take page ``a`` of an unfinished buffer, and park a second fetch; returns its call id."""
     pair.connect()
     produce(pair, [b"a"], finish=False)
     fetch = pair.call("fetch", task_id=T, buffer_id=B)
     pair.flush()
     assert pair.result(fetch)["pages"] == [b"a"]
-    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    return pair.call("fetch", task_id=T, buffer_id=B)
+
+
+def test_server_gone_for_good_gives_up_after_max_error_duration() -> None:
+    pair = make_pair(policy=BackoffPolicy(max_error_duration=30.0))
+    fetch = first_page_then_parked_fetch(pair)
     pair.cut("heartbeat silence")
     pair.advance(29.0)
     assert fetch not in pair.replies
@@ -196,6 +200,61 @@ def test_server_gone_for_good_gives_up_after_max_error_duration() -> None:
     error = pair.error(fetch)
     assert error.startswith("ExchangeGaveUp") and "max error duration 30 s" in error
     assert "heartbeat silence" in error and f"task {T}" in error
+
+
+def test_close_after_a_failed_fetch_opens_no_new_source() -> None:
+    """Regression (found by the fault tier): the close used to open a new source whose DELETE waited for
+    the lost peer until give-up, still open 20 s later."""
+    pair = make_pair(policy=BackoffPolicy(max_error_duration=10.0))
+    fetch = first_page_then_parked_fetch(pair)
+    pair.cut("SIGKILL")
+    pair.advance(11.0)
+    failure = pair.error(fetch)
+    assert failure.startswith("ExchangeGaveUp")
+    sent = len(pair.sent)
+    close = pair.call("close", task_id=T, buffer_id=B)
+    assert pair.error(close) == failure  # answered at once, with why the source failed
+    assert pair.client.source(SERVER, T, B) is None and not pair.client._sources
+    pair.advance(pair.now + 20.0)
+    assert not pair.client._sources and len(pair.sent) == sent
+    assert not [key for (node, key) in pair.timers if node == "cli"]
+
+
+def test_close_after_the_end_was_delivered_answers_at_once() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [b"a"])
+    assert pair.fetch_all(T, B) == [b"a"]
+    pair.flush()
+    deletes = len(requests_sent(pair, RequestType.DELETE))
+    close = pair.call("close", task_id=T, buffer_id=B)
+    assert pair.result(close) is None
+    assert len(requests_sent(pair, RequestType.DELETE)) == deletes and not pair.client._sources
+
+
+def test_abandon_drops_the_source_without_waiting_for_a_lost_peer() -> None:
+    pair = make_pair()
+    fetch = first_page_then_parked_fetch(pair)
+    pair.cut("member left")
+    abandon = pair.call("abandon", task_id=T, buffer_id=B)
+    assert pair.result(abandon) is None and "abandoned" in pair.error(fetch)
+    assert not pair.client._sources
+    assert not [k for (node, k) in pair.timers if node == "cli" and not k.startswith("request/")]
+    assert pair.result(pair.call("abandon", task_id=T, buffer_id=B)) is None  # idempotent
+
+
+def test_abandon_while_up_deletes_best_effort() -> None:
+    pair = make_pair()
+    pair.connect()
+    produce(pair, [b"a", b"b"], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(fetch)["pages"] == [b"a", b"b"]
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    abandon = pair.call("abandon", task_id=T, buffer_id=B)
+    assert pair.result(abandon) is None and "abandoned" in pair.error(fetch)
+    pair.flush()
+    assert (T, B) not in pair.server.buffers and not pair.client._sources
 
 
 def test_unknown_buffer_backs_off_then_succeeds_when_created() -> None:
