@@ -7,7 +7,9 @@ Parked requests of a peer that is lost are dropped (there is nobody to answer).
 
 Producers on the node use the methods ``create_buffer``, ``add_pages``, ``no_more_pages`` and
 ``abort_buffer`` (each returns the actions that answer parked requests), or the same operations as
-``LocalCall`` names: ``create``, ``add_pages``, ``no_more_pages``, ``abort``, ``room``.
+``LocalCall`` names: ``create``, ``add_pages``, ``no_more_pages``, ``abort``, ``room``. ``publish``
+(``pages``, ``last``) does create, add and finish in one call, as another role of the node (the query
+role) uses it through the bus's ``Call``.
 """
 
 from __future__ import annotations
@@ -151,6 +153,20 @@ class BinxServer:
         self.buffers.no_more_pages(task_id, buffer_id)
         return self._answer_ready((task_id, buffer_id), now)
 
+    def publish(
+        self, task_id: str, buffer_id: int, pages: Sequence[bytes], last: bool, now: float
+    ) -> list[Action]:
+        """Create the buffer if it is new, append ``pages`` and, with ``last``, finish it: one call for a
+        producer whose output is ready at once (a query fragment). Nothing is added if any page does not
+        fit (``BufferFullError``)."""
+        if (task_id, buffer_id) not in self.buffers:
+            self.buffers.create(task_id, buffer_id)
+        if pages:
+            self.buffers.add_pages(task_id, buffer_id, pages)
+        if last:
+            self.buffers.no_more_pages(task_id, buffer_id)
+        return self._answer_ready((task_id, buffer_id), now)
+
     def abort_buffer(self, task_id: str, buffer_id: int, reason: str, now: float) -> list[Action]:
         """Abort a buffer: waiting and later requests get SERVER_ERROR / ABORTED."""
         self.buffers.abort(task_id, buffer_id, reason)
@@ -254,6 +270,8 @@ class BinxServer:
                 actions = self.no_more_pages(task_id, buffer_id, now)
             elif call.name == "abort":
                 actions = self.abort_buffer(task_id, buffer_id, str(args.get("reason", "")), now)
+            elif call.name == "publish":
+                actions = self.publish(task_id, buffer_id, list(args["pages"]), bool(args.get("last")), now)
             elif call.name == "room":
                 return [Reply(call_id=call.call_id, result=self.buffers.room(task_id, buffer_id))]
             else:

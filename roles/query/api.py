@@ -66,6 +66,9 @@ class Query:
         participants: the members to run on (default: the initiator and every peer that is up).
         timeout: seconds before the initiator cancels the query with ``TIMEOUT``; 0 for the role's default.
         repartition: give a grouped aggregate a hash-partitioned middle stage.
+        exchange: how fragments hand rows on: ``push`` (credit streams), ``binx`` (pulled through the
+            nodes' BinX roles), or None for the initiator's default (``push`` unless configured). ``http``
+            is refused by the initiator (``docs/QUERY.md``, Exchanges).
     """
 
     sql: str | None = None
@@ -74,6 +77,7 @@ class Query:
     participants: tuple[str, ...] | None = None
     timeout: float = 0.0
     repartition: bool = False
+    exchange: str | None = None
 
     def __post_init__(self) -> None:
         if (self.sql is None) == (self.plan is None):
@@ -96,6 +100,8 @@ class Query:
             out["timeout"] = float(self.timeout)
         if self.repartition:
             out["repartition"] = True
+        if self.exchange is not None:
+            out["exchange"] = self.exchange
         return out
 
     def run(self, target: Target, *, wait: float | None = None) -> pa.Table:
@@ -138,6 +144,7 @@ def sql(
     timeout: float = 30.0,
     participants: tuple[str, ...] | list[str] | None = None,
     repartition: bool = False,
+    exchange: str | None = None,
 ) -> pa.Table:
     """Run the SQL ``text`` on ``target`` and return the result as an Arrow table.
 
@@ -150,6 +157,7 @@ def sql(
         participants=tuple(participants) if participants is not None else None,
         timeout=timeout,
         repartition=repartition,
+        exchange=exchange,
     )
     return q.run(target)
 

@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkbus.bus import contract as c
-from sparkbus.codecs import encode_batch
 from sparkbus.roles.query import engine
+from sparkbus.roles.query import exchange as x
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.messages import (
     MESSAGES,
@@ -64,12 +64,14 @@ class QueryConfig:
         batch_bytes: the most bytes a batch carries (Hazelcast: 512 KiB).
         edge_credit: initial credit in bytes of every stream (Hazelcast: 1 MiB at low memory pressure).
         default_timeout: seconds before a query without its own timeout is cancelled; 0 for never.
+        exchange: the exchange of a query whose ``execute`` names none (``push`` or ``binx``).
     """
 
     check_period: float = 1.0
     batch_bytes: int = 512 * 1024
     edge_credit: int = 1 * MiB
     default_timeout: float = 0.0
+    exchange: str = x.PUSH
 
     def __post_init__(self) -> None:
         if (
@@ -79,6 +81,8 @@ class QueryConfig:
             or self.default_timeout < 0
         ):
             raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
+        if self.exchange not in (x.PUSH, x.BINX):
+            raise ValueError(f"QueryConfig.exchange: 'push' or 'binx', got {self.exchange!r}")
 
 
 @dataclass(eq=False)
@@ -116,6 +120,11 @@ class _Query:
     runs: dict[int, _Run] = field(default_factory=dict)
     outboxes: dict[tuple[str, str], _Outbox] = field(default_factory=dict)
     inbound: set[tuple[str, str]] = field(default_factory=set)
+    exchange: str = x.PUSH
+    # binx: the sources pulled and the buffers being published, by call tag
+    sources: dict[str, x.Fetch] = field(default_factory=dict)
+    publishing: dict[str, x.Publish] = field(default_factory=dict)
+    published: list[tuple[str, x.Publish]] = field(default_factory=list)  # (consumer, buffer)
 
     def step(self, step: Step) -> None:
         self.phase = next_phase(self.phase, step, str(self.id))
@@ -126,7 +135,8 @@ class QueryRole:
 
     Local calls:
         ``execute``: ``sql`` (str) or ``plan`` (a plain logical plan); optional ``parameters`` (list),
-            ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool). Replies
+            ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool),
+            ``exchange`` (``push`` or ``binx``; ``docs/QUERY.md``, section Exchanges). Replies
             with the result as Arrow IPC stream bytes, or an error ``[code NAME] message (...)``.
         ``cancel``: ``query_id`` (str) or ``call_id`` (the execute call); replies True if it cancelled.
         ``load``: ``table`` (str), ``batches`` (list of Arrow IPC row batches), optional ``replace``;
@@ -141,7 +151,7 @@ class QueryRole:
     """
 
     name = "query"
-    messages: ClassVar[tuple[type, ...]] = MESSAGES
+    messages: ClassVar[tuple[type, ...]] = (*MESSAGES, x.ExchangeChosen)
 
     def __init__(
         self,
@@ -161,6 +171,12 @@ class QueryRole:
         self.counters: Counter[str] = Counter()
         self._next_local = 0
         self._check_at: float | None = None
+        self._chosen: dict[QueryId, str] = {}  # ExchangeChosen received, start not yet
+        self._tags: dict[str, QueryId] = {}  # binx call tag -> its query
+        self._next_tag = 0
+        # Buffers published for each consumer peer by queries that completed here: aborted if that peer is
+        # lost before it deleted them (bounded; an older entry is dropped, and its buffer waits for DELETE).
+        self._handed: dict[str, dict[x.Publish, None]] = {}
 
     # ------------------------------------------------------------------ dispatch
 
@@ -175,6 +191,8 @@ class QueryRole:
             self._on_message(event.peer, event.message, now, out)
         elif isinstance(event, c.LocalCall):
             self._on_call(event, now, out)
+        elif isinstance(event, c.CallResult):
+            self._on_call_result(event, out)
         elif isinstance(event, c.TimerFired):
             self._on_timer(event.key, now, out)
         elif isinstance(event, c.PeerUp):
@@ -226,6 +244,7 @@ class QueryRole:
         down = [p for p in participants if p != self.member and p not in self.peers_up]
         if down:
             raise QueryError(ErrorCode.MEMBER_CONNECTION, f"no connection to member(s) {', '.join(down)}")
+        kind = x.exchange_kind(args.get("exchange", self.config.exchange))
         timeout = args.get("timeout", self.config.default_timeout)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")
@@ -249,12 +268,16 @@ class QueryRole:
             )
         except (TypeError, ValueError) as exc:
             raise QueryError(ErrorCode.PARSING, str(exc)) from None
-        q = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=True, call_id=call.call_id)
+        q = _Query(
+            id=qid, phase=Phase.PENDING, created=now, initiator=True, call_id=call.call_id, exchange=kind
+        )
         self.queries[qid] = q
         self.calls[call.call_id] = qid
         self.counters["started"] += 1
         for p in start.participants:
             if p != self.member:
+                if kind != x.PUSH:
+                    out.append(c.Send(peer=p, message=x.ExchangeChosen(query_id=qid, exchange=kind)))
                 out.append(c.Send(peer=p, message=start))
         if timeout > 0:
             out.append(c.SetTimer(key=f"{_TIMEOUT_TIMER}{qid}", at=now + timeout))
@@ -289,6 +312,11 @@ class QueryRole:
             if rec is not None:
                 waiting = set(by_edge[rec.edge].members)
                 for s in waiting:
+                    if q.exchange == x.BINX:
+                        if s != self.member:  # output to oneself is handed over when it is made
+                            fetch = x.Fetch(q.id, rec.edge, s, f.members.index(self.member))
+                            out.append(x.fetch_call(self._tag(q, q.sources, fetch), fetch))
+                        continue
                     key = stream_key(q.id, rec.edge)
                     q.inbound.add((s, key))
                     if s == self.member or s in self.peers_up:
@@ -296,6 +324,8 @@ class QueryRole:
             q.runs[f.id] = _Run(
                 fragment=f, inbox=engine.Inbox(f.root) if rec is not None else None, waiting=waiting
             )
+            if q.exchange == x.BINX and f.send is not None:
+                self._create_buffers(q, f.send.edge, out)
         pending, q.pending = q.pending, []
         for batch in pending:
             if q.phase is not Phase.RUNNING:
@@ -330,6 +360,9 @@ class QueryRole:
                 return
         else:
             parts = [table] * len(receivers)
+        if q.exchange == x.BINX:
+            self._publish(q, send.edge, receivers, parts, out)
+            return
         key = stream_key(q.id, send.edge)
         credit = start.edge_credits[send.edge]
         for peer, part in zip(receivers, parts, strict=True):
@@ -345,6 +378,106 @@ class QueryRole:
             self._pump(q, box, out)
             if q.phase is not Phase.RUNNING:
                 return
+        self._maybe_complete(q, out)
+
+    # ------------------------------------------------------------------ binx exchange
+
+    def _tag(self, q: _Query, registry: dict[str, Any], item: Any) -> str:
+        self._next_tag += 1
+        tag = f"query/{self._next_tag}"
+        registry[tag] = item
+        self._tags[tag] = q.id
+        return tag
+
+    def _create_buffers(self, q: _Query, edge: int, out: list[c.Action]) -> None:
+        """binx: create this node's buffers of ``edge`` at start, so that a consumer's fetch arriving before
+        the pages long-polls on its buffer instead of backing off on an unknown one."""
+        assert q.start is not None
+        receivers = next(
+            f.members for f in q.start.decoded if f.receive is not None and f.receive.edge == edge
+        )
+        for index, peer in enumerate(receivers):
+            if peer != self.member:
+                pub = x.Publish(q.id, edge, index)
+                q.published.append((peer, pub))
+                out.append(x.create_call(pub))
+
+    def _publish(
+        self,
+        q: _Query,
+        edge: int,
+        receivers: tuple[str, ...],
+        parts: list[pa.Table | None],
+        out: list[c.Action],
+    ) -> None:
+        """binx: put each receiver's part into this node's BinX server (or fold it here, for ourselves)."""
+        for index, (peer, part) in enumerate(zip(receivers, parts, strict=True)):
+            if peer != self.member and peer not in self.peers_up:
+                self._fail(
+                    q, ErrorCode.MEMBER_CONNECTION, f"no connection to member {peer}", self.member, out
+                )
+                return
+            data = x.pages(part, self.config.batch_bytes)
+            self.counters["batches_out"] += len(data)
+            self.counters["bytes_out"] += sum(map(len, data))
+            if peer == self.member:
+                self._take_pages(q, edge, peer, data, True, out)
+            else:
+                pub = x.Publish(q.id, edge, index)
+                out.append(x.publish_call(self._tag(q, q.publishing, pub), pub, data))
+            if q.phase is not Phase.RUNNING:
+                return
+        self._maybe_complete(q, out)
+
+    def _take_pages(
+        self, q: _Query, edge: int, peer: str, data: list[bytes], complete: bool, out: list[c.Action]
+    ) -> None:
+        """binx: fold pages from ``peer`` into the fragment receiving ``edge``; run it after the last one."""
+        run = self._receiving(q, edge)
+        if run is None or run.inbox is None or peer not in run.waiting:
+            self._fail(q, ErrorCode.GENERIC, f"unexpected pages from {peer} on edge {edge}", self.member, out)
+            return
+        try:
+            for page in data:
+                run.inbox.add(page)
+        except QueryError as exc:
+            self._fail(q, exc.code, f"pages from {peer}: {exc.message}", self.member, out)
+            return
+        self.counters["batches_in"] += len(data)
+        if complete:
+            run.waiting.discard(peer)
+            if not run.waiting:
+                self._run_fragment(q, run, run.inbox.table, out)
+
+    def _on_call_result(self, ev: c.CallResult, out: list[c.Action]) -> None:
+        qid = self._tags.pop(ev.tag, None)
+        q = self.queries.get(qid) if qid is not None else None
+        if q is None:
+            if ev.tag != x.CLEANUP_TAG:
+                self.counters["exchange_results_ignored"] += 1
+            return
+        fetch = q.sources.pop(ev.tag, None)
+        if fetch is not None:
+            if ev.error is not None:
+                text = f"binx exchange from {fetch.peer} failed: {ev.error}"
+                self._fail(q, ErrorCode.GENERIC, text, self.member, out)
+                return
+            complete = bool(ev.result["complete"])
+            if not complete:  # pull again: the source answers with the next pages
+                q.sources[ev.tag] = fetch
+                self._tags[ev.tag] = q.id
+            q.step(Step.BATCH)
+            self._take_pages(q, fetch.edge, fetch.peer, list(ev.result["pages"]), complete, out)
+            if not complete and q.phase is Phase.RUNNING:
+                out.append(x.fetch_call(ev.tag, fetch))
+            return
+        pub = q.publishing.pop(ev.tag, None)
+        if pub is None:
+            return
+        if ev.error is not None:
+            text = f"binx output buffer {x.task_id(q.id, pub.edge)}/{pub.buffer_id}: {ev.error}"
+            self._fail(q, ErrorCode.DATA_EXCEPTION, text, self.member, out)
+            return
         self._maybe_complete(q, out)
 
     def _deliver(self, q: _Query, table: pa.Table | None, out: list[c.Action]) -> None:
@@ -381,16 +514,10 @@ class QueryRole:
                 box.finished = True
                 break
             total = box.table.num_rows
-            left = total - box.offset
             # Full-size batches only: filling a small leftover credit with a tiny batch would make every later
             # grant small too (the silly-window syndrome). Waiting is safe: see the docstring.
             target = max(1, min(self.config.batch_bytes, int(box.max_credit * 0.4)))
-            width = max(1, box.table.nbytes // max(total, 1))
-            rows = min(left, max(1, target // width))
-            data = self._encode(box.table, box.offset, rows)
-            while len(data) > target and rows > 1:
-                rows //= 2
-                data = self._encode(box.table, box.offset, rows)
+            data, rows = x.next_batch(box.table, box.offset, target)
             if len(data) > box.credit:
                 if len(data) > box.max_credit:
                     msg = f"a batch of {len(data)} bytes exceeds the edge credit {box.max_credit}"
@@ -403,13 +530,6 @@ class QueryRole:
             box.credit -= len(data)
             box.offset += rows
             box.finished = last
-
-    @staticmethod
-    def _encode(table: pa.Table, offset: int, rows: int) -> bytes:
-        part = table.slice(offset, rows).combine_chunks()
-        batches = part.to_batches()
-        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-        return bytes(encode_batch(batch))
 
     def _on_batch(self, ev: c.BatchReceived, now: float, out: list[c.Action]) -> None:
         try:
@@ -433,10 +553,9 @@ class QueryRole:
             return
         self._batch_for(q, ev, out)
 
-    def _batch_for(self, q: _Query, ev: c.BatchReceived, out: list[c.Action]) -> None:
-        q.step(Step.BATCH)
-        _, edge = parse_stream_key(ev.stream)
-        run = next(
+    @staticmethod
+    def _receiving(q: _Query, edge: int) -> _Run | None:
+        return next(
             (
                 r
                 for r in q.runs.values()
@@ -444,6 +563,11 @@ class QueryRole:
             ),
             None,
         )
+
+    def _batch_for(self, q: _Query, ev: c.BatchReceived, out: list[c.Action]) -> None:
+        q.step(Step.BATCH)
+        _, edge = parse_stream_key(ev.stream)
+        run = self._receiving(q, edge)
         if run is None or run.inbox is None or ev.peer not in run.waiting:
             self._fail(
                 q, ErrorCode.GENERIC, f"unexpected batch from {ev.peer} on {ev.stream}", self.member, out
@@ -493,7 +617,14 @@ class QueryRole:
             q = self.queries.get(qid)
             if q is None:
                 q = self.queries[qid] = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=False)
+            q.exchange = self._chosen.pop(qid, x.PUSH)
             self._start(q, msg, now, out)
+        elif isinstance(msg, x.ExchangeChosen):
+            if msg.query_id.member != peer or peer == self.member:
+                raise c.RemoteProtocolError(
+                    f"exchange of query {msg.query_id} came from {peer}, not its initiator"
+                )
+            self._chosen[msg.query_id] = msg.exchange
         elif isinstance(msg, QueryCancelled):
             self._on_cancel(peer, msg, out)
         elif isinstance(msg, QueriesSuspected):
@@ -556,7 +687,11 @@ class QueryRole:
     def _maybe_complete(self, q: _Query, out: list[c.Action]) -> None:
         if q.phase is not Phase.RUNNING or q.call_id is not None:
             return
-        if all(r.done for r in q.runs.values()) and all(b.finished for b in q.outboxes.values()):
+        if (
+            all(r.done for r in q.runs.values())
+            and all(b.finished for b in q.outboxes.values())
+            and not q.publishing
+        ):
             self._release(q, Step.COMPLETE, out)
 
     def _release(self, q: _Query, step: Step, out: list[c.Action]) -> None:
@@ -571,6 +706,7 @@ class QueryRole:
                 out.append(c.CloseStream(peer=peer, stream=key))
         if q.initiator and q.start is not None and q.start.timeout > 0:
             out.append(c.CancelTimer(key=f"{_TIMEOUT_TIMER}{q.id}"))
+        self._release_binx(q, step, out)
         q.pending.clear()
         q.outboxes.clear()
         q.inbound.clear()
@@ -579,8 +715,32 @@ class QueryRole:
         for call_id in [k for k, v in self.calls.items() if v == q.id]:
             del self.calls[call_id]
 
+    def _release_binx(self, q: _Query, step: Step, out: list[c.Action]) -> None:
+        """Stop pulling what is still open; free what we published unless the query completed (then the
+        consumer deletes it, or its loss aborts it, see ``_handed``)."""
+        for fetch in q.sources.values():
+            out.append(x.abandon_call(fetch))
+        for tag in [*q.sources, *q.publishing]:
+            self._tags.pop(tag, None)
+        for peer, pub in q.published:
+            if step is Step.COMPLETE:
+                handed = self._handed.setdefault(peer, {})
+                handed[pub] = None
+                if len(handed) > x.MAX_HANDED:
+                    del handed[next(iter(handed))]
+            else:
+                out.append(x.abort_call(pub, f"query {q.id} ended ({step.value})"))
+        q.sources.clear()
+        q.publishing.clear()
+        q.published.clear()
+        self._chosen.pop(q.id, None)
+
     def _on_peer_lost(self, peer: str, out: list[c.Action]) -> None:
         self.peers_up.discard(peer)
+        for pub in self._handed.pop(peer, {}):
+            out.append(x.abort_call(pub, f"consumer {peer} left"))
+        for qid in [i for i in self._chosen if i.member == peer]:
+            del self._chosen[qid]
         for q in list(self.queries.values()):
             if q.initiator:
                 if q.start is not None and peer in q.start.participants:
@@ -588,7 +748,10 @@ class QueryRole:
             elif peer == q.id.member:
                 # The initiator is gone: clean up locally, without messages (spec 3.3).
                 self._release(q, Step.FAIL, out)
-            elif q.phase is Phase.RUNNING and any(p == peer for p, _ in [*q.inbound, *q.outboxes]):
+            elif q.phase is Phase.RUNNING and (
+                any(p == peer for p, _ in [*q.inbound, *q.outboxes])
+                or any(f.peer == peer for f in q.sources.values())
+            ):
                 self._fail(q, ErrorCode.MEMBER_LEAVE, f"member {peer} left the cluster", self.member, out)
 
     # ------------------------------------------------------------------ timers

@@ -1,0 +1,166 @@
+"""How a query's fragments hand rows to the next stage: the exchange kinds and the BinX exchange source.
+
+A query runs with one exchange, chosen by the ``execute`` argument ``exchange`` (default: the role's
+``QueryConfig.exchange``, itself ``push`` by default):
+
+* ``push``: the credit streams of ``docs/QUERY.md`` (``role.py``): the sender pushes Arrow IPC batches as
+  the receiver's credit allows.
+* ``binx``: pull, after Presto's exchange. A sender *publishes* its output for each receiver as pages
+  (the same Arrow IPC batches) into an output buffer of the ``binx.server`` role on its own node, with the
+  bus's role-to-role ``Call`` (``publish``); the receiver pulls them through its node's ``binx.client``
+  role (``Call`` ``fetch``, again until complete). Both roles must run on every participant. Output to
+  oneself never crosses the bus: it is folded at once, under every exchange but push.
+* ``http``: refused (``HTTP_REFUSAL``). Roles do no I/O; serving a query's buffers over HTTP needs the
+  node driver to run the HTTP exchange server and client for its roles, which it does not yet.
+
+The initiator tells participants which exchange a query uses with ``ExchangeChosen``, sent just before
+``start`` on the same ordered link (``start`` itself keeps its form; a query without it is ``push``).
+
+Names: a buffer's task id is ``{query id}.{edge}``, its buffer id the receiver's index among the members
+of the receiving fragment, so one node's buffers of one query never collide.
+
+Everything here is sans-IO: functions that build ``Call`` actions and an ``ExchangeChosen`` message; the
+query role keeps the per-query state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from sparkbus.bus import contract as c
+from sparkbus.codecs import encode_batch, message
+from sparkbus.roles.query.errors import ErrorCode, QueryError
+from sparkbus.roles.query.messages import QueryId
+
+PUSH, BINX, HTTP = "push", "binx", "http"
+EXCHANGES = (PUSH, BINX, HTTP)
+HTTP_REFUSAL = "exchange 'http' is not available inside a query yet; see docs/EXCHANGE.md"
+BINX_SERVER = "binx.server"
+BINX_CLIENT = "binx.client"
+#: the tag of clean-up calls, whose answers nobody waits for
+CLEANUP_TAG = "exchange/cleanup"
+#: buffers remembered per consumer after their query completed here, to abort if the consumer is lost
+MAX_HANDED = 4096
+
+
+def exchange_kind(value: Any) -> str:
+    """The exchange ``value`` names, checked.
+
+    Raises:
+        QueryError: ``PARSING`` for an unknown name, or for ``http`` (not available inside a query).
+    """
+    if value not in EXCHANGES:
+        raise QueryError(ErrorCode.PARSING, f"exchange must be one of {', '.join(EXCHANGES)}, got {value!r}")
+    if value == HTTP:
+        raise QueryError(ErrorCode.PARSING, HTTP_REFUSAL)
+    return str(value)
+
+
+@message(0x0104)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExchangeChosen:
+    """The initiator runs ``query_id`` with ``exchange`` (not ``push``); sent right before ``start``."""
+
+    query_id: QueryId
+    exchange: str
+
+    def __post_init__(self) -> None:
+        if self.exchange not in (BINX,):
+            raise ValueError(f"exchange: expected 'binx', got {self.exchange!r}")
+
+
+def task_id(query_id: QueryId, edge: int) -> str:
+    """The BinX task id of a query's edge on its sending node."""
+    return f"{query_id}.{edge}"
+
+
+def next_batch(table: pa.Table, offset: int, target: int) -> tuple[bytes, int]:
+    """The next batch of ``table`` from row ``offset``: Arrow IPC bytes of at most ``target`` bytes (unless
+    one row is larger), and how many rows it holds."""
+    total = table.num_rows
+    width = max(1, table.nbytes // max(total, 1))
+    rows = min(total - offset, max(1, target // width))
+    data = _encode(table, offset, rows)
+    while len(data) > target and rows > 1:
+        rows //= 2
+        data = _encode(table, offset, rows)
+    return data, rows
+
+
+def _encode(table: pa.Table, offset: int, rows: int) -> bytes:
+    part = table.slice(offset, rows).combine_chunks()
+    batches = part.to_batches()
+    batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    return bytes(encode_batch(batch))
+
+
+def pages(table: pa.Table | None, target: int) -> list[bytes]:
+    """A sender's whole output as pages of at most ``target`` bytes; none for "no data here" (``None``).
+
+    A table without rows is one page (it carries the schema), as a zero-row batch does on a stream.
+    """
+    if table is None:
+        return []
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        data, rows = next_batch(table, offset, target)
+        out.append(data)
+        offset += rows
+        if offset >= table.num_rows:
+            return out
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """One BinX source a query pulls: what the receiver needs to fold its pages."""
+
+    query_id: QueryId
+    edge: int
+    peer: str
+    buffer_id: int
+
+    def args(self) -> dict[str, Any]:
+        return {"peer": self.peer, "task_id": task_id(self.query_id, self.edge), "buffer_id": self.buffer_id}
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """One output buffer a query published on this node."""
+
+    query_id: QueryId
+    edge: int
+    buffer_id: int
+
+    def args(self) -> dict[str, Any]:
+        return {"task_id": task_id(self.query_id, self.edge), "buffer_id": self.buffer_id}
+
+
+def fetch_call(tag: str, fetch: Fetch) -> c.Call:
+    """Ask the node's BinX client for the pages that arrived since the last call (parks until some do)."""
+    return c.Call(role=BINX_CLIENT, name="fetch", args=fetch.args(), tag=tag)
+
+
+def publish_call(tag: str, publish: Publish, data: list[bytes]) -> c.Call:
+    """Put a sender's whole output for one receiver into the node's BinX server, finished."""
+    return c.Call(
+        role=BINX_SERVER, name="publish", args={**publish.args(), "pages": data, "last": True}, tag=tag
+    )
+
+
+def create_call(publish: Publish) -> c.Call:
+    """Create an empty buffer, which consumers can long-poll before the sender's output is ready."""
+    return c.Call(role=BINX_SERVER, name="create", args=publish.args(), tag=CLEANUP_TAG)
+
+
+def abandon_call(fetch: Fetch) -> c.Call:
+    """Stop pulling a source at once (the query ended without it)."""
+    return c.Call(role=BINX_CLIENT, name="abandon", args=fetch.args(), tag=CLEANUP_TAG)
+
+
+def abort_call(publish: Publish, reason: str) -> c.Call:
+    """Free a published buffer whose consumer will not come (its readers get ABORTED)."""
+    return c.Call(role=BINX_SERVER, name="abort", args={**publish.args(), "reason": reason}, tag=CLEANUP_TAG)

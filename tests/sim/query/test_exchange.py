@@ -1,0 +1,156 @@
+"""The same queries with each exchange a query can use: push (credit streams) and binx (pulled pages)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus.sim import SimBus
+from sparkbus.codecs import encode_batch
+from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
+from sparkbus.roles.query.exchange import HTTP_REFUSAL
+from sparkbus.roles.query.role import QueryConfig, QueryRole
+
+from .cluster import table
+
+NODES = ("i", "p1", "p2")
+SMALL = QueryConfig(edge_credit=4096, batch_bytes=1024)
+QUERIES: list[tuple[str, dict[str, Any], bool]] = [  # sql, extra execute args, is the row order defined
+    ("SELECT x, y FROM t WHERE x % 7 = 3", {}, False),
+    ("SELECT k, count(*) AS n, sum(x) AS s, avg(y) AS a FROM t GROUP BY k", {}, False),
+    ("SELECT k, count(*) AS n, max(x) AS m FROM t GROUP BY k", {"repartition": True}, False),
+    ("SELECT x, k FROM t WHERE x >= ? ORDER BY k DESC, x LIMIT 17", {"parameters": [50]}, True),
+    ("SELECT x FROM t WHERE x < 0", {}, False),
+]
+
+
+class ExchangeCluster:
+    """Query, BinX server and BinX client roles on each of ``i``, ``p1``, ``p2``; ``t`` on p1 and p2."""
+
+    def __init__(self, seed: int, rows: int = 2000, config: QueryConfig = SMALL) -> None:
+        self.sim = SimBus(seed=seed)
+        self.config = config
+        self.queries: dict[str, QueryRole] = {}
+        for name in NODES:
+            self.sim.add_node(name, roles=self.roles(name))
+        self.sim.start()
+        self.sim.run_until(self.sim.all_up)
+        self.data = table(rows)
+        half = rows // 2
+        for node, part in (("p1", self.data.slice(0, half)), ("p2", self.data.slice(half))):
+            batches = [bytes(encode_batch(b)) for b in part.to_batches(max_chunksize=100)]
+            self.sim.result(self.sim.call(node, "query", "load", {"table": "t", "batches": batches}))
+
+    def roles(self, name: str) -> list[Any]:
+        self.queries[name] = QueryRole(name, config=self.config, incarnation=f"{name}0")
+        return [
+            self.queries[name],
+            BinxServer(OutputBuffers(instance_id=name)),
+            BinxClient(rng=random.Random(name)),
+        ]
+
+    def run(self, sql: str, **args: Any) -> tuple[pa.Table | None, str | None]:
+        cid = self.sim.call("i", "query", "execute", {"sql": sql, **args})
+        self.sim.run_until(lambda: self.sim.reply(cid) is not None, limit=120.0)
+        done = self.sim.reply(cid)
+        assert done is not None
+        if done.error is not None:
+            return None, done.error
+        return pa.ipc.open_stream(done.result).read_all(), None
+
+    def leaks(self) -> dict[str, Any]:
+        """What any live node still holds: query states, BinX sources, published bytes."""
+        held: dict[str, Any] = {}
+        for name in NODES:
+            node = self.sim.node(name)
+            if not node.alive:
+                continue
+            q = node.roles["query"]
+            client = node.roles["binx.client"]
+            server = node.roles["binx.server"]
+            assert isinstance(q, QueryRole) and isinstance(client, BinxClient)
+            assert isinstance(server, BinxServer)
+            held[name] = (
+                len(q.queries) + len(q.calls) + len(q._tags),
+                len(client._sources),
+                server.buffers.bytes_held,
+            )
+        return held
+
+
+def ordered(t: pa.Table, keep_order: bool) -> list[dict[str, Any]]:
+    rows = t.to_pylist()
+    return rows if keep_order else sorted(rows, key=repr)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_query_gives_the_same_result_with_push_and_binx(seed: int) -> None:
+    c = ExchangeCluster(seed)
+    for sql, args, keep_order in QUERIES:
+        push, err = c.run(sql, exchange="push", **args)
+        assert err is None and push is not None, err
+        binx, err = c.run(sql, exchange="binx", **args)
+        assert err is None and binx is not None, err
+        assert binx.schema == push.schema, sql
+        assert ordered(binx, keep_order) == ordered(push, keep_order), sql
+    assert c.queries["p1"].counters["exchange_results_ignored"] == 0
+    c.sim.run_for(5.0)
+    c.sim.run_until_idle()
+    assert c.leaks() == {n: (0, 0, 0) for n in NODES}
+
+
+def test_binx_pages_cross_the_binx_roles() -> None:
+    c = ExchangeCluster(4)
+    before = {n: c.queries[n].counters["batches_out"] for n in NODES}
+    got, err = c.run("SELECT x FROM t", exchange="binx")
+    assert err is None and got is not None and sorted(got.column("x").to_pylist()) == list(range(2000))
+    assert c.queries["p1"].counters["batches_out"] - before["p1"] > 10  # small pages: many of them
+    client = c.sim.node("i").roles["binx.client"]
+    assert isinstance(client, BinxClient) and client.counters["requests"] >= 2
+
+
+def test_the_role_default_exchange_applies_when_execute_names_none() -> None:
+    c = ExchangeCluster(5, config=QueryConfig(edge_credit=4096, batch_bytes=1024, exchange="binx"))
+    got, err = c.run("SELECT k, count(*) AS n FROM t GROUP BY k")
+    assert err is None and got is not None and sum(got.column("n").to_pylist()) == 2000
+    client = c.sim.node("i").roles["binx.client"]
+    assert isinstance(client, BinxClient) and client.counters["requests"] > 0
+
+
+def test_http_and_unknown_exchanges_are_refused_clearly() -> None:
+    c = ExchangeCluster(6)
+    got, err = c.run("SELECT x FROM t", exchange="http")
+    assert got is None and err is not None and err.startswith("[1005 PARSING]") and HTTP_REFUSAL in err
+    got, err = c.run("SELECT x FROM t", exchange="carrier-pigeon")
+    assert got is None and err is not None and "exchange must be one of push, binx, http" in err
+
+
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_a_participant_lost_mid_query_under_binx_fails_with_member_leave(seed: int) -> None:
+    c = ExchangeCluster(seed, rows=4000)
+    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, y FROM t", "exchange": "binx"})
+    c.sim.crash("p2")
+    c.sim.run_until(lambda: c.sim.reply(cid) is not None, limit=60.0)
+    done = c.sim.reply(cid)
+    assert done is not None and done.error is not None, done
+    assert done.error.startswith("[1002 MEMBER_LEAVE]") and "p2" in done.error
+    c.sim.run_for(5.0)
+    c.sim.run_until_idle()
+    assert c.leaks() == {"i": (0, 0, 0), "p1": (0, 0, 0)}
+
+
+@pytest.mark.parametrize("seed", [10, 11])
+def test_a_participant_lost_under_binx_fails_the_same_way_as_under_push(seed: int) -> None:
+    errors = {}
+    for kind in ("push", "binx"):
+        c = ExchangeCluster(seed, rows=4000)
+        cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x FROM t", "exchange": kind})
+        c.sim.crash("p1")
+        c.sim.run_until(lambda: c.sim.reply(cid) is not None, limit=60.0)  # noqa: B023 (used at once)
+        done = c.sim.reply(cid)
+        assert done is not None and done.error is not None
+        errors[kind] = done.error
+    assert all(e.startswith("[1002 MEMBER_LEAVE] member p1 left the cluster") for e in errors.values())
