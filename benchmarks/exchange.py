@@ -11,7 +11,9 @@ per exchange (pyzmq and http.client release the GIL while waiting).
 * HTTP: ``HttpExchangeServer`` (ThreadingHTTPServer, keep-alive) and ``HttpExchangeClient``.
 
 Figures: the full matrix (MB/s for both, ratio binx/http), ``binx_vs_http_small_min_ratio`` (worst ratio
-over chunks <= 256 KiB) and ``binx_vs_http_large_min_ratio`` (chunks >= 1 MiB). Cells whose total would
+over chunks <= 256 KiB) and ``binx_vs_http_large_min_ratio`` (chunks >= 1 MiB), and a heatmap of the ratio
+like the RFC's (chunk size by parallel exchanges) in a PNG next to the JSON (``--out x.json`` -> ``x.png``;
+matplotlib comes with the ``spark`` extra). Cells whose total would
 exceed ``--max-cell-bytes`` use fewer chunks per buffer (recorded per cell).
 """
 
@@ -163,6 +165,46 @@ def run_cell(kind: str, port: int, cell: dict[str, int], ctx: zmq.Context[Any]) 
     return elapsed
 
 
+def heatmap(matrix: list[dict[str, Any]], path: Path, quick: bool) -> Path | None:
+    """The binx/http ratio per (chunk size, parallel exchanges), annotated, as RFC-0009's figure."""
+    try:
+        import matplotlib  # noqa: PLC0415 (optional: only the figure needs it)
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        print("matplotlib is not installed (pip install 'sparkbus[spark]'): no heatmap written")
+        return None
+    sizes = sorted({m["chunk"] for m in matrix})
+    pars = sorted({m["parallel"] for m in matrix})
+    ratio = {(m["chunk"], m["parallel"]): m["ratio"] for m in matrix}
+    grid = [[ratio.get((s, p), float("nan")) for p in pars] for s in sizes]
+    fig, ax = plt.subplots(figsize=(1.2 * len(pars) + 2.5, 0.55 * len(sizes) + 1.6))
+    top = max(2.0, *ratio.values())
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=top, aspect="auto", origin="lower")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=9)
+    ax.set_xticks(range(len(pars)), [str(p) for p in pars])
+    ax.set_yticks(range(len(sizes)), [_size(s) for s in sizes])
+    ax.set_xlabel("parallel exchanges")
+    ax.set_ylabel("chunk size")
+    ax.set_title("BinX speed-up over HTTP (time ratio)" + (" [quick]" if quick else ""))
+    fig.colorbar(im, ax=ax, label="http time / binx time")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
@@ -222,6 +264,8 @@ def main() -> None:
         "binx_vs_http_small_min_ratio": min(small) if small else None,
         "binx_vs_http_large_min_ratio": min(large) if large else None,
     }
+    png = heatmap(matrix, args.out.with_suffix(".png"), args.quick)
+    figures["heatmap"] = png.name if png is not None else None
     write(args.out, "exchange", figures, args.quick)
     rows = [
         (
