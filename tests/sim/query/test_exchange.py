@@ -30,8 +30,11 @@ QUERIES: list[tuple[str, dict[str, Any], bool]] = [  # sql, extra execute args, 
 class ExchangeCluster:
     """Query, BinX server and BinX client roles on each of ``i``, ``p1``, ``p2``; ``t`` on p1 and p2."""
 
-    def __init__(self, seed: int, rows: int = 2000, config: QueryConfig = SMALL) -> None:
+    def __init__(
+        self, seed: int, rows: int = 2000, config: QueryConfig = SMALL, node_bytes: int = 512 << 20
+    ) -> None:
         self.sim = SimBus(seed=seed)
+        self.node_bytes = node_bytes
         self.config = config
         self.queries: dict[str, QueryRole] = {}
         for name in NODES:
@@ -48,7 +51,7 @@ class ExchangeCluster:
         self.queries[name] = QueryRole(name, config=self.config, incarnation=f"{name}0")
         return [
             self.queries[name],
-            BinxServer(OutputBuffers(instance_id=name)),
+            BinxServer(OutputBuffers(instance_id=name, max_total_bytes=self.node_bytes)),
             BinxClient(rng=random.Random(name)),
         ]
 
@@ -154,3 +157,15 @@ def test_a_participant_lost_under_binx_fails_the_same_way_as_under_push(seed: in
         assert done is not None and done.error is not None
         errors[kind] = done.error
     assert all(e.startswith("[1002 MEMBER_LEAVE] member p1 left the cluster") for e in errors.values())
+
+
+def test_output_beyond_the_nodes_buffer_bound_fails_the_query_clearly() -> None:
+    c = ExchangeCluster(12, rows=4000, node_bytes=8192)
+    held = {"task_id": "other", "buffer_id": 0, "pages": [b"x" * 1024], "last": True}
+    c.sim.result(c.sim.call("p1", "binx.server", "publish", held))  # another producer's pages
+    got, err = c.run("SELECT x, y FROM t", exchange="binx")
+    assert got is None and err is not None
+    assert err.startswith("[2000 DATA_EXCEPTION] binx output buffer") and "BufferFullError" in err
+    c.sim.run_for(5.0)
+    c.sim.run_until_idle()
+    assert c.leaks() == {"i": (0, 0, 0), "p1": (0, 0, 1024), "p2": (0, 0, 0)}
