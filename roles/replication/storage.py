@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import io
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 _TMP_SUFFIX = ".tmp"
 _WRITEBACK_BYTES = 8 << 20
-_BEHIND = 4  # chunks an in-place writer's thread may lag behind (a transit's credit window: 4 x 1 MiB)
 
 
 class SimulatedCrash(Exception):
@@ -61,7 +58,7 @@ class Storage(Protocol):
         next sync (every ``create`` commit and ``rename`` does one). ``abort`` removes it. The caller must
         be able to tell a partial file from a whole one without trusting the name (the segment store lists
         a file in its manifest only after ``commit``). ``tap`` sees every chunk, in order, once it is
-        written, possibly on another thread; ``drain`` waits for it.
+        written (an implementation may write behind the caller: ``drain`` waits for it).
         """
         ...
 
@@ -154,13 +151,10 @@ class _DiskWriter:
 
 
 class _InPlaceWriter:
-    """Writes ``name`` under its final name, behind the caller: a thread writes the appended chunks in
-    order and hands each to the tap, at most ``_BEHIND`` chunks behind (``append`` blocks beyond that,
-    so memory stays bounded).
+    """Writes ``name`` under its final name as chunks are appended, handing each to the tap.
 
-    The caller (the node's loop, receiving a transit) goes on receiving while the previous chunk is
-    written and checksummed: the write and the checksum were each a third of a transit's time on the
-    loop. Both release the GIL. ``commit`` waits for every write, then fdatasync.
+    Synchronous, on the caller's thread: roles run no threads (DESIGN.md section 3), and a writer
+    thread measured no better on a busy 2-core machine (docs/REPLICATION.md). ``commit`` is fdatasync.
     """
 
     def __init__(self, path: Path, tap: Tap | None) -> None:
@@ -168,60 +162,33 @@ class _InPlaceWriter:
         self._tap = tap
         # O_EXCL: never write over an existing file in place, it may be a listed segment.
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_BEHIND)
-        self._error: Exception | None = None
-        self._cancelled = False
-        self._thread = threading.Thread(target=self._run, args=(self._fd,), name=f"write {path.name}")
-        self._thread.daemon = True  # a process that dies mid-transit leaves a partial, unlisted file
-        self._thread.start()
+        self._written = 0
+        self._unsynced = 0
 
-    def _run(self, fd: int) -> None:
-        written = unsynced = 0
-        while (data := self._queue.get()) is not None:
-            try:
-                if self._cancelled or self._error is not None:
-                    continue
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self._tap is not None:
-                    self._tap(data)
-                unsynced += len(data)
-                if unsynced >= _WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
-                    # Start writeback now so the fdatasync at commit finds little left to do.
-                    os.posix_fadvise(fd, written, unsynced, os.POSIX_FADV_DONTNEED)
-                    written, unsynced = written + unsynced, 0
-            except Exception as exc:  # raised again on the caller's thread
-                self._error = exc
-            finally:
-                self._queue.task_done()
+    def append(self, data: bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self._path.name}: append after commit or abort")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if self._tap is not None:
+            self._tap(data)
+        self._unsynced += len(data)
+        if self._unsynced >= _WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+            # Start writeback now so the fdatasync at commit finds little left to do.
+            os.posix_fadvise(fd, self._written, self._unsynced, os.POSIX_FADV_DONTNEED)
+            self._written += self._unsynced
+            self._unsynced = 0
 
-    def _finish(self) -> int:
+    def drain(self) -> None:
+        pass  # written as appended
+
+    def commit(self) -> None:
         if self._fd is None:
             raise ValueError(f"{self._path.name}: already committed or aborted")
         fd, self._fd = self._fd, None
-        self._queue.put(None)
-        self._thread.join()
-        return fd
-
-    def append(self, data: bytes) -> None:
-        if self._fd is None:
-            raise ValueError(f"{self._path.name}: append after commit or abort")
-        if self._error is not None:
-            raise self._error
-        self._queue.put(data)  # holds a reference: the caller's buffer lives until it is written
-
-    def drain(self) -> None:
-        if self._fd is not None:
-            self._queue.join()
-        if self._error is not None:
-            raise self._error
-
-    def commit(self) -> None:
-        fd = self._finish()
         try:
-            if self._error is not None:
-                raise self._error
             # The data and the size must be on disk before anyone lists the file; the directory entry is
             # synced with the directory's next sync (the manifest's rename).
             os.fdatasync(fd)
@@ -230,8 +197,8 @@ class _InPlaceWriter:
 
     def abort(self) -> None:
         if self._fd is not None:
-            self._cancelled = True
-            os.close(self._finish())
+            os.close(self._fd)
+            self._fd = None
         self._path.unlink(missing_ok=True)
 
 
