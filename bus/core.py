@@ -44,11 +44,11 @@ from sparkbus.bus.messages import (
 )
 from sparkbus.bus.state import Completed, Output, Transmit, _Inbound, _Outbound, _Peer
 from sparkbus.bus.streams import StreamLayer
-from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Header
+from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec
 
 log = logging.getLogger("sparkbus.bus")
 
-_HANDSHAKE_TYPES = frozenset({REGISTRY.code_of(Hello)})
+_HELLO = REGISTRY.code_of(Hello)
 _BUS_MESSAGES = frozenset({Hello, Welcome, Reject, Heartbeat, Error, Bye, StreamBatch, FlowControl})
 
 
@@ -100,9 +100,42 @@ class NodeCore(LinkLayer, StreamLayer):
         self._next_call = 1
         self._role_calls: dict[int, tuple[str, str]] = {}  # call id -> (calling role, tag)
         self.out: list[Output] = []
-        self.counters: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
+        # The counters of every message, as plain ints: a Counter increment costs several times more, and
+        # these move on every message. ``counters`` shows them with the rest.
+        self._n_ctl_in = self._n_data_in = self._n_bytes_in = self._n_bytes_out = 0
+        self._n_messages_in = self._n_messages_out = 0
+        self._n_batches_in = self._n_batches_out = self._n_stream_bytes_in = self._n_stream_bytes_out = 0
+        self._n_flow_control_in = self._n_flow_control_out = 0
+        self._n_out = {"ctl": 0, "reply": 0, "data": 0}
         self.refusals: Counter[str] = Counter()
         self.stopped = False
+        self._read_header = self.codec.read_header
+        self._read_body = self.codec.read_body
+        self._encode = self.codec.encode
+
+    @property
+    def counters(self) -> Counter[str]:
+        """Messages, bytes, sessions, drops and errors so far (a snapshot; keys appear once non-zero)."""
+        counts = Counter(self._counts)
+        for key, value in (
+            ("ctl_in", self._n_ctl_in),
+            ("data_in", self._n_data_in),
+            ("bytes_in", self._n_bytes_in),
+            ("bytes_out", self._n_bytes_out),
+            ("messages_in", self._n_messages_in),
+            ("messages_out", self._n_messages_out),
+            ("batches_in", self._n_batches_in),
+            ("batches_out", self._n_batches_out),
+            ("stream_bytes_in", self._n_stream_bytes_in),
+            ("stream_bytes_out", self._n_stream_bytes_out),
+            ("flow_control_in", self._n_flow_control_in),
+            ("flow_control_out", self._n_flow_control_out),
+            *((f"{channel}_out", n) for channel, n in self._n_out.items()),
+        ):
+            if value:
+                counts[key] += value
+        return counts
 
     # ------------------------------------------------------------------ driver API
 
@@ -127,58 +160,58 @@ class NodeCore(LinkLayer, StreamLayer):
 
     def on_control(self, rid: bytes, frames: Sequence[Buffer], now: float) -> None:
         """Frames that arrived on our ROUTER from routing id ``rid``."""
-        self.counters["ctl_in"] += 1
-        self.counters["bytes_in"] += sum(len(f) for f in frames)
+        self._n_ctl_in += 1
         try:
-            header = self.codec.decode_header(frames)
+            code, session, seq, stream, zmask, size = self._read_header(frames)
         except DecodeError as exc:
+            self._n_bytes_in += sum(map(len, frames))
             self._refuse_rid(rid, ErrorCode.MALFORMED, str(exc), now)
             return
+        self._n_bytes_in += size
         inbound = self._by_rid.get(rid)
-        if header.type in _HANDSHAKE_TYPES:
+        if code == _HELLO:
             self._on_hello(rid, frames, now)
             self._drain_local(now)
             return
-        if inbound is None and header.session == 0:
+        if inbound is None and session == 0:
             self._refuse_rid(rid, ErrorCode.HANDSHAKE_HEADER, "expected HELLO before any other message", now)
             return
-        if inbound is None or header.session != inbound.session:
+        if inbound is None or session != inbound.session:
             # A session we no longer have (we lost the link, or restarted): the sender must handshake
             # again. Not final, unlike a peer that never said HELLO at all.
-            self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {header.session}", now)
+            self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {session}", now)
             return
-        if header.seq != inbound.seq + 1:
-            reason = (
-                f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {header.seq}"
-            )
+        if seq != inbound.seq + 1:
+            reason = f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {seq}"
             self._reply(
                 rid, Reject(code=ErrorCode.SEQUENCE_GAP, message=reason, version=self.config.versions[0]), now
             )
             self._refusal(ErrorCode.SEQUENCE_GAP)
             self._link_lost(inbound.peer, reason, now)
             return
-        inbound.seq = header.seq
+        inbound.seq = seq
         inbound.last_recv = now
         try:
-            env = self.codec.decode(frames, header=header)
+            msg = self._read_body(frames, code, zmask)
         except DecodeError as exc:
             self._error_to(
                 inbound,
-                ErrorCode.MALFORMED if header.type in REGISTRY.codes() else ErrorCode.UNKNOWN_MESSAGE,
+                ErrorCode.MALFORMED if REGISTRY.class_of(code) is not None else ErrorCode.UNKNOWN_MESSAGE,
                 str(exc),
-                header.type,
+                code,
                 now,
             )
             return
-        self._on_session_message(inbound, env.header, env.message, now)
-        self._drain_local(now)
+        self._on_session_message(inbound, stream, msg, now)
+        if self._local:
+            self._drain_local(now)
 
     def on_reply(self, peer: str, frames: Sequence[Buffer], now: float) -> None:
         """Frames that arrived on our DEALER towards ``peer`` (answers to our HELLO, errors)."""
-        self.counters["reply_in"] += 1
+        self._counts["reply_in"] += 1
         out = self._outbound.get(peer)
         if out is None:
-            self.counters["dropped_unknown_peer"] += 1
+            self._counts["dropped_unknown_peer"] += 1
             return
         try:
             env = self.codec.decode(frames)
@@ -192,40 +225,39 @@ class NodeCore(LinkLayer, StreamLayer):
         elif isinstance(msg, Reject):
             self._on_reject(out, msg, now)
         elif isinstance(msg, Error):
-            self.counters["errors_from_peers"] += 1
+            self._counts["errors_from_peers"] += 1
             log.warning(
                 "node %s: peer %s refused a message: %s (%s)", self.node_id, peer, msg.message, msg.code.name
             )
         else:
-            self.counters["dropped_out_of_state"] += 1
+            self._counts["dropped_out_of_state"] += 1
         self._drain_local(now)
 
     def on_data(self, frames: Sequence[Buffer], now: float) -> None:
         """Frames that arrived on our PULL."""
-        self.counters["data_in"] += 1
-        self.counters["bytes_in"] += sum(len(f) for f in frames)
+        self._n_data_in += 1
         try:
-            env = self.codec.decode(frames, copy_blobs=False)
+            code, session, seq, stream, zmask, size = self._read_header(frames)
+            self._n_bytes_in += size
+            msg = self._read_body(frames, code, zmask, copy_blobs=False)
         except DecodeError as exc:
             self._refusal(ErrorCode.MALFORMED)
             log.info("node %s: dropped malformed data message: %s", self.node_id, exc)
             return
-        header, msg = env.header, env.message
-        inbound = self._by_session.get(header.session)
-        if inbound is None or not isinstance(msg, StreamBatch) or header.stream is None:
+        inbound = self._by_session.get(session)
+        if inbound is None or type(msg) is not StreamBatch or stream is None:
             self._refusal(ErrorCode.STALE_SESSION if inbound is None else ErrorCode.UNKNOWN_MESSAGE)
             return
-        if header.seq != inbound.data_seq + 1:
-            reason = (
-                f"sequence gap on data from {inbound.peer}: expected {inbound.data_seq + 1}, got {header.seq}"
-            )
+        if seq != inbound.data_seq + 1:
+            reason = f"sequence gap on data from {inbound.peer}: expected {inbound.data_seq + 1}, got {seq}"
             self._refusal(ErrorCode.SEQUENCE_GAP)
             self._link_lost(inbound.peer, reason, now)
             return
-        inbound.data_seq = header.seq
+        inbound.data_seq = seq
         inbound.last_recv = now
-        self._on_batch(inbound.peer, header.stream, msg, now)
-        self._drain_local(now)
+        self._on_batch(inbound.peer, stream, msg, now)
+        if self._local:
+            self._drain_local(now)
 
     def on_transport_down(self, peer: str, now: float, reason: str = "disconnected") -> None:
         """The socket towards ``peer`` reported a disconnect (fail-fast, no waiting for a timeout)."""
@@ -241,7 +273,7 @@ class NodeCore(LinkLayer, StreamLayer):
         for out in self._outbound.values():
             if out.state == "established" and now >= out.last_sent + cfg.heartbeat_interval:
                 self._send_ctl(out, Heartbeat(), now)
-                self.counters["heartbeats_out"] += 1
+                self._counts["heartbeats_out"] += 1
             elif out.state in ("idle", "hello_sent") and now >= out.hello_at + cfg.handshake_timeout:
                 self._send_hello(out, now)
         for inbound in list(self._inbound.values()):
@@ -328,15 +360,15 @@ class NodeCore(LinkLayer, StreamLayer):
 
     # ------------------------------------------------------------------ sessions
 
-    def _on_session_message(self, inbound: _Inbound, header: Header, msg: Any, now: float) -> None:
+    def _on_session_message(self, inbound: _Inbound, stream: str | None, msg: Any, now: float) -> None:
         peer = inbound.peer
         role = self._by_message.get(type(msg))
         if role is not None and self._peers[peer].up:  # the hot path: a role's message on an open link
-            self.counters["messages_in"] += 1
+            self._n_messages_in += 1
             self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
             return
         if isinstance(msg, Heartbeat):
-            self.counters["heartbeats_in"] += 1
+            self._counts["heartbeats_in"] += 1
             return
         if isinstance(msg, Bye):
             self._link_lost(
@@ -344,7 +376,7 @@ class NodeCore(LinkLayer, StreamLayer):
             )
             return
         if isinstance(msg, FlowControl):
-            self._on_flow_control(inbound, header, msg, now)
+            self._on_flow_control(inbound, stream, msg, now)
             return
         if isinstance(msg, Hello | Welcome | Reject | Error | StreamBatch):
             self._error_to(
@@ -364,7 +396,7 @@ class NodeCore(LinkLayer, StreamLayer):
                 now,
             )
             return
-        self._hold_early(inbound, lambda: self._on_session_message(inbound, header, msg, now), type(msg), now)
+        self._hold_early(inbound, lambda: self._on_session_message(inbound, stream, msg, now), type(msg), now)
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
         self._refusal(code)
@@ -379,20 +411,20 @@ class NodeCore(LinkLayer, StreamLayer):
         )
 
     def _refusal(self, code: ErrorCode) -> None:
-        self.counters["refused"] += 1
+        self._counts["refused"] += 1
         self.refusals[code.name] += 1
 
     def _reply(self, rid: bytes, msg: Any, now: float) -> None:
-        self._emit("reply", rid, self.codec.encode(msg))
+        self._emit("reply", rid, self._encode(msg))
 
     def _send_ctl(self, out: _Outbound, msg: Any, now: float, stream: str | None = None) -> None:
         out.seq += 1
         out.last_sent = now
-        self._emit("ctl", out.peer, self.codec.encode(msg, session=out.session, seq=out.seq, stream=stream))
+        self._emit("ctl", out.peer, self._encode(msg, session=out.session, seq=out.seq, stream=stream))
 
     def _emit(self, channel: str, to: str | bytes, frames: list[Buffer]) -> None:
-        self.counters[f"{channel}_out"] += 1
-        self.counters["bytes_out"] += sum(len(f) for f in frames)
+        self._n_out[channel] += 1
+        self._n_bytes_out += sum(map(len, frames))
         self.out.append(Transmit(channel, to, frames))
 
     # ------------------------------------------------------------------ streams
@@ -417,7 +449,7 @@ class NodeCore(LinkLayer, StreamLayer):
                 self._role_failed(role, action, exc, now)
 
     def _role_failed(self, role: c.Role, event: Any, exc: Exception, now: float) -> None:
-        self.counters["role_errors"] += 1
+        self._counts["role_errors"] += 1
         text = f"{type(exc).__name__}: {exc}"
         log.error(
             "node %s: role %s failed on %r: %s",
@@ -503,7 +535,7 @@ class NodeCore(LinkLayer, StreamLayer):
             raise c.LocalProtocolError(
                 f"cannot send {type(action.message).__name__}: peer {action.peer} is not connected"
             )
-        self.counters["messages_out"] += 1
+        self._n_messages_out += 1
         self._send_to_peer(action.peer, action.message, now)
 
     def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
@@ -513,7 +545,7 @@ class NodeCore(LinkLayer, StreamLayer):
             self._emit(
                 "reply",
                 inbound.rid,
-                self.codec.encode(msg, session=inbound.session, seq=inbound.reply_seq, stream=stream),
+                self._encode(msg, session=inbound.session, seq=inbound.reply_seq, stream=stream),
             )
         else:
             self._send_ctl(self._outbound[peer], msg, now, stream)

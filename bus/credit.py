@@ -23,7 +23,16 @@ from sparkbus.bus.contract import LocalProtocolError, RemoteProtocolError
 class CreditSender:
     """The sending side of a stream: bytes it may still put in flight."""
 
-    __slots__ = ("closed", "credit", "in_flight", "last_grant", "max_credit", "next_ordinal", "stream")
+    __slots__ = (
+        "closed",
+        "credit",
+        "in_flight",
+        "in_flight_bytes",
+        "last_grant",
+        "max_credit",
+        "next_ordinal",
+        "stream",
+    )
 
     def __init__(self, stream: str, credit: int) -> None:
         if credit < 0:
@@ -35,6 +44,7 @@ class CreditSender:
         self.last_grant = -1
         self.closed = False
         self.in_flight: deque[tuple[int, int]] = deque()
+        self.in_flight_bytes = 0  # the sum of the sizes in ``in_flight``
 
     def spend(self, size: int, last: bool) -> tuple[int, int]:
         """Account for a batch of ``size`` bytes; returns ``(ordinal, remaining credit)``.
@@ -56,6 +66,7 @@ class CreditSender:
         self.next_ordinal += 1
         self.closed = last
         self.in_flight.append((ordinal, size))
+        self.in_flight_bytes += size
         return ordinal, self.credit
 
     def grant(self, ordinal: int, credit: int, acked: int, *, window: int | None = None) -> bool:
@@ -83,9 +94,10 @@ class CreditSender:
         if ordinal <= self.last_grant:
             return False
         self.last_grant = ordinal
-        while self.in_flight and self.in_flight[0][0] <= acked:
-            self.in_flight.popleft()
-        self.credit = max(0, credit - sum(size for _, size in self.in_flight))
+        in_flight = self.in_flight
+        while in_flight and in_flight[0][0] <= acked:
+            self.in_flight_bytes -= in_flight.popleft()[1]
+        self.credit = max(0, credit - self.in_flight_bytes)
         return True
 
 

@@ -39,7 +39,7 @@ class LinkLayer(NodeState):
             attempt=out.attempt,
         )
         self._emit("ctl", out.peer, self.codec.encode(hello))
-        self.counters["hellos_out"] += 1
+        self._counts["hellos_out"] += 1
 
     def _on_hello(self, rid: bytes, frames: Sequence[Buffer], now: float) -> None:
         cfg = self.config
@@ -135,7 +135,7 @@ class LinkLayer(NodeState):
             attempt=hello.attempt,
         )
         self._emit("reply", rid, self.codec.encode(welcome))
-        self.counters["sessions_accepted"] += 1
+        self._counts["sessions_accepted"] += 1
         self._maybe_up(peer, now)
 
     def _new_session_id(self) -> int:
@@ -146,7 +146,7 @@ class LinkLayer(NodeState):
 
     def _on_welcome(self, out: _Outbound, msg: Welcome, now: float) -> None:
         if out.state != "hello_sent" or msg.attempt != out.attempt:
-            self.counters["dropped_stale_welcome"] += 1
+            self._counts["dropped_stale_welcome"] += 1
             return
         if msg.cluster_tag != self.config.cluster_tag:
             self._refuse_outbound(
@@ -159,11 +159,11 @@ class LinkLayer(NodeState):
         out.data_seq = 0
         out.last_sent = now
         out.features = msg.features
-        self.counters["sessions_opened"] += 1
+        self._counts["sessions_opened"] += 1
         self._maybe_up(out.peer, now)
 
     def _on_reject(self, out: _Outbound, msg: Reject, now: float) -> None:
-        self.counters[f"rejected_{msg.code.name.lower()}"] += 1
+        self._counts[f"rejected_{msg.code.name.lower()}"] += 1
         if msg.code in FINAL_CODES:
             self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
             return
@@ -202,7 +202,7 @@ class LinkLayer(NodeState):
             if out is None or out.state != "established":
                 return
         st.up = True
-        self.counters["peers_up"] += 1
+        self._counts["peers_up"] += 1
         connection_id = inbound.connection_id if inbound.kind == "client" else ""
         for role in self.roles.values():
             self._dispatch(role, c.PeerUp(peer=peer, connection_id=connection_id), now)
@@ -228,7 +228,7 @@ class LinkLayer(NodeState):
         st.early.clear()
         if st.up:
             st.up = False
-            self.counters["peers_lost"] += 1
+            self._counts["peers_lost"] += 1
             log.warning("node %s: peer %s lost: %s", self.node_id, peer, reason)
             for role in self.roles.values():
                 self._dispatch(role, c.PeerLost(peer=peer, reason=reason), now)

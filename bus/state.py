@@ -88,7 +88,13 @@ class NodeState:
     config: BusConfig
     codec: EnvelopeCodec
     roles: dict[str, c.Role]
-    counters: Counter[str]
+    _counts: Counter[str]
+    _n_batches_in: int
+    _n_batches_out: int
+    _n_stream_bytes_in: int
+    _n_stream_bytes_out: int
+    _n_flow_control_in: int
+    _n_flow_control_out: int
     out: list[Output]
     _entropy: Callable[[int], int]
     _features: bytes

@@ -8,7 +8,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.credit import CreditReceiver, CreditSender
 from sparkbus.bus.messages import ErrorCode, FlowControl, StreamBatch
 from sparkbus.bus.state import NodeState, _Inbound, _Peer
-from sparkbus.codecs import REGISTRY, Header
+from sparkbus.codecs import REGISTRY
 
 
 class StreamLayer(NodeState):
@@ -25,12 +25,12 @@ class StreamLayer(NodeState):
                 now,
             )
             return
-        self.counters["held_early"] += 1
+        self._counts["held_early"] += 1
         st.early.append(replay)
 
     def _on_batch(self, peer: str, stream: str, msg: StreamBatch, now: float) -> None:
         st = self._peers[peer]
-        role = self.roles.get(stream.split("/", 1)[0])
+        role = self.roles.get(stream.partition("/")[0])
         inbound = self._inbound[peer]
         if not st.up:
             self._hold_early(inbound, lambda: self._on_batch(peer, stream, msg, now), StreamBatch, now)
@@ -65,8 +65,8 @@ class StreamLayer(NodeState):
             self._error_to(inbound, ErrorCode.STREAM_VIOLATION, str(exc), REGISTRY.code_of(StreamBatch), now)
             self._link_lost(peer, f"stream violation: {exc}", now)
             return
-        self.counters["batches_in"] += 1
-        self.counters["stream_bytes_in"] += size
+        self._n_batches_in += 1
+        self._n_stream_bytes_in += size
         self._dispatch(
             role,
             c.BatchReceived(
@@ -81,11 +81,11 @@ class StreamLayer(NodeState):
             now,
         )
 
-    def _on_flow_control(self, inbound: _Inbound, header: Header, msg: FlowControl, now: float) -> None:
+    def _on_flow_control(self, inbound: _Inbound, stream: str | None, msg: FlowControl, now: float) -> None:
         st = self._peers[inbound.peer]
-        entry = st.senders.get(header.stream or "")
+        entry = st.senders.get(stream or "")
         if entry is None:
-            self.counters["dropped_flow_control_unknown_stream"] += 1  # the stream ended or was closed
+            self._counts["dropped_flow_control_unknown_stream"] += 1  # the stream ended or was closed
             return
         role_name, sender = entry
         try:
@@ -94,9 +94,9 @@ class StreamLayer(NodeState):
             self._error_to(inbound, ErrorCode.STREAM_VIOLATION, str(exc), REGISTRY.code_of(FlowControl), now)
             return
         if not applied:
-            self.counters["dropped_stale_flow_control"] += 1
+            self._counts["dropped_stale_flow_control"] += 1
             return
-        self.counters["flow_control_in"] += 1
+        self._n_flow_control_in += 1
         role = self.roles.get(role_name)
         if role is not None:
             self._dispatch(
@@ -139,8 +139,8 @@ class StreamLayer(NodeState):
         ordinal, remaining = sender.spend(size, action.last)
         if action.last:
             del st.senders[action.stream]
-        self.counters["batches_out"] += 1
-        self.counters["stream_bytes_out"] += size
+        self._n_batches_out += 1
+        self._n_stream_bytes_out += size
         batch = StreamBatch(ordinal=ordinal, last=action.last, remaining=remaining, data=action.data)
         if action.peer == self.node_id:
             self._local_batch(action.stream, batch, now)
@@ -201,7 +201,7 @@ class StreamLayer(NodeState):
         self, peer: str, stream: str, ordinal: int, credit: int, acked: int, now: float
     ) -> None:
         fc = FlowControl(ordinal=ordinal, credit=credit, acked=acked)
-        self.counters["flow_control_out"] += 1
+        self._n_flow_control_out += 1
         if peer == self.node_id:
             entry = self._peers[peer].senders.get(stream)
             if entry is not None and entry[1].grant(ordinal, credit, acked, window=self._window(entry[1])):

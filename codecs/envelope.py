@@ -11,6 +11,7 @@ Wire layout (``docs/PROTOCOL.md`` has it byte by byte)::
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,12 +21,14 @@ import msgpack
 from sparkbus.codecs.compression import Buffer, Compression
 from sparkbus.codecs.errors import DecodeError, EncodeError
 from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
-from sparkbus.codecs.schema import from_plain, schema_of, to_plain
+from sparkbus.codecs.schema import Converter, from_plain, schema_of, to_plain
 
 ENVELOPE_VERSION = 1
 _SCALARS = frozenset({int, str, bytes, float, bool, type(None)})
 _HEADER_LEN = 6
 _MAX_HEADER_BYTES = 4096
+#: Field types whose plain value is the field value itself when its type matches exactly.
+_EXACT = frozenset({int, str, bytes, bool})
 
 T = TypeVar("T")
 
@@ -63,6 +66,8 @@ class Registry:
     def __init__(self) -> None:
         self._by_code: dict[int, type] = {}
         self._by_cls: dict[type, int] = {}
+        self._shapes: dict[int, _Shape] = {}
+        self._shape_of_cls: dict[type, _Shape] = {}
 
     def register(self, code: int) -> Callable[[type[T]], type[T]]:
         """Class decorator: register ``cls`` under ``code`` (unique across the registry)."""
@@ -78,6 +83,7 @@ class Registry:
             schema_of(cls)  # fail at import time on an unsupported field type
             self._by_code[code] = cls
             self._by_cls[cls] = code
+            self._shapes[code] = self._shape_of_cls[cls] = _Shape(cls, code)
             return cls
 
         return wrap
@@ -87,6 +93,15 @@ class Registry:
             return self._by_cls[cls]
         except KeyError:
             raise EncodeError(f"{cls.__name__} is not a registered message") from None
+
+    def shape_of(self, cls: type) -> _Shape:
+        try:
+            return self._shape_of_cls[cls]
+        except KeyError:
+            raise EncodeError(f"{cls.__name__} is not a registered message") from None
+
+    def shape(self, code: int) -> _Shape | None:
+        return self._shapes.get(code)
 
     def class_of(self, code: int) -> type | None:
         return self._by_code.get(code)
@@ -102,6 +117,27 @@ class Registry:
 #: The registry every sparkbus message family registers into.
 REGISTRY = Registry()
 message = REGISTRY.register
+
+
+class _Shape:
+    """What encoding and decoding one message class needs, compiled once per class (the hot path)."""
+
+    __slots__ = ("blob_fields", "cls", "code", "fields", "keys", "map_fields", "n_frames", "name")
+
+    def __init__(self, cls: type, code: int) -> None:
+        schema = schema_of(cls)
+        hints = typing.get_type_hints(cls)
+        self.cls = cls
+        self.code = code
+        self.name = cls.__name__
+        self.map_fields = schema.map_fields
+        self.blob_fields = schema.blob_fields
+        self.keys = frozenset(schema.map_fields)
+        self.n_frames = 2 + len(schema.blob_fields)
+        # (name, exact type or None, converter): a value of the exact type needs no conversion.
+        self.fields: tuple[tuple[str, type | None, Converter], ...] = tuple(
+            (n, hints[n] if hints[n] in _EXACT else None, schema.converters[n]) for n in schema.map_fields
+        )
 
 
 class _ExtensionRefused(Exception):
@@ -151,20 +187,23 @@ class EnvelopeCodec:
         self._inflate = compression or Compression(
             enabled=False, max_decompressed=limits.max_decompressed_bytes
         )
+        # One Packer per codec, reused: ``msgpack.packb`` builds (and allocates a buffer for) a new one
+        # per call. ``pack`` runs without releasing the GIL on the plain values it is given here.
+        self._pack = msgpack.Packer(use_bin_type=True).pack
 
     # -- encoding
 
     def encode(self, msg: Any, *, session: int = 0, seq: int = 0, stream: str | None = None) -> list[Buffer]:
         """Frames for ``msg``: header, body, then one frame per blob field."""
-        cls = type(msg)
-        code = self.registry.code_of(cls)
-        schema = schema_of(cls)
+        shape = self.registry.shape_of(type(msg))
         body: dict[str, Any] = {}
-        for n in schema.map_fields:
+        for n in shape.map_fields:
             value = getattr(msg, n)
             body[n] = value if type(value) in _SCALARS else to_plain(value)
-        payload: list[Buffer] = [msgpack.packb(body, use_bin_type=True)]
-        payload.extend(getattr(msg, n) for n in schema.blob_fields)
+        pack = self._pack
+        payload: list[Buffer] = [pack(body)]
+        for n in shape.blob_fields:
+            payload.append(getattr(msg, n))
         zmask = 0
         if self.compression is not None:
             for i, frame in enumerate(payload):
@@ -172,8 +211,8 @@ class EnvelopeCodec:
                 if compressed:
                     payload[i] = packed
                     zmask |= 1 << i
-        header = msgpack.packb([ENVELOPE_VERSION, code, session, seq, stream, zmask], use_bin_type=True)
-        return [header, *payload]
+        payload.insert(0, pack([ENVELOPE_VERSION, shape.code, session, seq, stream, zmask]))
+        return payload
 
     def encoded_size(self, frames: Sequence[Buffer]) -> int:
         """Bytes on the wire for ``frames`` (what credit accounting counts)."""
@@ -183,23 +222,49 @@ class EnvelopeCodec:
 
     def decode_header(self, frames: Sequence[Buffer]) -> Header:
         """Check frame counts and sizes, then parse and validate frame 0."""
+        code, session, seq, stream, zmask, _ = self.read_header(frames)
+        return Header(type=code, session=session, seq=seq, stream=stream, zmask=zmask)
+
+    def read_header(self, frames: Sequence[Buffer]) -> tuple[int, int, int, str | None, int, int]:
+        """``decode_header`` as a tuple: ``(type, session, seq, stream, zmask, bytes in all frames)``.
+
+        The same checks as ``decode_header``, without building a ``Header`` (the bus's receive path).
+        """
         if not frames:
             raise DecodeError("?", "<frames>", "empty message")
-        check_frames(frames, self.limits)
-        if len(frames[0]) > _MAX_HEADER_BYTES:
-            raise DecodeError("?", "<header>", f"{len(frames[0])} bytes, limit is {_MAX_HEADER_BYTES}")
+        limits = self.limits
+        sizes = list(map(len, frames))
+        total = sum(sizes)
+        if (
+            len(sizes) > limits.max_frames
+            or total > limits.max_message_bytes
+            or max(sizes) > limits.max_frame_bytes
+        ):
+            check_frames(frames, limits)  # raises, naming the limit
+        if sizes[0] > _MAX_HEADER_BYTES:
+            raise DecodeError("?", "<header>", f"{sizes[0]} bytes, limit is {_MAX_HEADER_BYTES}")
         raw = _unpack(frames[0], "?", "<header>")
         if type(raw) is not list or len(raw) != _HEADER_LEN:
             raise DecodeError("?", "<header>", f"expected an array of {_HEADER_LEN}")
         version, code, session, seq, stream, zmask = raw
         if version != ENVELOPE_VERSION:
             raise DecodeError("?", "<header>.version", f"unsupported envelope version {version!r}")
-        for label, value in (("type", code), ("session", session), ("seq", seq), ("zmask", zmask)):
-            if type(value) is not int or value < 0:
-                raise DecodeError("?", f"<header>.{label}", f"expected a non-negative int, got {value!r}")
+        if not (
+            type(code) is int
+            and type(session) is int
+            and type(seq) is int
+            and type(zmask) is int
+            and code >= 0
+            and session >= 0
+            and seq >= 0
+            and zmask >= 0
+        ):
+            for label, value in (("type", code), ("session", session), ("seq", seq), ("zmask", zmask)):
+                if type(value) is not int or value < 0:
+                    raise DecodeError("?", f"<header>.{label}", f"expected a non-negative int, got {value!r}")
         if stream is not None and type(stream) is not str:
             raise DecodeError("?", "<header>.stream", f"expected str or nil, got {type(stream).__name__}")
-        return Header(type=code, session=session, seq=seq, stream=stream, zmask=zmask)
+        return code, session, seq, stream, zmask, total
 
     def decode(
         self, frames: Sequence[Buffer], *, copy_blobs: bool = True, header: Header | None = None
@@ -218,22 +283,52 @@ class EnvelopeCodec:
         """
         if header is None:
             header = self.decode_header(frames)
-        cls = self.registry.class_of(header.type)
-        if cls is None:
-            raise DecodeError(f"<type {header.type:#x}>", "<header>.type", "unknown message type")
-        name = cls.__name__
-        schema = schema_of(cls)
-        expected = 2 + len(schema.blob_fields)
+        return Envelope(header, self.read_body(frames, header.type, header.zmask, copy_blobs=copy_blobs))
+
+    def read_body(self, frames: Sequence[Buffer], code: int, zmask: int, *, copy_blobs: bool = True) -> Any:
+        """The message of ``frames`` whose header ``read_header`` returned (``decode`` without the envelope).
+
+        Raises:
+            DecodeError: as ``decode``.
+        """
+        shape = self.registry.shape(code)
+        if shape is None:
+            raise DecodeError(f"<type {code:#x}>", "<header>.type", "unknown message type")
+        name = shape.name
+        expected = shape.n_frames
         if len(frames) != expected:
             raise DecodeError(name, "<frames>", f"expected {expected} frames, got {len(frames)}")
-        if header.zmask >> (expected - 1):
-            raise DecodeError(name, "<header>.zmask", f"marks frames that do not exist ({header.zmask:#x})")
-        payload = [self._payload(frames[i + 1], header.zmask, i, name) for i in range(expected - 1)]
+        if zmask:
+            if zmask >> (expected - 1):
+                raise DecodeError(name, "<header>.zmask", f"marks frames that do not exist ({zmask:#x})")
+            payload = [self._payload(frames[i + 1], zmask, i, name) for i in range(expected - 1)]
+        else:
+            payload = list(frames[1:])
         plain = _unpack(payload[0], name, "<body>")
         blobs: dict[str, Any] = {}
-        for n, frame in zip(schema.blob_fields, payload[1:], strict=True):
+        for n, frame in zip(shape.blob_fields, payload[1:], strict=True):
             blobs[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame
-        return Envelope(header, from_plain(cls, plain, name, blobs))
+        if type(plain) is dict and len(plain) == len(shape.keys) and plain.keys() == shape.keys:
+            # The common case, checked field by field like ``from_plain``, which handles everything else
+            # (and so names the first wrong field, with the same words).
+            kwargs: dict[str, Any] = {}
+            for n, exact, convert in shape.fields:
+                value = plain[n]
+                if exact is None:
+                    try:
+                        value = convert(value, name, n)
+                    except DecodeError:
+                        return from_plain(shape.cls, plain, name, blobs)
+                elif type(value) is not exact:
+                    return from_plain(shape.cls, plain, name, blobs)
+                kwargs[n] = value
+            if blobs:
+                kwargs.update(blobs)
+            try:
+                return shape.cls(**kwargs)
+            except (TypeError, ValueError):
+                pass  # from_plain raises the DecodeError that names the field
+        return from_plain(shape.cls, plain, name, blobs)
 
     def _payload(self, frame: Buffer, zmask: int, i: int, name: str) -> Buffer:
         if zmask >> i & 1:
