@@ -338,19 +338,26 @@ class Node:
             poller.register(sock, zmq.POLLIN)
         for mon in [*self._monitors, *self._server_monitors]:
             poller.register(mon, zmq.POLLIN)
+        core = self.core
         try:
+            wait_ms = 0
             while not self._stopping.is_set():
-                deadline = self.core.next_deadline()
-                now = self.clock()
-                wait_ms = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000) + 1))
                 events = dict(poller.poll(wait_ms))
                 started = self.clock()
                 self._handle(events, dealer_peer)
-                if self.clock() - started > self.config.heartbeat_interval:
+                now = self.clock()
+                if now - started > self.config.heartbeat_interval:
                     # We were busy long enough for peers' heartbeats to queue up unread: read them before
                     # judging anyone silent, or our own stall would be blamed on the peers.
                     self._handle(dict(poller.poll(0)), dealer_peer)
-                self.core.tick(self.clock())
+                    now = self.clock()
+                deadline = core.next_deadline()
+                if deadline is not None and deadline <= now:
+                    core.tick(now)
+                    deadline = core.next_deadline()
+                wait_ms = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000) + 1))
+                # Everything this turn produced leaves together, and last: what follows a send up to the
+                # next poll competes for the CPU with the peer that is answering it.
                 self._flush()
             self.core.stop(self.clock())
             self._flush()
@@ -394,20 +401,23 @@ class Node:
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[list[Any]], None], *, copy: bool = True
     ) -> None:
-        # Bounded per poll so one busy socket cannot starve the others or the timers.
-        for _ in range(256):
+        # Bounded per poll so one busy socket cannot starve the others or the timers. The answers leave
+        # once per loop turn (``_flush``), not once per message.
+        for i in range(_DRAIN_BUDGET):
             try:
-                raw = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                parts = _recv_message(sock, zero_copy=not copy)
             except zmq.Again:
                 return
-            parts: list[Any] = [p.buffer if isinstance(p, zmq.Frame) else p for p in raw]
             try:
                 handle(parts)
             except Exception:
                 # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
                 log.exception("node %s: error handling a message", self.node_id)
-            self._flush()
+            if i == 0 and not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                # A lone message (a request, an answer): asking is cheaper than the failing recv that
+                # would say so. Under load, the failing recv ends the drain once.
+                return
 
     def _on_monitor(self, mon: zmq.Socket[bytes], peer: str) -> None:
         while True:
@@ -498,19 +508,30 @@ class Node:
             self._transmit(out)
 
     def _transmit(self, out: Transmit) -> None:
+        frames: list[Any] = out.frames
         if out.channel == "reply":
             sock: zmq.Socket[bytes] | None = self._router
-            frames: list[Any] = [out.to, *out.frames]
+            frames = [out.to, *frames]
         else:
             table = self._dealers if out.channel == "ctl" else self._pushes
             sock = table.get(out.to if isinstance(out.to, str) else out.to.decode())
-            frames = list(out.frames)
         if sock is None:
             self._drop(f"{out.channel}_no_socket")
             return
-        big = any(len(f) >= self.config.zero_copy_threshold for f in frames)
+        threshold = self.config.zero_copy_threshold
+        last = len(frames) - 1
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=not big)
+            # Frame by frame rather than send_multipart, which type-checks every frame first: these are
+            # the core's own bytes. Large frames go without a copy (ZeroMQ holds a reference until sent).
+            # ZeroMQ queues a message's frames atomically: with NOBLOCK the first frame is refused whole,
+            # never a part of a message.
+            for i, frame in enumerate(frames):
+                sock.send(
+                    frame,
+                    _MORE if i < last else zmq.NOBLOCK,
+                    copy=len(frame) < threshold,
+                    track=False,
+                )
         except zmq.Again:
             self._drop(f"{out.channel}_would_block")
         except zmq.ZMQError as exc:
@@ -547,6 +568,26 @@ class Node:
 
 
 _WAKE_LOCK = threading.Lock()
+_DRAIN_BUDGET = 256
+_MORE = zmq.SNDMORE | zmq.NOBLOCK
+
+
+def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:
+    """One whole message from ``sock`` (raises ``zmq.Again`` when there is none).
+
+    With ``zero_copy``, frames after the first two (the envelope's header and body, small) are received
+    without a copy, as memoryviews on ZeroMQ's buffers.
+    """
+    first = sock.recv(zmq.NOBLOCK)
+    parts: list[Any] = [first]
+    while sock.getsockopt(zmq.RCVMORE):
+        if zero_copy and len(parts) >= 2:
+            parts.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
+        else:
+            parts.append(sock.recv(zmq.NOBLOCK))
+    return parts
+
+
 _MAX_TRACKED = 1024
 _UNKNOWN = "an unknown address"
 _SERVER_EVENTS = (
