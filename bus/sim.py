@@ -146,6 +146,21 @@ class SimBus:
     def heal(self, a: str, b: str) -> None:
         self._cut.discard(frozenset((a, b)))
 
+    def stall(
+        self, src: str, dst: str, seconds: float, channels: tuple[str, ...] = ("ctl", "reply", "data")
+    ) -> None:
+        """Hold what ``src`` sends to ``dst`` on ``channels`` for ``seconds``: it arrives late, in order,
+        after whatever ``dst`` did meanwhile. A loaded sender whose loop queued frames, or a loaded
+        receiver that read them late; ``dst`` sees only silence, ``src`` sees nothing wrong."""
+        until = self.now + seconds
+        for channel in channels:
+            pipe = (src, dst, channel)
+            self._pipe_clock[pipe] = max(self._pipe_clock.get(pipe, 0.0), until)
+        for d in self._queue:
+            if d.src == src and d.dst == dst and d.channel in channels:
+                d.at = max(d.at, until)
+        heapq.heapify(self._queue)
+
     def crash(self, name: str, *, notify: bool = True) -> None:
         """Kill a node: its state is gone, messages to it are lost. With ``notify``, its peers see the
         disconnect at once (as after SIGKILL); without, only silence (as after SIGSTOP)."""
