@@ -138,8 +138,11 @@ class EchoRefused:
     reason: str
 
 
-def stream_key(request_id: int) -> str:
-    return f"{NAME}/{request_id}"
+def stream_key(receiver: str, request_id: int) -> str:
+    """The key of the stream ``receiver`` asked for. Both nodes number their requests from 1, so the key
+    carries the receiver: otherwise two nodes streaming to each other would use one key for two streams
+    (and closing one would close the other)."""
+    return f"{NAME}/{receiver}/{request_id}"
 
 
 def batch_payload(ordinal: int, size: int) -> bytes:
@@ -299,7 +302,7 @@ class EchoRole:
         self._incoming[request_id] = _Incoming(call.call_id, peer, sreq.batches, sreq.batch_size, now)
         self.counters.streams_requested += 1
         return [
-            AcceptStream(peer=peer, stream=stream_key(request_id), credit=sreq.credit),
+            AcceptStream(peer=peer, stream=stream_key(self.node_id, request_id), credit=sreq.credit),
             Send(peer=peer, message=sreq),
             SetTimer(key=f"stream/{request_id}", at=now + timeout),
         ]
@@ -333,7 +336,7 @@ class EchoRole:
         raise RemoteProtocolError(f"echo on {self.node_id}: unexpected {type(msg).__name__} from {peer}")
 
     def _serve(self, peer: str, req: StreamRequest) -> list[Action]:
-        key = stream_key(req.request_id)
+        key = stream_key(peer, req.request_id)
         if (peer, key) in self._outgoing:
             reason = f"stream {key} to {peer} is already being sent"
             return [Send(peer=peer, message=EchoRefused(request_id=req.request_id, reason=reason))]
@@ -344,7 +347,7 @@ class EchoRole:
 
     def _pump(self, out: _Outgoing) -> list[Action]:
         """Send as many batches as the credit allows; finish the stream after the last."""
-        key = stream_key(out.request_id)
+        key = stream_key(out.peer, out.request_id)
         actions: list[Action] = []
         if out.batches == 0:
             actions.append(SendBatch(peer=out.peer, stream=key, data=b"", last=True))
@@ -365,8 +368,9 @@ class EchoRole:
     # -- stream batches
 
     def _batch(self, ev: BatchReceived, now: float) -> list[Action]:
-        prefix, _, tail = ev.stream.partition("/")
-        inc = self._incoming.get(int(tail)) if prefix == NAME and tail.isdigit() else None
+        head, _, tail = ev.stream.rpartition("/")
+        ok = head == f"{NAME}/{self.node_id}" and tail.isdigit()
+        inc = self._incoming.get(int(tail)) if ok else None
         if inc is None or inc.peer != ev.peer:
             raise RemoteProtocolError(
                 f"echo on {self.node_id}: batch on unknown stream {ev.stream!r} from {ev.peer}"
@@ -399,7 +403,7 @@ class EchoRole:
         if got != (inc.sent.batches, inc.sent.size) or inc.received != inc.batches:
             self.counters.failures += 1
             error = (
-                f"stream {stream_key(rid)} from {inc.peer}: received {got[0]} batches / {got[1]} bytes, "
+                f"stream {stream_key(self.node_id, rid)} from {inc.peer}: received {got[0]} batches / {got[1]} bytes, "
                 f"sender reports {inc.sent.batches} / {inc.sent.size}, asked for {inc.batches}"
             )
             return [*done, Reply(call_id=inc.call_id, error=error)]
@@ -419,7 +423,7 @@ class EchoRole:
         if inc is None:
             return []
         self.counters.failures += 1
-        key = stream_key(rid)
+        key = stream_key(self.node_id, rid)
         return [
             CancelTimer(key=f"stream/{rid}"),
             CloseStream(peer=inc.peer, stream=key),

@@ -27,5 +27,5 @@ def test_echo_never_sends_beyond_the_window_it_was_asked_for() -> None:
     req = StreamRequest(request_id=1, batches=10**9, batch_size=1024, credit=4096)
     first = list(role.handle(c.MessageReceived(peer="b", message=req), 0.0))
     assert sum(isinstance(a, c.SendBatch) for a in first) == 4
-    more = list(role.handle(c.CreditChanged(peer="b", stream="echo/1", credit=2**64), 0.0))
+    more = list(role.handle(c.CreditChanged(peer="b", stream="echo/b/1", credit=2**64), 0.0))
     assert sum(isinstance(a, c.SendBatch) for a in more) == 4

@@ -155,7 +155,7 @@ def test_refusal_and_mismatched_totals() -> None:
         )
     )
     batch = c.BatchReceived(
-        peer="b", stream="echo/2", ordinal=0, last=True, data=batch_payload(0, 4), size=4, remaining=0
+        peer="b", stream="echo/a/2", ordinal=0, last=True, data=batch_payload(0, 4), size=4, remaining=0
     )
     list(role.handle(batch, 0.0))
     out = list(
@@ -164,7 +164,8 @@ def test_refusal_and_mismatched_totals() -> None:
     reply = out[-1]
     assert isinstance(reply, c.Reply)
     assert (
-        reply.error == "stream echo/2 from b: received 1 batches / 4 bytes, sender reports 2 / 8, asked for 1"
+        reply.error
+        == "stream echo/a/2 from b: received 1 batches / 4 bytes, sender reports 2 / 8, asked for 1"
     )
 
 
@@ -176,17 +177,17 @@ def test_wrong_batch_content_fails_the_call() -> None:
         )
     )
     bad = c.BatchReceived(
-        peer="b", stream="echo/1", ordinal=0, last=False, data=b"\x07" * 4, size=4, remaining=0
+        peer="b", stream="echo/a/1", ordinal=0, last=False, data=b"\x07" * 4, size=4, remaining=0
     )
     out = list(role.handle(bad, 0.0))
-    assert out[-1] == c.Reply(call_id=1, error="batch 0 on echo/1 from b is not the one expected")
+    assert out[-1] == c.Reply(call_id=1, error="batch 0 on echo/a/1 from b is not the one expected")
 
 
 def test_batch_on_unknown_stream_is_a_remote_error() -> None:
     role = EchoRole(node_id="a")
-    with pytest.raises(c.RemoteProtocolError, match="batch on unknown stream 'echo/9' from b"):
+    with pytest.raises(c.RemoteProtocolError, match="batch on unknown stream 'echo/a/9' from b"):
         role.handle(
-            c.BatchReceived(peer="b", stream="echo/9", ordinal=0, last=True, data=b"", size=0, remaining=0),
+            c.BatchReceived(peer="b", stream="echo/a/9", ordinal=0, last=True, data=b"", size=0, remaining=0),
             0.0,
         )
 
@@ -197,7 +198,9 @@ def test_duplicate_stream_request_is_refused() -> None:
     list(role.handle(c.MessageReceived(peer="a", message=req), 0.0))
     out = list(role.handle(c.MessageReceived(peer="a", message=req), 0.0))
     assert out == [
-        c.Send(peer="a", message=EchoRefused(request_id=1, reason="stream echo/1 to a is already being sent"))
+        c.Send(
+            peer="a", message=EchoRefused(request_id=1, reason="stream echo/a/1 to a is already being sent")
+        )
     ]
 
 
@@ -213,3 +216,23 @@ def test_duplicate_stream_request_is_refused() -> None:
 def test_message_validation(make: object, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         make()  # type: ignore[operator]
+
+
+def test_two_nodes_streaming_to_each_other_use_distinct_keys() -> None:
+    """Both nodes number requests from 1: the keys must still differ, or closing one stream closes both."""
+    a, b = EchoRole(node_id="a"), EchoRole(node_id="b")
+    call = {"batches": 1, "batch_size": 4}
+    (accept_a, *_) = a.handle(c.LocalCall(call_id=1, name="stream", args={"peer": "b", **call}), 0.0)
+    (accept_b, *_) = b.handle(c.LocalCall(call_id=1, name="stream", args={"peer": "a", **call}), 0.0)
+    assert isinstance(accept_a, c.AcceptStream) and isinstance(accept_b, c.AcceptStream)
+    assert accept_a.stream != accept_b.stream
+    served = list(
+        b.handle(
+            c.MessageReceived(
+                peer="a", message=StreamRequest(request_id=1, batches=1, batch_size=4, credit=4)
+            ),
+            0.0,
+        )
+    )
+    opened = next(x for x in served if isinstance(x, c.OpenStream))
+    assert opened.stream == accept_a.stream  # what b sends to a is the stream a accepted
