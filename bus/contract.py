@@ -6,7 +6,9 @@ calls ``role.handle(event, now)`` and carries out the actions it returns. Time i
 Routing:
     * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class.
     * Stream events go to the role whose ``name`` is the stream key's first ``/``-separated part: a role
-      names its streams ``f"{receiving role name}/..."``. A key names one stream between two peers: do not
+      names its streams ``f"{receiving role name}/..."``. A key names one stream each way between two peers (a
+      query edge between two participants uses one key both ways; ``CloseStream`` after the incoming
+      stream's last batch then leaves the outgoing one open). Do not
       reopen a key right after its last batch (a flow-control grant for the old stream may still be in
       flight); put an attempt number in the key instead.
     * ``TimerFired`` goes to the role that set the timer; ``LocalCall`` to the role it names.
@@ -200,7 +202,8 @@ class GrantCredit:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CloseStream:
-    """Forget a stream's state on this side (after ``last``, or on cancel)."""
+    """Forget a stream's state on this side (after ``last``, or on cancel). If the key also names a stream
+    the other way, only the finished incoming one is forgotten; if neither has finished, both are."""
 
     peer: str
     stream: str

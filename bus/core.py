@@ -489,8 +489,14 @@ class NodeCore(LinkLayer, StreamLayer):
         elif isinstance(action, c.CloseStream):
             known = self._peers.get(action.peer)
             if known is not None:
-                known.senders.pop(action.stream, None)
-                known.receivers.pop(action.stream, None)
+                closing = known.receivers.get(action.stream)
+                if closing is not None and closing.done and action.stream in known.senders:
+                    # The key names a stream each way (a query's edge between two participants): the
+                    # finished incoming one is closed; the outgoing one goes on (it ends with its last batch).
+                    del known.receivers[action.stream]
+                else:
+                    known.senders.pop(action.stream, None)
+                    known.receivers.pop(action.stream, None)
                 known.accepted.pop(action.stream, None)
         elif isinstance(action, c.SetTimer):
             self._timers[(role.name, action.key)] = action.at

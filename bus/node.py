@@ -212,15 +212,14 @@ class Node:
         for peer, ep in peers.items():
             if peer != self.node_id:
                 self._connect_peer(peer, ep)
+        # Known peers before the loop reads its first message: a peer's HELLO that arrived before
+        # add_peer was refused as "not a peer" and its handshake waited a whole timeout to retry.
+        now = self.clock()
+        for peer in peers:
+            if peer != self.node_id:
+                self.core.add_peer(peer, now)
         self._thread = threading.Thread(target=self._run, name=f"sparkbus-node-{self.node_id}", daemon=True)
         self._thread.start()
-
-        def add_peers() -> None:
-            for peer in peers:
-                if peer != self.node_id:
-                    self.core.add_peer(peer, self.clock())
-
-        self._submit(add_peers)
 
     def _connect_peer(self, peer: str, ep: Endpoints) -> None:
         ctx = context()

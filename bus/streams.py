@@ -191,7 +191,10 @@ class StreamLayer(NodeState):
             return  # the stream ended (last batch, or the peer was lost): nothing left to grant
         recv.consumed(action.size)
         if recv.done and recv.local == recv.max_credit:
-            del st.receivers[action.stream]  # type: ignore[union-attr]
+            if action.stream not in st.senders:  # type: ignore[union-attr]
+                # (With an outgoing stream under the same key, the role's CloseStream removes it, so
+                # that the close is not taken for the outgoing one.)
+                del st.receivers[action.stream]  # type: ignore[union-attr]
             return
         grant = recv.take_grant()
         if grant is not None:
