@@ -8,15 +8,8 @@ every acknowledged row is on every replica, and the partial incoming files were 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import queue
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,49 +20,23 @@ import pytest
 from sparkbus.roles.replication.storage import DiskStorage
 from sparkbus.roles.replication.store import listed_files
 
+from ...childproc import Proc
+
 pytestmark = pytest.mark.integration
 PROC = Path(__file__).with_name("replica_proc.py")
 NODES = ("a", "b", "c")
 REPLY_TIMEOUT = 15.0
 
 
-class Replica:
-    """One child process; commands over stdin, answers read from stdout by a thread, with timeouts."""
+class Replica(Proc):
+    """One replica process: commands over stdin, answers on stdout (``Proc``)."""
 
     def __init__(self, node: str, ipc_dir: Path, store_dir: Path) -> None:
         self.node = node
         self.store = store_dir / node / "t~0"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROC), node, ",".join(NODES), str(ipc_dir), str(store_dir)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        argv = [str(PROC), node, ",".join(NODES), str(ipc_dir), str(store_dir)]
+        super().__init__(node, argv, reply_timeout=REPLY_TIMEOUT)
         assert self.receive() == {"started": node}
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:  # only this thread touches stdout; it ends when the process does
-            for line in self.proc.stdout:
-                self.lines.put(line)
-        self.lines.put(None)
-
-    def receive(self, timeout: float = REPLY_TIMEOUT) -> Any:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.node}: no answer within {timeout} s") from None
-        assert line is not None, f"{self.node} exited (status {self.proc.poll()})"
-        return json.loads(line)
-
-    def ask(self, op: str, **args: Any) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.proc.stdin.flush()
-        return self.receive()
 
     def write(self, keys: range) -> bool:
         return "ok" in self.ask("write", keys=list(keys))
@@ -81,29 +48,6 @@ class Replica:
     def partition(self) -> dict[str, Any]:
         part: dict[str, Any] = self.status()["partitions"]["t/0"]
         return part
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self._close()
-
-    def reap(self) -> None:
-        if self.proc.poll() is None:
-            if self.proc.stdin is not None and not self.proc.stdin.closed:
-                with contextlib.suppress(BrokenPipeError):
-                    self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._close()
-
-    def _close(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        self.reader.join(timeout=10)
 
     def partial_files(self) -> list[str]:
         """Segment files on disk that the manifest does not list (yet): transfers arriving in place.
