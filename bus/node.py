@@ -303,7 +303,9 @@ class Node:
             self._close()
             return
         self._stopping.set()
-        self._submit(lambda: None)
+        # The loop may see the flag on its own and close its sockets first; then there is nobody to wake.
+        with contextlib.suppress(RuntimeError):
+            self._submit(lambda: None)
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"node {self.node_id}: loop did not stop within {timeout} s")
@@ -316,13 +318,15 @@ class Node:
         self.stop()
 
     def _submit(self, fn: Callable[[], None]) -> None:
-        if self._thread is None or self._wake_tx is None:
-            raise RuntimeError(f"node {self.node_id} is not running")
-        self._commands.put(fn)
         # The inproc PUSH is only written by callers, never by the loop; ZeroMQ sockets are not thread-safe,
-        # so callers serialise on a lock.
-        with _WAKE_LOCK, contextlib.suppress(zmq.Again):  # the loop has wake-ups queued already
-            self._wake_tx.send(b"", zmq.NOBLOCK)
+        # so callers serialise on a lock, and the loop closes the socket under the same lock (a caller that
+        # checked it open must not send on it closed).
+        with _WAKE_LOCK:
+            if self._thread is None or self._wake_tx is None:
+                raise RuntimeError(f"node {self.node_id} is not running")
+            self._commands.put(fn)
+            with contextlib.suppress(zmq.Again):  # the loop has wake-ups queued already
+                self._wake_tx.send(b"", zmq.NOBLOCK)
 
     # ------------------------------------------------------------------ the loop (its own thread)
 
@@ -543,7 +547,11 @@ class Node:
         self.drops[what] = self.drops.get(what, 0) + 1
 
     def _close(self) -> None:
-        socks: list[zmq.Socket[bytes] | None] = [self._router, self._pull, self._wake_rx, self._wake_tx]
+        with _WAKE_LOCK:
+            if self._wake_tx is not None:
+                self._wake_tx.close(linger=0)
+            self._wake_tx = None
+        socks: list[zmq.Socket[bytes] | None] = [self._router, self._pull, self._wake_rx]
         socks += list(self._dealers.values()) + list(self._pushes.values())
         for dealer in self._dealers.values():
             dealer.disable_monitor()
