@@ -7,7 +7,7 @@ docs/COMPUTE.md.
 
 from sparkbus.roles.compute.arrangement import DIFF, TIME, Arrangement, decode_table, encode_table
 from sparkbus.roles.compute.controller import TARGET_FAILED, ComputeController
-from sparkbus.roles.compute.dataflow import Dataflow, ViewError
+from sparkbus.roles.compute.dataflow import Dataflow
 from sparkbus.roles.compute.factories import make_controller, make_replica
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
@@ -33,6 +33,7 @@ from sparkbus.roles.compute.messages import (
     UpdateConfiguration,
 )
 from sparkbus.roles.compute.plans import Aggregate, Finishing, MapExpr, Predicate, SortKey, ViewDef
+from sparkbus.roles.compute.reduction import ViewError
 from sparkbus.roles.compute.replica import ComputeReplica
 from sparkbus.roles.compute.stages import Stage, StageError
 

@@ -54,7 +54,7 @@ from sparkbus.bus.contract import (
 )
 from sparkbus.codecs import DecodeError
 from sparkbus.roles.compute.arrangement import DIFF, TIME, decode_table, encode_table, i64, update_schema
-from sparkbus.roles.compute.dataflow import ViewError, output_schema
+from sparkbus.roles.compute.dataflow import output_schema
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
     AllowCompaction,
@@ -78,6 +78,7 @@ from sparkbus.roles.compute.messages import (
     UpdateConfiguration,
 )
 from sparkbus.roles.compute.plans import Finishing, ViewDef
+from sparkbus.roles.compute.reduction import ViewError
 from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
 from sparkbus.roles.compute.times import Frontier, frontier_join, frontier_leq
 

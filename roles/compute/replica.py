@@ -48,7 +48,7 @@ from sparkbus.roles.compute.arrangement import (
     i64,
     update_schema,
 )
-from sparkbus.roles.compute.dataflow import Dataflow, ViewError, constrain, finish, index_key
+from sparkbus.roles.compute.dataflow import Dataflow, constrain, finish, index_key
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
     AllowCompaction,
@@ -70,6 +70,7 @@ from sparkbus.roles.compute.messages import (
     TargetKind,
     UpdateConfiguration,
 )
+from sparkbus.roles.compute.reduction import ViewError
 from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
 from sparkbus.roles.compute.times import CLOSED, Frontier, readable
 
