@@ -53,8 +53,13 @@ def _combine_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
 
 
 def partial(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
-    """Partial states of ``aggs`` per group of ``keys`` over the rows of ``table``."""
-    return _apply(table, keys, _partial_specs(aggs))
+    """Partial states of ``aggs`` per group of ``keys`` over the rows of ``table``.
+
+    The groups come in the hash aggregation's own (deterministic) order, not in order of first
+    appearance: whoever merges partial states (``combine``) orders groups by first appearance in what it
+    merged, and that already depends on the order in which members' batches arrived.
+    """
+    return _apply(table, keys, _partial_specs(aggs), ordered=False)
 
 
 def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
@@ -98,11 +103,11 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
     return table.column(name)
 
 
-def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
     try:
         if not keys:
             return _apply_global(table, specs)
-        return _apply_grouped(table, keys, specs)
+        return _decoded(_apply_grouped(table, keys, specs, ordered=ordered), keys)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
         raise ExecutionError(f"aggregate: {exc}") from None
 
@@ -175,35 +180,58 @@ def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Array, int]:
     return acc, groups
 
 
+def _decoded(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Key columns a scan handed over dictionary-encoded, back in their own type (one value per group)."""
+    for k in keys:
+        t = table.schema.field(k).type
+        if pa.types.is_dictionary(t):
+            i = table.column_names.index(k)
+            table = table.set_column(i, pa.field(k, t.value_type), pc.cast(table.column(i), t.value_type))
+    return table
+
+
 _HASH = {"count": "count", "sum": "sum", "sum0": "sum", "min": "min", "max": "max", "distinct": "distinct"}
 
 
-def _apply_grouped(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
+def _apply_grouped(
+    table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True
+) -> pa.Table:
     if any(kernel == "merge_distinct" for _, _, kernel in specs):
         return _apply_numbered(table, keys, specs)
     # One hash aggregation straight over the key columns (NULL keys form groups of their own). Its
-    # output order is its own, so each group's first row number puts the groups in order of first
-    # appearance, as the numbered path does. Inputs get names we control: several specs may read the
-    # same column with the same kernel.
-    inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__i": arange(table.num_rows)}
+    # output order is its own; with ``ordered``, each group's first row number puts the groups in order
+    # of first appearance, as the numbered path does. Inputs get names we control; several specs that
+    # read the same column with the same kernel share one aggregation.
+    inputs: dict[str, pa.Array | pa.ChunkedArray] = {}
+    aggregations: list[tuple[str, str] | tuple[str, str, pc.FunctionOptions]] = []
+    if ordered:
+        inputs["__i"] = arange(table.num_rows)
+        aggregations.append(("__i", "min"))
     for j, k in enumerate(keys):
         inputs[f"__k{j}"] = _column(table, k)
-    aggregations: list[tuple[str, str] | tuple[str, str, pc.FunctionOptions]] = [("__i", "min")]
+    outputs: list[str] = []
+    shared: dict[tuple[str | None, str], str] = {}
     for i, (_, col, kernel) in enumerate(specs):
-        if col is None:
-            # COUNT(*): every row of the group, NULL keys included.
-            aggregations.append(("__k0", "count", pc.CountOptions(mode="all")))
-            continue
-        inputs[f"__c{i}"] = _column(table, col)
-        aggregations.append((f"__c{i}", _HASH[kernel]))
+        key = (col, _HASH[kernel])
+        if key not in shared:
+            if col is None:
+                # COUNT(*): every row of the group, NULL keys included.
+                aggregations.append(("__k0", "count", pc.CountOptions(mode="all")))
+                shared[key] = "__k0_count"
+            else:
+                inputs[f"__c{i}"] = _column(table, col)
+                aggregations.append((f"__c{i}", _HASH[kernel]))
+                shared[key] = f"__c{i}_{_HASH[kernel]}"
+        outputs.append(shared[key])
     grouped = pa.table(inputs).group_by([f"__k{j}" for j in range(len(keys))], use_threads=False)
     result = grouped.aggregate(aggregations)
-    result = result.take(pc.sort_indices(result.column("__i_min")))
+    if ordered:
+        result = result.take(pc.sort_indices(result.column("__i_min")))
     out: dict[str, pa.Array | pa.ChunkedArray] = {}
     for j, k in enumerate(keys):
         out[k] = result.column(f"__k{j}")
-    for i, (name, col, kernel) in enumerate(specs):
-        column = result.column("__k0_count" if col is None else f"__c{i}_{_HASH[kernel]}")
+    for (name, _, kernel), column_name in zip(specs, outputs, strict=True):
+        column = result.column(column_name)
         out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
     return pa.table(out)
 

@@ -12,8 +12,9 @@ only if every member has none is that an error, raised by whoever owns the whole
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +23,17 @@ import pyarrow.parquet as pq
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
 from sparkbus.roles.query.errors import ExecutionError
-from sparkbus.roles.query.expressions import Column, Expr, Scalar, columns_of, evaluate, evaluate_column
+from sparkbus.roles.query.expressions import (
+    Call,
+    Column,
+    Expr,
+    Literal,
+    Param,
+    Scalar,
+    columns_of,
+    evaluate,
+    evaluate_column,
+)
 from sparkbus.roles.query.plan import (
     Aggregate,
     Filter,
@@ -41,6 +52,57 @@ from sparkbus.roles.query.plan import (
 
 
 @dataclass(eq=False)
+class ScanSource:
+    """One version of a partition as scans read it: one aligned chunk per column, plus dictionaries.
+
+    ``source`` is the table object the store handed out for that version (a publishing role hands out
+    the same object until its rows change), so the work here is done once per version, not per query.
+    ``dictionary(column)`` dictionary-encodes a string column on first use and keeps it: predicates
+    ``column = 'text'`` then compare 32-bit indices instead of strings, and a group key on it hashes
+    indices. A column with too many distinct values for that to pay is remembered as None.
+    """
+
+    source: pa.Table
+    table: pa.Table
+    min_rows: int
+    dictionaries: dict[str, pa.DictionaryArray | None] = field(default_factory=dict)
+    positions: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def dictionary(self, column: str) -> pa.DictionaryArray | None:
+        """The dictionary encoding of string column ``column`` (None: not a string column, or not worth it)."""
+        if column in self.dictionaries:
+            return self.dictionaries[column]
+        encoded: pa.DictionaryArray | None = None
+        col = self.table.column(column) if column in self.table.column_names else None
+        rows = self.table.num_rows
+        if col is not None and rows >= self.min_rows and _is_text(col.type):
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            candidate = pc.dictionary_encode(arr)
+            if len(candidate.dictionary) <= max(16, rows // 4):
+                encoded = candidate
+        self.dictionaries[column] = encoded
+        return encoded
+
+    def position(self, column: str, value: str) -> int:
+        """Index of ``value`` in ``column``'s dictionary, -1 when no row holds it."""
+        key = (column, value)
+        found = self.positions.get(key)
+        if found is None:
+            encoded = self.dictionaries[column]
+            assert encoded is not None
+            dictionary = encoded.dictionary
+            found = int(pc.index(dictionary, pa.scalar(value, dictionary.type)).as_py())
+            if len(self.positions) >= 1024:
+                self.positions.clear()
+            self.positions[key] = found
+        return found
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+@dataclass(eq=False)
 class _Order:
     """The stable sort permutation of one version of a partition (None until a key is asked for twice)."""
 
@@ -56,10 +118,27 @@ class PartitionStore:
 
     #: sort orders kept (partition name and keys); each holds one permutation of the partition's rows
     ORDERS = 8
+    #: partitions with fewer rows are scanned without dictionaries (encoding them would not pay)
+    DICTIONARY_MIN_ROWS = 4096
 
     def __init__(self) -> None:
         self.tables: dict[str, pa.Table] = {}
         self._orders: dict[tuple[str, tuple[SortKey, ...]], _Order] = {}
+        self._sources: dict[str, ScanSource] = {}
+
+    def source(self, name: str) -> ScanSource | None:
+        """Partition ``name`` as scans read it (see ``ScanSource``), or None when this node holds none.
+
+        Prepared once per version of the partition: a version is the table object ``get`` returns.
+        """
+        table = self.get(name)
+        if table is None:
+            return None
+        entry = self._sources.get(name)
+        if entry is None or entry.source is not table:
+            entry = ScanSource(source=table, table=aligned(table), min_rows=self.DICTIONARY_MIN_ROWS)
+            self._sources[name] = entry
+        return entry
 
     def sorted_order(self, name: str, table: pa.Table, keys: Sequence[SortKey]) -> pa.Array | None:
         """The stable sort permutation of ``table`` (partition ``name`` as scanned now) by ``keys``.
@@ -253,7 +332,12 @@ def _top_k_candidates(col: pa.ChunkedArray, key: SortKey, count: int) -> pa.Chun
 
 
 def run(
-    node: PlanNode, store: PartitionStore, params: Sequence[Scalar] = (), received: pa.Table | None = None
+    node: PlanNode,
+    store: PartitionStore,
+    params: Sequence[Scalar] = (),
+    received: pa.Table | None = None,
+    *,
+    folded: bool = False,
 ) -> pa.Table | None:
     """Evaluate a fragment's plan (up to, not including, its ``Send``).
 
@@ -262,6 +346,8 @@ def run(
         store: the local partitions, for ``Scan``.
         params: the query's parameters.
         received: what the fragment's ``Receive`` yields (already folded by an ``Inbox``).
+        folded: ``received`` already holds one row per group for the final aggregate right above the
+            receive (``Inbox.folded``), which then only finishes the states.
 
     Returns:
         The rows, or None when the plan scans a table this node holds no partition of (no schema).
@@ -271,13 +357,25 @@ def run(
     """
     table: pa.Table | None = None
     ops = chain(node)
+    skip = False
     for i, op in enumerate(ops):
+        if skip:
+            skip = False
+            continue
         if isinstance(op, Scan):
             table = _scan(op, store, params, ops[i + 1 : i + 3])
         elif isinstance(op, Receive):
             table = received
         elif table is None:
             return None
+        elif folded and i == 1 and isinstance(op, Aggregate) and op.phase == "final":
+            table = aggregate.finalize(table, op.keys, op.aggs)
+        elif isinstance(op, Sort) and i + 1 < len(ops) and isinstance(ops[i + 1], Limit):
+            # A sort under a limit keeps only the limit's rows: the bounded selection finds exactly them.
+            limit = ops[i + 1]
+            assert isinstance(limit, Limit)
+            table = top_k(table, op.keys, limit.offset + limit.count).slice(limit.offset, limit.count)
+            skip = True
         else:
             table = _step(op, table, params)
     return table
@@ -294,9 +392,10 @@ def _scan(
     match, instead of filtering the whole partition; the operators above then see exactly the rows and
     order the top-k would have kept.
     """
-    table = store.get(op.table)
-    if table is None:
+    src = store.source(op.table)
+    if src is None:
         return None
+    table = src.table
     wanted = op.columns
     project = above[0] if above and isinstance(above[0], Project) else None
     if wanted is None and project is not None:
@@ -316,15 +415,90 @@ def _scan(
         first = _first_in_order(source, order, op.predicate, params, topk[1])
         if first is not None:
             return first.select(list(wanted)) if wanted is not None else first
-    if op.predicate is None:
-        return table.select(list(wanted)) if wanted is not None else table
-    mask = _mask(table, op.predicate, params)
-    if isinstance(mask, pa.Scalar):
-        table = table if mask.as_py() is True else table.slice(0, 0)
-        return table.select(list(wanted)) if wanted is not None else table
+    mask = _source_mask(src, op.predicate, params) if op.predicate is not None else None
     if wanted is not None:
         table = table.select(list(wanted))
+    for name in _group_key_columns(above):
+        encoded = src.dictionary(name) if name in table.column_names else None
+        if encoded is not None:
+            i = table.column_names.index(name)
+            table = table.set_column(i, pa.field(name, encoded.type), encoded)
+    if mask is None:
+        return table
+    if isinstance(mask, pa.Scalar):
+        return table if mask.as_py() is True else table.slice(0, 0)
     return table.filter(mask)
+
+
+def _group_key_columns(above: Sequence[PlanNode]) -> set[str]:
+    """Scan columns that the operators above read only as group keys of a (partial or single) aggregate.
+
+    The scan may hand those over dictionary-encoded: the aggregate hashes the 32-bit indices and decodes
+    its (few) output keys back to the column's type, so nothing else ever sees the encoding.
+    """
+    project = above[0] if above and isinstance(above[0], Project) else None
+    agg = above[1] if project is not None and len(above) > 1 else (above[0] if above else None)
+    if not isinstance(agg, Aggregate) or not agg.keys or agg.phase == "final":
+        return set()
+    uses: dict[str, set[str | None]] = {}
+    if project is None:
+        for name in agg.keys:
+            uses.setdefault(name, set()).add(name)
+    else:
+        for name, e in project.items:
+            for c in columns_of(e):
+                uses.setdefault(c, set()).add(name if isinstance(e, Column) else None)
+    inputs = {a.column for a in agg.aggs}
+    if project is None:
+        for read in inputs:
+            if read is not None:
+                uses.setdefault(read, set()).add(None)
+    return {
+        c
+        for c, outs in uses.items()
+        if outs and all(o is not None and o in agg.keys and o not in inputs for o in outs)
+    }
+
+
+_LOGIC = {"and": pc.and_kleene, "or": pc.or_kleene}
+
+
+def _source_mask(src: ScanSource, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:
+    """``_mask`` over a scan source: ``column = 'text'`` (or ``<>``) on a dictionary-encoded column compares
+    the column's indices with the text's index (NULL rows stay NULL, text no row holds matches none)."""
+    mask = _dictionary_eval(src, predicate, params)
+    if not isinstance(mask, pa.Scalar) and not pa.types.is_boolean(mask.type):
+        raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
+    return mask
+
+
+def _dictionary_eval(src: ScanSource, expr: Expr, params: Sequence[Scalar]) -> Any:
+    if isinstance(expr, Call):
+        if expr.op in _LOGIC:
+            left = _dictionary_eval(src, expr.args[0], params)
+            right = _dictionary_eval(src, expr.args[1], params)
+            try:
+                return _LOGIC[expr.op](left, right)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise ExecutionError(f"{expr.op}: {exc}") from None
+        if expr.op in ("eq", "ne"):
+            a, b = expr.args
+            col, const = (a, b) if isinstance(a, Column) else (b, a)
+            if isinstance(col, Column) and isinstance(const, Literal | Param):
+                value = const.value if isinstance(const, Literal) else _param(params, const.index)
+                encoded = src.dictionary(col.name) if isinstance(value, str) else None
+                if encoded is not None:
+                    assert isinstance(value, str)
+                    index = pa.scalar(src.position(col.name, value), encoded.indices.type)
+                    compare = pc.equal if expr.op == "eq" else pc.not_equal
+                    return compare(encoded.indices, index)
+    return evaluate(expr, src.table, params)
+
+
+def _param(params: Sequence[Scalar], index: int) -> Scalar:
+    if index >= len(params):
+        raise ExecutionError(f"parameter {index} is not given ({len(params)} parameters)")
+    return params[index]
 
 
 def _top_k_above(above: Sequence[PlanNode], columns: Sequence[str]) -> tuple[list[SortKey], int] | None:
@@ -425,6 +599,8 @@ class Inbox:
         self._above2 = ops[2] if len(ops) > 2 else None
         self.table: pa.Table | None = None
         self.batches = 0
+        #: ``table`` is one row per group of the final aggregate above (two batches or more were merged)
+        self.folded = False
 
     def add(self, data: bytes) -> int:
         """Fold one received batch (an Arrow IPC stream; empty means "no data here"); returns its rows.
@@ -440,7 +616,11 @@ class Inbox:
         except DecodeError as exc:
             raise ExecutionError(f"bad row batch: {exc}") from None
         incoming = aligned(pa.Table.from_batches([batch]))
-        self.table = incoming if self.table is None else self._compact(concat([self.table, incoming]))
+        if self.table is None:
+            self.table = incoming
+        else:
+            self.table = self._compact(concat([self.table, incoming]))
+            self.folded = isinstance(self._above, Aggregate) and self._above.phase == "final"
         return int(batch.num_rows)
 
     def _compact(self, table: pa.Table) -> pa.Table:

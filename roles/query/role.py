@@ -340,7 +340,8 @@ class QueryRole:
         start = q.start
         run.done = True
         try:
-            table = engine.run(run.fragment.root, self.store, start.parameters, received)
+            folded = run.inbox is not None and run.inbox.folded
+            table = engine.run(run.fragment.root, self.store, start.parameters, received, folded=folded)
         except QueryError as exc:
             self._fail(q, exc.code, exc.message, self.member, out)
             return
