@@ -42,6 +42,8 @@ Nums = npt.NDArray[Any]
 _SLOT, _VALUE, _MULT = "__slot", "__v", "__m"
 #: Vanished groups' slots are reclaimed once there are more than this many and more than live ones.
 _RECLAIM_FLOOR = 1024
+#: Batches with more rows than this are aggregated per group before their groups are interned.
+_PREAGGREGATE = 16384
 
 
 class ViewError(ValueError):
@@ -111,9 +113,10 @@ class _SlotMap:
         before = self.keys.num_rows
         fresh = np.flatnonzero(slots >= before)
         if fresh.size:
-            # Codes are handed out in order of first appearance, so np.unique's order is the slots' order.
-            _, first = np.unique(slots[fresh], return_index=True)
-            added = delta.select(names).take(pa.array(fresh[first]))
+            # The first row of each new slot, in slot order (a sort would cost O(n log n) on a big batch).
+            first = np.full(int(slots.max()) + 1 - before, delta.num_rows, np.int64)
+            np.minimum.at(first, slots[fresh] - before, fresh)
+            added = delta.select(names).take(pa.array(first))
             self.keys = pa.concat_tables([self.keys, added.cast(self.keys.schema)]).combine_chunks()
         return slots
 
@@ -230,35 +233,30 @@ class Reduction:
         group whose accumulators did not change yields nothing).
         """
         rows = delta.num_rows
+        adds = self._contributions(delta)
+        keyed = delta
+        if self._map is not None and rows > _PREAGGREGATE and not self._mults:
+            # A big batch (a dataflow's first step over a whole snapshot): one hash aggregation per group
+            # is cheaper than interning every row, and leaves one contribution per group to add.
+            names = [f"__a{i}" for i in range(len(adds))]
+            parts = pa.table({**{k: delta[k] for k in self.keys}, **dict(zip(names, adds, strict=True))})
+            keyed = parts.group_by(self.keys, use_threads=False).aggregate([(n, "sum") for n in names])
+            adds = [_np(keyed[f"{n}_sum"]) for n in names]
+            rows = keyed.num_rows
         if self._map is None:
             slots: Ints = np.zeros(rows, np.int64)
             touched: Ints = np.zeros(1 if self.global_agg else min(rows, 1), np.int64)
         else:
-            slots = self._map.slots(delta) if rows else np.zeros(0, np.int64)
+            slots = self._map.slots(keyed) if rows else np.zeros(0, np.int64)
             self._reserve(len(self._map))
             self._flags[slots] = True
             touched = np.flatnonzero(self._flags)
             self._flags[touched] = False
         if touched.size == 0:
             return self.update_schema.empty_table()
-        accs = self._accumulators()
-        before = [a[touched] for a in accs]
-        diff = _np(delta[DIFF]).astype(np.int64, copy=False)
-        np.add.at(self._n, slots, diff)
-        for slot in self.slots:
-            column = slot.agg.column
-            if column is None or slot.count is None:
-                continue
-            values = delta[column]
-            nulls = values.null_count
-            valid = None if not nulls else _np(pc.is_valid(values)).astype(np.bool_)
-            np.add.at(self._counts[slot.count], slots, diff if valid is None else diff * valid)
-            if slot.total is not None:
-                assert slot.total_type is not None
-                typed = pc.cast(values, slot.total_type)
-                if nulls:
-                    typed = pc.fill_null(typed, pa.scalar(0, slot.total_type))
-                np.add.at(self._totals[slot.total], slots, _np(typed) * diff)
+        before = [a[touched] for a in self._accumulators()]
+        for acc, add in zip(self._accumulators(), adds, strict=True):
+            np.add.at(acc, slots, add)
         # A group whose row count returns to zero is gone: its other accumulators restart from zero too
         # (a float sum may keep a residue of rounding otherwise).
         gone = touched[self._n[touched] == 0]
@@ -289,6 +287,27 @@ class Reduction:
         if self._map is not None and len(self._map) > max(_RECLAIM_FLOOR, 2 * self._live, self._reclaim_at):
             self._reclaim()
         return out
+
+    def _contributions(self, delta: pa.Table) -> list[Nums]:
+        """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``)."""
+        diff = _np(delta[DIFF]).astype(np.int64, copy=False)
+        counts: list[Nums] = [diff] * len(self._counts)
+        totals: list[Nums] = [diff] * len(self._totals)
+        for slot in self.slots:
+            column = slot.agg.column
+            if column is None or slot.count is None:
+                continue
+            values = delta[column]
+            nulls = values.null_count
+            valid = None if not nulls else _np(pc.is_valid(values)).astype(np.bool_)
+            counts[slot.count] = diff if valid is None else diff * valid
+            if slot.total is not None:
+                assert slot.total_type is not None
+                typed = pc.cast(values, slot.total_type)
+                if nulls:
+                    typed = pc.fill_null(typed, pa.scalar(0, slot.total_type))
+                totals[slot.total] = _np(typed) * diff
+        return [diff, *counts, *totals]
 
     def _extremes(
         self, delta: pa.Table, slots: Ints, touched: Ints, changed: npt.NDArray[np.bool_]

@@ -77,13 +77,20 @@ history = st.lists(
 
 
 @settings(max_examples=80, deadline=None)
-@given(batches=history, view=st.sampled_from([TWO_KEYS, ONE_KEY, SUMS_ONLY]), reclaim=st.booleans())
+@given(
+    batches=history,
+    view=st.sampled_from([TWO_KEYS, ONE_KEY, SUMS_ONLY]),
+    reclaim=st.booleans(),
+    preaggregate=st.booleans(),
+)
 def test_maintained_equals_recomputed(
-    batches: list[list[tuple[bool, Row, int]]], view: ViewDef, reclaim: bool
+    batches: list[list[tuple[bool, Row, int]]], view: ViewDef, reclaim: bool, preaggregate: bool
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        # With the floor at 0, vanished groups' slots are reclaimed once they outnumber the live ones.
+        # With the floor at 0, vanished groups' slots are reclaimed once they outnumber the live ones; with
+        # the threshold at 0, every batch is aggregated per group before interning (as big batches are).
         patch.setattr(reduction_module, "_RECLAIM_FLOOR", 0 if reclaim else 1024)
+        patch.setattr(reduction_module, "_PREAGGREGATE", 0 if preaggregate else 16384)
         check(batches, view)
 
 
