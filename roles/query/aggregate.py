@@ -14,8 +14,11 @@ aggregation over the group number computes every state; NULL is a group of its o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -198,6 +201,10 @@ def _apply_grouped(
 ) -> pa.Table:
     if any(kernel == "merge_distinct" for _, _, kernel in specs):
         return _apply_numbered(table, keys, specs)
+    if not ordered:
+        dense = _apply_dense(table, keys, specs)
+        if dense is not None:
+            return dense
     # One hash aggregation straight over the key columns (NULL keys form groups of their own). Its
     # output order is its own; with ``ordered``, each group's first row number puts the groups in order
     # of first appearance, as the numbered path does. Inputs get names we control; several specs that
@@ -233,6 +240,105 @@ def _apply_grouped(
     for (name, _, kernel), column_name in zip(specs, outputs, strict=True):
         column = result.column(column_name)
         out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
+    return pa.table(out)
+
+
+#: a key whose values span at most this many (or twice the rows) is counted in dense bins
+_DENSE_SPAN = 1 << 16
+_SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+
+
+def _dense_ids(
+    col: pa.Array,
+) -> tuple[npt.NDArray[np.intp], int, Callable[[npt.NDArray[np.intp]], pa.Array]] | None:
+    """Bin numbers for a key column whose values are few and dense, or None.
+
+    A dictionary column's bins are its indices; a signed integer column's are ``value - min`` when the
+    values span at most ``max(_DENSE_SPAN, 2 * rows)``. NULL keys get the last bin. Also returns the
+    number of bins and how to turn bin numbers back into key values.
+    """
+    t = col.type
+    if pa.types.is_dictionary(t):
+        dictionary = col.dictionary
+        indices = col.indices
+        bins = len(dictionary)
+        values = dictionary.cast(t.value_type)
+
+        def keys_of(ids: npt.NDArray[np.intp]) -> pa.Array:
+            return values.take(pa.array(np.where(ids == bins, -1, ids), mask=ids == bins))
+
+        raw = indices
+        offset = 0
+    elif t in _SIGNED:
+        bounds = pc.min_max(col)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo is None:  # every key is NULL: no bins but the NULL one
+            lo, hi = 0, -1
+        if hi - lo >= max(_DENSE_SPAN, 2 * len(col)):
+            return None
+        bins = hi - lo + 1
+        raw = col
+        offset = lo
+
+        def keys_of(ids: npt.NDArray[np.intp]) -> pa.Array:
+            return pa.array(ids + offset, t, mask=ids == bins)
+
+    else:
+        return None
+    filled = pc.fill_null(raw, pa.scalar(offset, raw.type)) if raw.null_count else raw
+    ids = filled.to_numpy().astype(np.intp, copy=False)
+    if offset:
+        ids = ids - offset
+    if raw.null_count:
+        if not ids.flags.writeable:  # a view of the Arrow buffer
+            ids = ids.copy()
+        ids[np.asarray(pc.is_null(raw))] = bins
+    return ids, bins + 1, keys_of
+
+
+def _apply_dense(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table | None:
+    """Counts and float sums per group of one few-valued key, by counting in bins (NumPy), or None.
+
+    For partial states only (groups come in bin order). Sums add each group's values in row order, as
+    the hash aggregation does, so both give the same bits. Anything else is left to the hash aggregation.
+    """
+    if len(keys) != 1 or table.num_rows == 0:
+        return None
+    for _, col, kernel in specs:
+        if kernel == "count":
+            continue
+        if kernel != "sum" or col is None or _column(table, col).type != pa.float64():
+            return None
+    key = _column(table, keys[0])
+    dense = _dense_ids(key.chunk(0) if key.num_chunks == 1 else key.combine_chunks())
+    if dense is None:
+        return None
+    ids, bins, keys_of = dense
+    rows = np.bincount(ids, minlength=bins)
+    present = np.flatnonzero(rows)
+    out: dict[str, pa.Array] = {keys[0]: keys_of(present)}
+    done: dict[tuple[str | None, str], pa.Array] = {}
+    for name, col, kernel in specs:
+        if (col, kernel) in done:
+            out[name] = done[(col, kernel)]
+            continue
+        if col is None:
+            result = pa.array(rows[present], pa.int64())
+        else:
+            values = _column(table, col)
+            arr = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+            valid: npt.NDArray[Any] = rows
+            if arr.null_count:
+                valid = np.bincount(ids, weights=np.asarray(pc.is_valid(arr)), minlength=bins).astype(
+                    np.int64
+                )
+            if kernel == "count":
+                result = pa.array(valid[present], pa.int64())
+            else:
+                filled = pc.fill_null(arr, pa.scalar(0.0)) if arr.null_count else arr
+                sums = np.bincount(ids, weights=filled.to_numpy(), minlength=bins)
+                result = pa.array(sums[present], pa.float64(), mask=valid[present] == 0)
+        out[name] = done[(col, kernel)] = result
     return pa.table(out)
 
 
