@@ -461,7 +461,7 @@ class ReplicationRole(Receiving):
         )
         if split is not None:
             file, size, checksum, rows = rep.store.rewrite_for_range(
-                entry, split.partition, split.low, split.high
+                entry, split.partition, split.low, split.high, receiver=replica.placement
             )
             temp = True
         self.outgoing[dest] = _Out(

@@ -428,12 +428,20 @@ class PartitionStore:
         self.storage.delete(segment_file(segment_id))
 
     def rewrite_for_range(
-        self, entry: SegmentEntry, target: str, low: int | str | None, high: int | str | None
+        self,
+        entry: SegmentEntry,
+        target: str,
+        low: int | str | None,
+        high: int | str | None,
+        *,
+        receiver: int,
     ) -> tuple[str, int, bytes, int]:
         """Write segment ``entry`` restricted to ``low <= key < high`` for split target ``target``.
 
         The copy keeps the segment id, base id, included ids and major flag (spec 3.8). Returns
-        (file name, size, checksum, rows); the caller deletes the file when the transfer ends.
+        (file name, size, checksum, rows); the caller deletes the file when the transfer ends. Each
+        receiving replica (``receiver``, its placement) gets a file of its own: transfers of one split
+        segment to two replicas end at different times, and the first to end deletes its file.
         """
         table = read_table(self.storage, segment_file(entry.segment_id))
         column = table.column(self.config.key[0])
@@ -443,7 +451,7 @@ class PartitionStore:
         if high is not None:
             mask = pc.and_(mask, pc.less(column, high))
         part = table.filter(mask)
-        name = f"split-{target.replace('/', '~')}-{entry.segment_id}"
+        name = f"split-{target.replace('/', '~')}-r{receiver}-{entry.segment_id}"
         header = SegmentHeader(
             segment_id=entry.segment_id,
             base_id=entry.base_id,

@@ -215,3 +215,14 @@ def test_join_finalize_reaches_a_replica_that_was_offline(seed: int) -> None:
         assert c.leader(n) == "c", "finalized, c is first in placement order and leads everywhere"
     c.assert_identical(NODES, keys)
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [7, 23])
+def test_one_split_segment_reaches_both_replicas_of_a_target(seed: int) -> None:
+    """Both replicas of a split target receive the same split segment; each transfer has its own file.
+
+    With one temporary file per (target, segment), the transfer that ended first deleted it and the other
+    failed on the missing file, leaving the source stuck in UNLOAD (these seeds, an async split with a
+    replica offline).
+    """
+    test_split_while_a_replica_is_offline(True, seed)
