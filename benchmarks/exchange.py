@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
+import statistics
 import sys
 import threading
 import time
@@ -52,20 +53,23 @@ def cell_plan(
     return plan
 
 
-def fill(plan: list[dict[str, int]]) -> OutputBuffers:
+def task_ids(cell: dict[str, int], rep: int) -> list[str]:
+    return [f"c{cell['chunk']}-p{cell['parallel']}-r{rep}-{i}" for i in range(cell["parallel"])]
+
+
+def fill(plan: list[dict[str, int]], repeat: int) -> OutputBuffers:
     bufs = OutputBuffers(instance_id="bench", max_buffer_bytes=1 << 50, max_total_bytes=1 << 60)
     payload = {c["chunk"]: random.Random(c["chunk"]).randbytes(c["chunk"]) for c in plan}
     for c in plan:
-        for i in range(c["parallel"]):
-            task = f"c{c['chunk']}-p{c['parallel']}-{i}"
+        for task in (t for rep in range(repeat) for t in task_ids(c, rep)):
             bufs.create(task, 0)
             bufs.add_pages(task, 0, [payload[c["chunk"]]] * c["chunks"])  # one object, shared: no copies
             bufs.no_more_pages(task, 0)
     return bufs
 
 
-def binx_server_main(plan: list[dict[str, int]], port_q: Any) -> None:
-    server = BinxServer(fill(plan), max_wait=0.0)
+def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any) -> None:
+    server = BinxServer(fill(plan, repeat), max_wait=0.0)
     codec = EnvelopeCodec(limits=LIMITS)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -85,80 +89,113 @@ def binx_server_main(plan: list[dict[str, int]], port_q: Any) -> None:
     ctx.term()
 
 
-def http_server_main(plan: list[dict[str, int]], port_q: Any, stop: Any) -> None:
-    server = HttpExchangeServer(fill(plan), host="127.0.0.1", port=0, max_wait=0.0).start()
+def http_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, stop: Any) -> None:
+    server = HttpExchangeServer(fill(plan, repeat), host="127.0.0.1", port=0, max_wait=0.0).start()
     port_q.put(server.port)
     stop.wait()
     server.close()
 
 
-def binx_exchange(ctx: zmq.Context[Any], port: int, task: str, out: list[int]) -> None:
-    """One exchange source: the real client role, driven by a minimal loop over a DEALER."""
-    codec = EnvelopeCodec(limits=LIMITS)
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 30_000)
-    sock.connect(f"tcp://127.0.0.1:{port}")
-    client = BinxClient(rng=random.Random(0), max_request_bytes=1, max_wait=0.0)
-    list(client.handle(PeerUp(peer="srv"), 0.0))
-    call = 0
-    got = 0
-    pending: list[Any] = []
+class BinxDriver:
+    """The client node's side of BinX: one ``BinxClient`` role over one DEALER, driven by one loop.
 
-    def run(actions: Any) -> None:
-        for a in actions:
+    This is how a node runs the role (one loop thread, one connection per peer, every exchange source
+    multiplexed over it), minus the bus: the loop hands the role its replies and fetch calls directly and
+    sends its requests. Each source keeps one DATA request outstanding (RFC-0009); the sources of a cell
+    are pipelined over the one connection, which is BinX's point against HTTP/1.1.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], port: int) -> None:
+        self.codec = EnvelopeCodec(limits=LIMITS)
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, 30_000)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.client = BinxClient(rng=random.Random(0), max_request_bytes=1, max_wait=0.0)
+        self._handle(PeerUp(peer="srv"))
+        self._calls = 0
+        self._replies: dict[int, Reply] = {}
+
+    def _handle(self, event: Any) -> None:
+        send = self.sock.send_multipart
+        encode = self.codec.encode
+        for a in self.client.handle(event, 0.0):
             if isinstance(a, Send):
-                sock.send_multipart(codec.encode(a.message), copy=False)
+                send(encode(a.message), copy=False)
             elif isinstance(a, Reply):
-                pending.append(a)
+                self._replies[a.call_id] = a
 
-    while True:
-        call += 1
-        run(
-            client.handle(
-                LocalCall(call_id=call, name="fetch", args={"peer": "srv", "task_id": task, "buffer_id": 0}),
-                0.0,
-            )
-        )
-        while not pending:
-            frames = sock.recv_multipart(copy=False)
-            msg = codec.decode([f.buffer for f in frames], copy_blobs=False).message
-            run(client.handle(MessageReceived(peer="srv", message=msg), 0.0))
-        reply = pending.pop()
-        if reply.error:
-            raise RuntimeError(reply.error)
-        got += sum(len(p) for p in reply.result["pages"])
-        if reply.result["complete"]:
-            break
-    while client.source("srv", task, 0) is not None or client._requests:
-        frames = sock.recv_multipart(copy=False)  # the DELETE acknowledgement
-        run(
-            client.handle(
-                MessageReceived(peer="srv", message=codec.decode([f.buffer for f in frames]).message), 0.0
-            )
-        )
-    sock.close()
-    out.append(got)
+    def _call(self, name: str, task: str) -> int:
+        self._calls += 1
+        args = {"peer": "srv", "task_id": task, "buffer_id": 0}
+        self._handle(LocalCall(call_id=self._calls, name=name, args=args))
+        return self._calls
+
+    def _receive(self) -> None:
+        frames = self.sock.recv_multipart(copy=False)
+        msg = self.codec.decode([f.buffer for f in frames], copy_blobs=False).message
+        self._handle(MessageReceived(peer="srv", message=msg))
+
+    def warm_up(self) -> None:
+        """One DELETE round trip, so that the connection exists before anything is timed."""
+        call = self._call("close", "warm-up")
+        while call not in self._replies:
+            self._receive()
+        del self._replies[call]
+
+    def pull(self, tasks: list[str]) -> int:
+        """Fetch every page of ``tasks`` at once; return the bytes received once every DELETE is answered."""
+        calls = {self._call("fetch", t): t for t in tasks}
+        got = 0
+        while calls:
+            if not any(c in self._replies for c in calls):
+                self._receive()
+                continue
+            for call in [c for c in calls if c in self._replies]:
+                task = calls.pop(call)
+                reply = self._replies.pop(call)
+                if reply.error:
+                    raise RuntimeError(reply.error)
+                got += sum(len(p) for p in reply.result["pages"])
+                if not reply.result["complete"]:
+                    calls[self._call("fetch", task)] = task
+        while any(self.client.source("srv", t, 0) is not None for t in tasks):
+            self._receive()  # the DELETE acknowledgements
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def http_exchange(port: int, task: str, out: list[int]) -> None:
-    with HttpExchangeClient("127.0.0.1", port, timeout=30.0) as client:
-        out.append(sum(len(p) for p in client.fetch_all(task, 0, max_bytes=1, max_wait=0.0)))
+def http_exchange(client: HttpExchangeClient, task: str, start: threading.Barrier, out: list[int]) -> None:
+    start.wait()
+    out.append(sum(len(p) for p in client.fetch_all(task, 0, max_bytes=1, max_wait=0.0)))
 
 
-def run_cell(kind: str, port: int, cell: dict[str, int], ctx: zmq.Context[Any]) -> float:
+def run_cell(
+    kind: str, cell: dict[str, int], rep: int, binx: BinxDriver, http: list[HttpExchangeClient]
+) -> float:
+    """Seconds to pull the cell's buffers, connections already open (both protocols keep theirs)."""
+    tasks = task_ids(cell, rep)
     out: list[int] = []
-    tasks = [f"c{cell['chunk']}-p{cell['parallel']}-{i}" for i in range(cell["parallel"])]
     if kind == "binx":
-        threads = [threading.Thread(target=binx_exchange, args=(ctx, port, t, out)) for t in tasks]
+        t0 = time.perf_counter()
+        out.append(binx.pull(tasks))
+        elapsed = time.perf_counter() - t0
     else:
-        threads = [threading.Thread(target=http_exchange, args=(port, t, out)) for t in tasks]
-    t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(600)
-    elapsed = time.perf_counter() - t0
+        # HTTP/1.1 has no multiplexing: one keep-alive connection (and one blocking thread) per exchange,
+        # as a connection pool gives; the threads start together behind a barrier.
+        start = threading.Barrier(len(tasks) + 1)
+        threads = [
+            threading.Thread(target=http_exchange, args=(http[i], t, start, out)) for i, t in enumerate(tasks)
+        ]
+        for th in threads:
+            th.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for th in threads:
+            th.join(600)
+        elapsed = time.perf_counter() - t0
     expected = cell["chunk"] * cell["chunks"] * cell["parallel"]
     if sum(out) != expected:
         raise RuntimeError(f"{kind} {cell}: got {sum(out)} bytes, expected {expected}")
@@ -208,9 +245,11 @@ def _size(n: int) -> str:
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
+    p.add_argument("--repeat", type=int, default=None, help="runs per cell (median kept); 3 quick, 1 full")
     args = p.parse_args()
+    repeat = args.repeat or (3 if args.quick else 1)
     if args.quick:
-        sizes, parallel, chunks, cap = [32, 256 * KiB, 1 * MiB], [1, 4], 16, 64 * MiB
+        sizes, parallel, chunks, cap = [32, 256 * KiB, 1 * MiB], [1, 4], 128, 64 * MiB
     else:
         sizes = [32, 1 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB]
         parallel, chunks, cap = [1, 4, 16], 128, args.max_cell_bytes
@@ -218,22 +257,31 @@ def main() -> None:
     mpctx = mp.get_context("spawn")
     port_q: Any = mpctx.Queue()
     stop = mpctx.Event()
-    binx_proc = mpctx.Process(target=binx_server_main, args=(plan, port_q), daemon=True)
-    http_proc = mpctx.Process(target=http_server_main, args=(plan, port_q, stop), daemon=True)
+    binx_proc = mpctx.Process(target=binx_server_main, args=(plan, repeat, port_q), daemon=True)
+    http_proc = mpctx.Process(target=http_server_main, args=(plan, repeat, port_q, stop), daemon=True)
     binx_proc.start()
     binx_port = port_q.get(timeout=120)
     http_proc.start()
     http_port = port_q.get(timeout=120)
     ctx: zmq.Context[Any] = zmq.Context()
     matrix = []
+    binx = BinxDriver(ctx, binx_port)
+    http = [HttpExchangeClient("127.0.0.1", http_port, timeout=30.0) for _ in range(max(parallel))]
     try:
+        binx.warm_up()
+        for i, client in enumerate(http):
+            client.delete(f"warm-up-{i}", 0)  # opens the keep-alive connection
         for cell in plan:
             total = cell["chunk"] * cell["chunks"] * cell["parallel"]
-            binx_s = run_cell("binx", binx_port, cell, ctx)
-            http_s = run_cell("http", http_port, cell, ctx)
+            runs: dict[str, list[float]] = {"binx": [], "http": []}
+            for rep in range(repeat):
+                for kind in ("binx", "http") if rep % 2 == 0 else ("http", "binx"):
+                    runs[kind].append(run_cell(kind, cell, rep, binx, http))
+            binx_s, http_s = statistics.median(runs["binx"]), statistics.median(runs["http"])
             matrix.append(
                 {
                     **cell,
+                    "repeat": repeat,
                     "bytes": total,
                     "binx_s": binx_s,
                     "http_s": http_s,
@@ -245,6 +293,9 @@ def main() -> None:
                 }
             )
     finally:
+        binx.close()
+        for client in http:
+            client.close()
         stop.set()
         stopper = ctx.socket(zmq.DEALER)
         stopper.setsockopt(zmq.LINGER, 1000)
@@ -257,8 +308,15 @@ def main() -> None:
     small = [m["ratio"] for m in matrix if m["chunk"] <= 256 * KiB]
     large = [m["ratio"] for m in matrix if m["chunk"] >= 1 * MiB]
     figures = {
-        "binx_transport": "pyzmq DEALER/ROUTER carrying EnvelopeCodec-encoded BinX PDUs (not the bus node loop)",
-        "http_transport": "http.server.ThreadingHTTPServer (HTTP/1.1 keep-alive) and http.client",
+        "binx_transport": (
+            "pyzmq DEALER/ROUTER carrying EnvelopeCodec-encoded BinX PDUs (not the bus node loop); "
+            "client: one loop, one connection, every exchange multiplexed"
+        ),
+        "http_transport": (
+            "http.server.ThreadingHTTPServer (HTTP/1.1 keep-alive, TCP_NODELAY both sides) and http.client; "
+            "one connection and one thread per exchange"
+        ),
+        "connections_opened_before_timing": True,
         "one_chunk_per_request": True,
         "matrix": matrix,
         "binx_vs_http_small_min_ratio": min(small) if small else None,

@@ -12,7 +12,15 @@ from sparkbus.roles.exchange.buffers import (
 )
 from sparkbus.roles.exchange.client import CLIENT_ROLE, BinxClient, Source, SourceEvent, SourceState
 from sparkbus.roles.exchange.factories import make_client, make_server
-from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange.messages import (
+    BinReply,
+    BinRequest,
+    ErrorCode,
+    ReplyStatus,
+    RequestType,
+    pack_sizes,
+    unpack_sizes,
+)
 from sparkbus.roles.exchange.server import SERVER_ROLE, BinxServer, reply_for
 
 __all__ = [
@@ -39,5 +47,7 @@ __all__ = [
     "Waiter",
     "make_client",
     "make_server",
+    "pack_sizes",
     "reply_for",
+    "unpack_sizes",
 ]

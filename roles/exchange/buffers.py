@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from sparkbus.bus.contract import LocalProtocolError
 from sparkbus.codecs import MiB
@@ -298,7 +299,7 @@ class OutputBuffer:
         freed, _ = self.acknowledge(token)
         finished = self.state is BufferState.NO_MORE_PAGES
         if size_only:
-            sizes = tuple(len(p) for p in self._first_pages(MAX_REMAINING_ENTRIES))
+            sizes = self._sizes(0, MAX_REMAINING_ENTRIES)
             return self._result(token, token, complete=finished and not self._pages, remaining=sizes), freed
         taken: list[bytes] = []
         total = 0
@@ -307,19 +308,16 @@ class OutputBuffer:
                 break
             taken.append(page)
             total += len(page)
-        rest = tuple(len(p) for p in self._first_pages(MAX_REMAINING_ENTRIES, skip=len(taken)))
+        rest = self._sizes(len(taken), MAX_REMAINING_ENTRIES)
         nxt = token + len(taken)
         result = self._result(
             token, nxt, pages=tuple(taken), complete=finished and nxt == self.next_token, remaining=rest
         )
         return result, freed
 
-    def _first_pages(self, n: int, skip: int = 0) -> Iterable[bytes]:
-        for i, page in enumerate(self._pages):
-            if i >= skip + n:
-                break
-            if i >= skip:
-                yield page
+    def _sizes(self, skip: int, n: int) -> tuple[int, ...]:
+        """Sizes of up to ``n`` held pages after the first ``skip`` (read on every request: kept in C)."""
+        return tuple(map(len, islice(self._pages, skip, skip + n)))
 
     def _result(
         self,

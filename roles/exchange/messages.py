@@ -11,6 +11,8 @@ names of the RFC.
 from __future__ import annotations
 
 import enum
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sparkbus.codecs import blob, message
@@ -20,6 +22,26 @@ U64_MAX = (1 << 64) - 1
 MAX_TASK_ID_LENGTH = 1024
 #: The most page sizes a reply lists in ``remainingBytes`` (bounds reply and header sizes).
 MAX_REMAINING_ENTRIES = 1024
+#: Bytes per entry of a packed ``remainingBytes`` (a little-endian u64, the RFC's ``uint64_t``).
+SIZE_BYTES = 8
+
+
+def pack_sizes(sizes: Iterable[int]) -> bytes:
+    """Page sizes as ``remainingBytes`` carries them: little-endian u64s, back to back.
+
+    Raises:
+        ValueError: a size is not a u64.
+    """
+    values = tuple(sizes)
+    try:
+        return struct.pack(f"<{len(values)}Q", *values)
+    except struct.error:
+        raise ValueError(f"page sizes must be u64s, got {values!r}") from None
+
+
+def unpack_sizes(packed: bytes) -> tuple[int, ...]:
+    """The page sizes of a packed ``remainingBytes`` (``pack_sizes`` reversed)."""
+    return struct.unpack(f"<{len(packed) // SIZE_BYTES}Q", packed)
 
 
 class RequestType(enum.IntEnum):
@@ -135,7 +157,9 @@ class BinReply:
         pageToken: the token of the first page in the reply (the requested token).
         pageNextToken: the token to ask for next (``pageToken`` plus the number of pages sent).
         remainingBytes: sizes of the pages available after the ones sent (for a size probe: from
-            ``pageToken``), at most ``MAX_REMAINING_ENTRIES`` of them.
+            ``pageToken``), at most ``MAX_REMAINING_ENTRIES`` of them, packed as little-endian u64s
+            (``pack_sizes``; ``remaining()`` unpacks them). One msgpack bin instead of an array: a full
+            128-page buffer lists 127 sizes on every reply, and this keeps that cost flat.
         pageSizes: the size of each page in ``data``, in order (ours: splits the blob).
         instanceId: the incarnation of the producing task; a change means the tokens restarted.
         errorCode: why a SERVER_ERROR happened (NONE otherwise).
@@ -149,7 +173,7 @@ class BinReply:
     bufferComplete: bool
     pageToken: int
     pageNextToken: int
-    remainingBytes: tuple[int, ...]
+    remainingBytes: bytes
     pageSizes: tuple[int, ...]
     instanceId: str
     errorCode: ErrorCode = ErrorCode.NONE
@@ -171,14 +195,22 @@ class BinReply:
             )
         if any(s < 0 for s in self.pageSizes) or sum(self.pageSizes) != len(self.data):
             raise ValueError(f"BinReply.pageSizes must be >= 0 and sum to len(data) = {len(self.data)}")
-        if len(self.remainingBytes) > MAX_REMAINING_ENTRIES or any(n < 0 for n in self.remainingBytes):
-            raise ValueError(f"BinReply.remainingBytes must hold at most {MAX_REMAINING_ENTRIES} sizes >= 0")
+        n_bytes = len(self.remainingBytes)
+        if n_bytes % SIZE_BYTES or n_bytes > MAX_REMAINING_ENTRIES * SIZE_BYTES:
+            raise ValueError(
+                f"BinReply.remainingBytes must be at most {MAX_REMAINING_ENTRIES} packed u64 sizes "
+                f"({SIZE_BYTES} bytes each), got {n_bytes} bytes"
+            )
         if (self.status is ReplyStatus.SERVER_ERROR) != (self.errorCode is not ErrorCode.NONE):
             raise ValueError("BinReply.errorCode must be set exactly when status is SERVER_ERROR")
         if self.pageSizes and self.status is not ReplyStatus.OK:
             raise ValueError(f"BinReply.status must be OK when pages are sent, got {self.status.name}")
         if self.pageSizes and self.replyType is not RequestType.DATA:
             raise ValueError(f"BinReply.pageSizes must be empty for a {self.replyType.name} reply")
+
+    def remaining(self) -> tuple[int, ...]:
+        """The sizes in ``remainingBytes``, unpacked."""
+        return unpack_sizes(self.remainingBytes)
 
     def pages(self) -> list[memoryview]:
         """The pages of ``data``, as views (no copy)."""

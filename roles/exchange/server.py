@@ -32,7 +32,14 @@ from sparkbus.bus.contract import (
 )
 from sparkbus.codecs import MiB
 from sparkbus.roles.exchange.buffers import BufferKey, OutputBuffers, PageResult, Waiter
-from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange.messages import (
+    BinReply,
+    BinRequest,
+    ErrorCode,
+    ReplyStatus,
+    RequestType,
+    pack_sizes,
+)
 
 #: Name of the role on a node.
 SERVER_ROLE = "binx.server"
@@ -59,7 +66,7 @@ def reply_for(request: BinRequest, result: PageResult, *, timed_out: bool = Fals
         bufferComplete=result.complete,
         pageToken=result.token,
         pageNextToken=result.next_token,
-        remainingBytes=result.remaining_bytes,
+        remainingBytes=pack_sizes(result.remaining_bytes),
         pageSizes=tuple(len(p) for p in result.pages),
         instanceId=result.instance_id,
         errorCode=result.error_code,
@@ -78,7 +85,7 @@ def _simple_reply(
         bufferComplete=request.requestType is RequestType.DELETE,
         pageToken=request.pageToken,
         pageNextToken=request.pageToken,
-        remainingBytes=(),
+        remainingBytes=b"",
         pageSizes=(),
         instanceId=instance_id,
         errorCode=code,

@@ -356,7 +356,7 @@ def test_reply_breaking_the_rules_fails_the_source() -> None:
         bufferComplete=False,
         pageToken=5,
         pageNextToken=6,
-        remainingBytes=(),
+        remainingBytes=b"",
         pageSizes=(1,),
         instanceId="i",
         data=b"x",

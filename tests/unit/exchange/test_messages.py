@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkbus.codecs import DecodeError, EnvelopeCodec
-from sparkbus.roles.exchange import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange import (
+    BinReply,
+    BinRequest,
+    ErrorCode,
+    ReplyStatus,
+    RequestType,
+    pack_sizes,
+    unpack_sizes,
+)
 from sparkbus.roles.exchange.messages import MAX_REMAINING_ENTRIES, U64_MAX
 
 codec = EnvelopeCodec()
@@ -37,7 +45,7 @@ def reply(**kw: object) -> BinReply:
         "bufferComplete": False,
         "pageToken": 7,
         "pageNextToken": 9,
-        "remainingBytes": (5,),
+        "remainingBytes": pack_sizes((5,)),
         "pageSizes": (3, 2),
         "instanceId": "i1",
         "data": b"abcde",
@@ -114,7 +122,8 @@ def test_size_probe_needs_no_max_size() -> None:
         ({"pageNextToken": 6, "pageSizes": (), "data": b""}, "below pageToken"),
         ({"pageSizes": (3,)}, "pageSizes lists 1"),
         ({"pageSizes": (3, 3)}, "sum to len"),
-        ({"remainingBytes": (1,) * (MAX_REMAINING_ENTRIES + 1)}, "remainingBytes"),
+        ({"remainingBytes": pack_sizes((1,) * (MAX_REMAINING_ENTRIES + 1))}, "remainingBytes"),
+        ({"remainingBytes": b"\x01\x00\x00"}, "remainingBytes"),
         ({"status": ReplyStatus.SERVER_ERROR}, "errorCode"),
         ({"errorCode": ErrorCode.ABORTED}, "errorCode"),
         ({"status": ReplyStatus.NODATA}, "must be OK"),
@@ -160,7 +169,7 @@ def test_reply_round_trip(pages: list[bytes], token: int, complete: bool, remain
         bufferComplete=complete,
         pageToken=token,
         pageNextToken=token + len(pages),
-        remainingBytes=tuple(remaining),
+        remainingBytes=pack_sizes(remaining),
         pageSizes=tuple(len(p) for p in pages),
         instanceId="x",
         data=b"".join(pages),
@@ -168,3 +177,14 @@ def test_reply_round_trip(pages: list[bytes], token: int, complete: bool, remain
     back = codec.decode(codec.encode(msg)).message
     assert back == msg
     assert [bytes(p) for p in back.pages()] == pages
+    assert back.remaining() == tuple(remaining)
+
+
+def test_remaining_bytes_are_packed_little_endian_u64s() -> None:
+    assert pack_sizes((1, 256)) == bytes([1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+    assert unpack_sizes(pack_sizes((0, U64_MAX))) == (0, U64_MAX)
+    for bad in ((-1,), (U64_MAX + 1,)):
+        with pytest.raises(ValueError, match="u64"):
+            pack_sizes(bad)
+    body = msgpack.unpackb(codec.encode(reply())[1])
+    assert body["remainingBytes"] == bytes([5, 0, 0, 0, 0, 0, 0, 0])

@@ -117,7 +117,7 @@ def test_size_probe_long_polls_then_reports_sizes() -> None:
     probe = request(getDataSize=True, maxSizeOctets=0, wait_us=1_000_000)
     assert isinstance(send(srv, probe)[0], SetTimer)
     rep = only_reply(srv.add_pages(T, B, [b"xyz", b"q"], now=0.2))
-    assert rep.status is ReplyStatus.OK and rep.remainingBytes == (3, 1) and rep.data == b""
+    assert rep.status is ReplyStatus.OK and rep.remaining() == (3, 1) and rep.data == b""
     assert rep.pageNextToken == rep.pageToken == 0
 
 
