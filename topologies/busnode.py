@@ -11,6 +11,7 @@ naming the node and every such role, unless ``skip_unavailable`` asks to run onl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,6 +106,16 @@ class BusNodeFactory:
 
     def __call__(self, request: NodeRequest) -> NodeHandle:
         return BusNodeHandle(request, skip_unavailable=self.skip_unavailable, registry=self.registry)
+
+    def prepare(self, topology: Topology, node_id: str) -> None:
+        """Import the code of ``node_id``'s roles ahead of building it (the Spark runtime does this while a
+        task's rows arrive). What cannot be imported is left for the build to report."""
+        from sparkbus.roles.query.catalog import TableCatalog  # noqa: F401, PLC0415
+
+        spec = topology.spec_of(node_id)
+        for name in (*spec.roles, *spec.services):
+            with suppress(RegistryError):
+                self.registry.resolve(name)
 
 
 class BusNodeHandle:

@@ -4,20 +4,20 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
 
 1. The driver binds a small runtime channel (a ZeroMQ ROUTER on an ephemeral port) and the driver-placed
    nodes, then launches one barrier stage with one task per executor-placed node
-   (``rdd.barrier().mapPartitions``) from a background thread, in its own job group. The task's input
-   partition reaches its node as Arrow record batches.
+   (``DataFrame.mapInArrow(..., barrier=True)``) from a background thread, in its own job group. The
+   task's input partition reaches its node as Arrow record batches; with a route column the tasks first
+   hand each other the rows that belong to another task (``_RowExchange``).
 2. Each task, after the fork, builds its node through the ``NodeFactory``, binds ephemeral ports, and
-   publishes ``{"node", "endpoints", "error"}`` with ``BarrierTaskContext.allGather``. Every task calls
-   ``allGather`` exactly once, even when its own bind failed, so a failure is reported by name instead of
-   as a barrier timeout. The answers plus the driver nodes' endpoints are the peer table.
-3. The task starts its node, tells the driver it is bound, waits for its links, tells the driver it is
-   ready, then serves until the driver says stop or the node dies. It yields one result row.
-4. The driver starts its own nodes once every task is bound and returns from ``start`` when every node
+   tells the driver ``bound`` with its endpoints (or ``failed`` with the cause: the driver raises it
+   naming the node). Once every task is bound, the driver sends each the peer table (``peers``).
+3. The task starts its node, waits for its links, tells the driver it is ready, then serves until the
+   driver says stop or the node dies. It yields one result row.
+4. The driver starts its own nodes as it sends the peer table and returns from ``start`` when every node
    is ready. ``stop`` tells each task to stop and collects the result rows.
 
 A task that raises, or whose Python worker dies, fails the barrier stage; Spark then kills the other
 tasks. The driver turns the job failure into a ``SparkRuntimeError`` naming the node, its barrier task and
-the cause. ``spark.barrier.sync.timeout`` bounds the rendezvous (Spark's own default is a year).
+the cause. A task waits for the driver at most ``ready_timeout``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc
 import zmq
 from pyspark import BarrierTaskContext
 from pyspark.sql import SparkSession
@@ -43,10 +45,11 @@ from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, Node
 
 _TASK_TAG = re.compile(r"sparkbus node (?P<node>\S+) \(barrier task (?P<task>\d+)\)")
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<task>\d+)\)")
-_UNBOUND = re.compile(r"node (?P<node>\S+) could not bind: (?P<cause>[^\n]+)")
 _CRASHED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
 _SPARK_TASK = re.compile(r"Task (?P<task>\d+) in stage \S+ failed")
 _POLL_MS = 100
+#: when this module was imported: in a Python worker, when the first barrier task unpickled its plan
+_IMPORTED_AT = time.time()
 
 
 class SparkRuntimeError(RuntimeError):
@@ -134,6 +137,8 @@ class _TaskPlan:
     factory: NodeFactory
     ready_timeout: float
     with_data: bool
+    #: the int column naming the task each row goes to (the tasks exchange rows), or None: rows stay
+    route: str | None = None
 
 
 def _tagged(node_id: str, task: int, cause: str) -> str:
@@ -144,37 +149,65 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _process_started() -> float | None:
+    """When this process started (wall clock), on Linux; None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+class _Abort(RuntimeError):
+    """The driver called the start off (another node failed, or it is stopping)."""
+
+
 class _Task:
-    """One barrier task's life: rendezvous, serve, stop, report."""
+    """One barrier task's life: its rows, its node, the rendezvous through the driver, serve, report.
+
+    The rendezvous goes through the driver's channel rather than ``BarrierTaskContext.allGather``: Spark's
+    barrier RPC waits in steps of a whole second (``BarrierTaskContext.runBarrier`` sleeps 1 s between
+    checks of its reply), so each ``allGather`` cost about a second of every start. The barrier stage
+    still launches every task at once and fails them together.
+    """
 
     def __init__(self, plan: _TaskPlan, batches: Iterator[pa.RecordBatch]) -> None:
+        # Wall-clock marks of this task's steps, sent to the driver with "ready" (SparkRuntime.timeline).
+        self.marks: dict[str, float] = {"module_imported": _IMPORTED_AT, "task_started": time.time()}
+        if (spawned := _process_started()) is not None:
+            self.marks["worker_spawned"] = spawned
         self.plan = plan
+        self.batches = batches
         self.ctx = BarrierTaskContext.get()
         self.task = self.ctx.partitionId()
         self.node_id = plan.node_ids[self.task]
-        # Spark's Arrow batches as they are (maxRecordsPerBatch rows each); the replication role reads them
-        # once, as one table. A task without data gets the placeholder row of its range partition: dropped.
-        self.local_data = tuple(b for b in batches if b.num_rows) if plan.with_data else ()
-        if not plan.with_data:
-            for _ in batches:
-                pass
         self.node: NodeHandle | None = None
-        self.endpoints = Endpoints(control="", data="")
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.channel = self.zctx.socket(zmq.DEALER)
         self.channel.setsockopt(zmq.LINGER, 1000)
         self.channel.setsockopt(zmq.IDENTITY, self.node_id.encode())
         self.channel.connect(plan.channel)
+        self.deadline = time.monotonic() + plan.ready_timeout
 
     def run(self) -> dict[str, Any]:
         try:
-            peers = self._rendezvous()
+            try:
+                endpoints = self._build()
+            except Exception as exc:
+                self._tell("failed", {"error": _describe(exc)})
+                raise
+            self._tell("bound", endpoints.to_json())
+            peers = self._expect("peers")
             assert self.node is not None
-            self.node.set_peers(peers)
+            self.node.set_peers({k: Endpoints.from_json(v) for k, v in peers.items() if k != self.node_id})
             self.node.start()
-            self._tell("bound", self.endpoints.to_json())
-            self.node.wait_ready(self.plan.ready_timeout)
-            self._tell("ready", {})
+            self.marks["node_started"] = time.time()
+            self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
+            self.marks["links_ready"] = time.time()
+            self._tell("ready", {"marks": self.marks})
             self._serve()
             counters = self.node.counters()
         except Exception as exc:
@@ -193,34 +226,63 @@ class _Task:
             "counters": json.dumps(counters),
         }
 
-    def _rendezvous(self) -> dict[str, Endpoints]:
-        mine: dict[str, Any] = {"node": self.node_id, "endpoints": None, "error": None}
-        try:
-            infos = self.ctx.getTaskInfos()
-            machine = infos[self.task].address.rsplit(":", 1)[0]
-            host = advertise_host(self.plan.topology.bus.host, machine)
-            request = NodeRequest(
-                node_id=self.node_id,
-                topology=self.plan.topology,
-                advertise_host=host,
-                local_data=self.local_data,
-            )
-            self.node = self.plan.factory(request)
-            self.endpoints = self.node.bind()
-            mine["endpoints"] = self.endpoints.to_json()
-        except Exception as exc:
-            mine["error"] = _describe(exc)
-        # Every task calls allGather once, failed or not: the others learn who failed and why at once.
-        answers = [json.loads(a) for a in self.ctx.allGather(json.dumps(mine))]
-        failed = [a for a in answers if a["error"] is not None]
-        if failed:
-            first = failed[0]
-            raise RuntimeError(f"node {first['node']} could not bind: {first['error']}")
-        peers = {a["node"]: Endpoints.from_json(a["endpoints"]) for a in answers if a["node"] != self.node_id}
-        return {**peers, **{k: v for k, v in self.plan.driver_nodes.items() if k != self.node_id}}
+    def _build(self) -> Endpoints:
+        """The task's rows, then its node, built and bound."""
+        infos = self.ctx.getTaskInfos()
+        machine = infos[self.task].address.rsplit(":", 1)[0]
+        host = advertise_host(self.plan.topology.bus.host, machine)
+        # The node's code is imported while the rows arrive (the import would otherwise follow them).
+        prepare = getattr(self.plan.factory, "prepare", None)
+        warm = threading.Thread(
+            target=prepare, args=(self.plan.topology, self.node_id), name="sparkbus-prepare", daemon=True
+        )
+        if prepare is not None:
+            warm.start()
+        local_data = self._rows(host)
+        self.marks["data_received"] = time.time()
+        if warm.is_alive():
+            warm.join()
+        request = NodeRequest(
+            node_id=self.node_id, topology=self.plan.topology, advertise_host=host, local_data=local_data
+        )
+        self.node = self.plan.factory(request)
+        self.marks["node_built"] = time.time()
+        endpoints = self.node.bind()
+        self.marks["node_bound"] = time.time()
+        return endpoints
+
+    def _rows(self, host: str) -> tuple[pa.RecordBatch, ...]:
+        """This node's rows: Spark's Arrow batches as they are (maxRecordsPerBatch rows each), or, when the
+        plan routes rows, those of every task's input whose route names this task."""
+        if not self.plan.with_data:
+            for _ in self.batches:
+                pass
+            return ()
+        if self.plan.route is None:
+            return tuple(b for b in self.batches if b.num_rows)
+        return _RowExchange(self, host).run()
 
     def _tell(self, event: str, body: dict[str, Any]) -> None:
         self.channel.send_multipart([event.encode(), json.dumps(body).encode()])
+
+    def _expect(self, event: str) -> dict[str, Any]:
+        """The driver's next message, which must be ``event``; its body."""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no '{event}' from the driver within {self.plan.ready_timeout:g}s")
+            if self.channel.poll(min(_POLL_MS, max(1, int(left * 1000)))):
+                got, body = self.channel.recv_multipart()
+                if got == event.encode():
+                    answer: dict[str, Any] = json.loads(body)
+                    return answer
+                if got == b"abort":
+                    raise _Abort(json.loads(body)["cause"])
+                if got == b"stop":
+                    raise _Abort("the driver is stopping")
+                raise RuntimeError(
+                    f"expected '{event}' from the driver, got '{got.decode(errors='replace')}'"
+                )
 
     def _serve(self) -> None:
         assert self.node is not None
@@ -232,6 +294,94 @@ class _Task:
             failure = self.node.failure()
             if failure is not None:
                 raise RuntimeError(f"node died: {failure}")
+
+
+class _RowExchange:
+    """Every task's input rows to the task their route column names, over ZeroMQ between the tasks.
+
+    Each task binds a PULL socket, the driver hands every task the others' (the "rows" round of the
+    rendezvous), and each task splits its input batches by the route column as they arrive: its own
+    share it keeps, the others' it sends as Arrow IPC streams, then an empty message that says it is done.
+    This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it back).
+    """
+
+    def __init__(self, task: _Task, host: str) -> None:
+        self.task = task
+        bind = task.plan.topology.bus.host
+        self.pull = task.zctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        port = self.pull.bind_to_random_port(f"tcp://{'0.0.0.0' if bind in ('*', '') else bind}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self.mine: list[pa.RecordBatch] = []
+        self.done = 0
+
+    def run(self) -> tuple[pa.RecordBatch, ...]:
+        task = self.task
+        route = task.plan.route
+        assert route is not None
+        n = len(task.plan.node_ids)
+        pushes: dict[int, zmq.Socket[bytes]] = {}
+        try:
+            task._tell("rows", {"endpoint": self.endpoint})
+            endpoints = task._expect("rows")["endpoints"]
+            for i, ep in enumerate(endpoints):
+                if i != task.task:
+                    push = task.zctx.socket(zmq.PUSH)
+                    push.setsockopt(zmq.SNDHWM, 0)
+                    push.setsockopt(zmq.LINGER, int(task.plan.ready_timeout * 1000))
+                    push.connect(ep)
+                    pushes[i] = push
+            for batch in task.batches:
+                if not batch.num_rows:
+                    continue
+                dest = batch.column(route)
+                rows = batch.drop_columns([route])
+                for i in range(n):
+                    part = rows.filter(pc.equal(dest, i))
+                    if not part.num_rows:
+                        continue
+                    if i == task.task:
+                        self.mine.append(part)
+                    else:
+                        pushes[i].send(_ipc(part), copy=False)
+                self._drain(0)
+            for push in pushes.values():
+                push.send(b"")
+            while self.done < n - 1:
+                left = task.deadline - time.monotonic()
+                if left <= 0 or not self._drain(max(1, int(left * 1000))):
+                    raise TimeoutError(
+                        f"rows from {n - 1 - self.done} other task(s) did not arrive "
+                        f"within {task.plan.ready_timeout:g}s"
+                    )
+        finally:
+            for push in pushes.values():
+                push.close()
+            self.pull.close()
+        return tuple(self.mine)
+
+    def _drain(self, timeout_ms: int) -> bool:
+        """Receive what has arrived (waiting up to ``timeout_ms`` for the first message); False if none."""
+        if not self.pull.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                frame = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return True
+            if not len(frame.buffer):
+                self.done += 1
+                continue
+            with pa.ipc.open_stream(pa.py_buffer(frame.buffer)) as reader:
+                self.mine.extend(b for b in reader if b.num_rows)
+
+
+def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
 
 
 #: the one row each barrier task yields, as Spark and as Arrow see it
@@ -256,14 +406,8 @@ def _explain(exc: BaseException, node_ids: tuple[str, ...]) -> SparkRuntimeError
     text = str(exc)
     # Tracebacks quote source lines too (f"node {...} could not bind"): only matches that name a node count.
     tagged = next((m for m in _TASK_TAG.finditer(text) if m["node"] in node_ids), None)
-    unbound = next((m for m in _UNBOUND.finditer(text) if m["node"] in node_ids), None)
     node: str | None
-    if unbound is not None:
-        # Every task hears of a failed bind at the rendezvous; name the node that failed, not the reporter.
-        node = unbound["node"]
-        task = node_ids.index(node)
-        cause = f"could not bind: {unbound['cause'].strip()}"
-    elif tagged is not None:
+    if tagged is not None:
         node = tagged["node"]
         task = int(tagged["task"])
         cause = text[tagged.end() :].removeprefix(" failed: ").splitlines()[0].strip()
@@ -286,6 +430,7 @@ def _explain(exc: BaseException, node_ids: tuple[str, ...]) -> SparkRuntimeError
 
 @dataclass
 class _Progress:
+    rows: dict[str, str] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
 
@@ -297,8 +442,11 @@ class SparkRuntime:
         topology: a validated topology with a ``[spark]`` section.
         session: the SparkSession (``embedded_session(topology)`` builds the right one).
         node_factory: builds each node (the bus node, or ``ProbeFactory`` for a connectivity probe).
-        data: a DataFrame whose rows the executor nodes load, repartitioned to one partition per node; None
-            gives each node no data.
+        data: what the executor nodes load: ``data.repartition(n)`` gives the DataFrame with one partition
+            per node, whose task's node loads it. When ``data`` has a ``route_column`` attribute (not None),
+            that int column of the DataFrame names the task each row goes to instead, and the tasks
+            exchange the rows among themselves before building their nodes (``mainjob.RoutedFrame``).
+            None gives each node no data.
         ready_timeout: seconds for every node to complete its handshakes once the stage runs.
 
     Use as a context manager, or call ``start`` and then ``stop``.
@@ -327,6 +475,10 @@ class SparkRuntime:
         self.driver_ids = tuple(nid for nid, _ in topology.placed("driver"))
         self.endpoints: dict[str, Endpoints] = {}
         self.rendezvous_seconds: float | None = None
+        #: seconds from ``start()`` to each step, driver's ("driver:...") and each task's ("<node>:...",
+        #: from the task's wall clock: on a cluster, off by the machines' clock skew)
+        self.timeline: dict[str, float] = {}
+        self._t0 = 0.0
         self._group = f"sparkbus-{topology.cluster.name}-{uuid.uuid4().hex[:8]}"
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._channel: zmq.Socket[bytes] | None = None
@@ -353,18 +505,28 @@ class SparkRuntime:
                 started so far has been stopped.
         """
         started = time.monotonic()
+        self._t0 = time.time()
         try:
             self._start_driver_side()
+            self._mark("driver:driver_nodes_bound")
             self._launch()
-            self._await(lambda p: p.bound >= set(self.executor_ids), "bind and start")
+            self._mark("driver:stage_launched")
+            self._await(lambda p: p.bound >= set(self.executor_ids), "bind")
+            self._mark("driver:all_tasks_bound")
+            self._send_all("peers", {k: v.to_json() for k, v in self.endpoints.items()})
             self._start_driver_nodes()
             self._await(lambda p: p.ready >= set(self.executor_ids), "complete their handshakes")
+            self._mark("driver:all_tasks_ready")
             for node in self._driver_nodes.values():
                 node.wait_ready(max(0.1, self.ready_timeout - (time.monotonic() - started)))
+            self._mark("driver:driver_nodes_ready")
         except BaseException:
             self._abort()  # the failure that brought us here is the one to report
             raise
         self.rendezvous_seconds = time.monotonic() - started
+
+    def _mark(self, name: str, at: float | None = None) -> None:
+        self.timeline[name] = round((time.time() if at is None else at) - self._t0, 3)
 
     def _start_driver_side(self) -> None:
         self._zctx = zmq.Context()
@@ -403,6 +565,7 @@ class SparkRuntime:
             factory=self.factory,
             ready_timeout=self.ready_timeout,
             with_data=self.data is not None,
+            route=getattr(self.data, "route_column", None),
         )
         sc = self.session.sparkContext
         # One partition per task; without data, a range with one row per partition.
@@ -439,12 +602,32 @@ class SparkRuntime:
                 )
             if self._channel.poll(_POLL_MS):
                 who, event, body = self._channel.recv_multipart()
-                node_id = who.decode()
-                if event == b"bound":
-                    self.endpoints[node_id] = Endpoints.from_json(json.loads(body))
-                    self._progress.bound.add(node_id)
-                elif event == b"ready":
-                    self._progress.ready.add(node_id)
+                self._on_task_event(who.decode(), event.decode(), json.loads(body))
+
+    def _on_task_event(self, node_id: str, event: str, body: dict[str, Any]) -> None:
+        if event == "rows":
+            self._progress.rows[node_id] = body["endpoint"]
+            if len(self._progress.rows) == len(self.executor_ids):
+                self._mark("driver:rows_rendezvous")
+                self._send_all("rows", {"endpoints": [self._progress.rows[n] for n in self.executor_ids]})
+        elif event == "failed":
+            task = self.executor_ids.index(node_id)
+            cause = f"could not start: {body['error']}"
+            self._send_all("abort", {"cause": f"node {node_id} failed: {cause}"})
+            raise SparkRuntimeError(_tagged(node_id, task, cause), node=node_id, task=task, cause=cause)
+        elif event == "bound":
+            self.endpoints[node_id] = Endpoints.from_json(body)
+            self._progress.bound.add(node_id)
+        elif event == "ready":
+            self._progress.ready.add(node_id)
+            for mark, at in body.get("marks", {}).items():
+                self._mark(f"{node_id}:{mark}", at)
+
+    def _send_all(self, event: str, body: dict[str, Any]) -> None:
+        assert self._channel is not None
+        payload = json.dumps(body).encode()
+        for nid in self.executor_ids:
+            self._channel.send_multipart([nid.encode(), event.encode(), payload])
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

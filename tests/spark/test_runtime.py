@@ -90,6 +90,32 @@ def test_each_node_gets_its_input_partition(spark: Any) -> None:
     assert rows["store-0"] > 0 and rows["store-1"] > 0
 
 
+class _Routed:
+    """Data whose rows name their task (``route_column``): the tasks exchange them, no shuffle."""
+
+    route_column = "_route"
+
+    def __init__(self, frame: Any) -> None:
+        self.frame = frame
+
+    def repartition(self, n: int) -> Any:
+        from pyspark.sql import functions as F
+
+        route = F.when(F.col("id") % 3 == 0, F.lit(0)).otherwise(F.lit(1)).cast("int")
+        return self.frame.coalesce(n).select("*", route.alias(self.route_column))
+
+
+def test_routed_rows_reach_the_task_their_route_names(spark: Any) -> None:
+    topo = load(shipped("local.toml"))
+    with SparkRuntime(
+        topo, spark, ProbeFactory(), data=_Routed(spark.range(0, 3000, 1, 2)), ready_timeout=30
+    ) as rt:
+        results = rt.stop()
+    rows = {r.node: r.counters["rows"] for r in results}
+    assert rows == {"coordinator": 0, "store-0": 1000, "store-1": 2000}
+    assert {"store-0:data_received", "store-1:links_ready", "driver:all_tasks_ready"} <= set(rt.timeline)
+
+
 @pytest.mark.parametrize(
     ("mode", "cause"),
     [
@@ -124,13 +150,12 @@ def test_explain_names_the_node_from_spark_messages() -> None:
     err = _explain(crash, ids)
     assert (err.node, err.task) == ("store-1", 1)
     assert err.cause.startswith("Python worker exited unexpectedly (crashed)")
-    quoted = RuntimeError(
-        "    raise RuntimeError(f\"node {first['node']} could not bind: {first['error']}\")\n"
-        "RuntimeError: sparkbus node store-0 (barrier task 0) failed: RuntimeError: node store-1 could not bind: "
-        "OSError: in use\n"
+    tagged = RuntimeError(
+        "    raise RuntimeError(_tagged(self.node_id, self.task, _describe(exc))) from exc\n"
+        "RuntimeError: sparkbus node store-1 (barrier task 1) failed: ValueError: disk on fire\n"
     )
-    err = _explain(quoted, ids)
-    assert str(err) == "sparkbus node store-1 (barrier task 1) failed: could not bind: OSError: in use"
+    err = _explain(tagged, ids)
+    assert str(err) == "sparkbus node store-1 (barrier task 1) failed: ValueError: disk on fire"
     unknown = _explain(RuntimeError("something else\nentirely"), ids)
     assert (unknown.node, str(unknown)) == (None, "the sparkbus barrier stage failed: something else")
 
