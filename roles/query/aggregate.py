@@ -201,10 +201,15 @@ def _apply_grouped(
 ) -> pa.Table:
     if any(kernel == "merge_distinct" for _, _, kernel in specs):
         return _apply_numbered(table, keys, specs)
-    if not ordered:
-        dense = _apply_dense(table, keys, specs)
-        if dense is not None:
-            return dense
+    dense = _apply_dense(table, keys, specs, ordered=ordered)
+    if dense is not None:
+        return dense
+    return _apply_hashed(table, keys, specs, ordered=ordered)
+
+
+def _apply_hashed(
+    table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True
+) -> pa.Table:
     # One hash aggregation straight over the key columns (NULL keys form groups of their own). Its
     # output order is its own; with ``ordered``, each group's first row number puts the groups in order
     # of first appearance, as the numbered path does. Inputs get names we control; several specs that
@@ -296,18 +301,28 @@ def _dense_ids(
     return ids, bins + 1, keys_of
 
 
-def _apply_dense(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table | None:
-    """Counts and float sums per group of one few-valued key, by counting in bins (NumPy), or None.
+#: integer sums go through float64 bins only while every partial sum is exact there
+_EXACT = float(1 << 52)
 
-    For partial states only (groups come in bin order). Sums add each group's values in row order, as
-    the hash aggregation does, so both give the same bits. Anything else is left to the hash aggregation.
+
+def _apply_dense(
+    table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True
+) -> pa.Table | None:
+    """Counts and sums per group of one few-valued key, by counting in bins (NumPy), or None.
+
+    Sums add each group's values in row order, as the hash aggregation does, so both give the same
+    bits; integer sums only while their magnitudes stay exact in float64. With ``ordered`` the groups
+    come in order of first appearance, else in bin order. Anything else is left to the hash aggregation.
     """
     if len(keys) != 1 or table.num_rows == 0:
         return None
     for _, col, kernel in specs:
         if kernel == "count":
             continue
-        if kernel != "sum" or col is None or _column(table, col).type != pa.float64():
+        if kernel not in ("sum", "sum0") or col is None:
+            return None
+        t = _column(table, col).type
+        if t != pa.float64() and t not in _SIGNED:
             return None
     key = _column(table, keys[0])
     dense = _dense_ids(key.chunk(0) if key.num_chunks == 1 else key.combine_chunks())
@@ -316,30 +331,57 @@ def _apply_dense(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa
     ids, bins, keys_of = dense
     rows = np.bincount(ids, minlength=bins)
     present = np.flatnonzero(rows)
-    out: dict[str, pa.Array] = {keys[0]: keys_of(present)}
+    if ordered:
+        first = np.full(bins, len(ids), dtype=np.intp)
+        np.minimum.at(first, ids, np.arange(len(ids), dtype=np.intp))
+        present = present[np.argsort(first[present], kind="stable")]
     done: dict[tuple[str | None, str], pa.Array] = {}
-    for name, col, kernel in specs:
-        if (col, kernel) in done:
-            out[name] = done[(col, kernel)]
-            continue
-        if col is None:
-            result = pa.array(rows[present], pa.int64())
-        else:
-            values = _column(table, col)
-            arr = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
-            valid: npt.NDArray[Any] = rows
-            if arr.null_count:
-                valid = np.bincount(ids, weights=np.asarray(pc.is_valid(arr)), minlength=bins).astype(
-                    np.int64
-                )
-            if kernel == "count":
-                result = pa.array(valid[present], pa.int64())
-            else:
-                filled = pc.fill_null(arr, pa.scalar(0.0)) if arr.null_count else arr
-                sums = np.bincount(ids, weights=filled.to_numpy(), minlength=bins)
-                result = pa.array(sums[present], pa.float64(), mask=valid[present] == 0)
-        out[name] = done[(col, kernel)] = result
+    results: list[pa.Array] = []
+    for _, col, kernel in specs:
+        if (col, kernel) not in done:
+            result = _dense_aggregate(table, col, kernel, ids, bins, rows, present)
+            if result is None:
+                return None
+            done[(col, kernel)] = result
+        results.append(done[(col, kernel)])
+    out: dict[str, pa.Array] = {keys[0]: keys_of(present)}
+    for (name, _, _), result in zip(specs, results, strict=True):
+        out[name] = result
     return pa.table(out)
+
+
+def _dense_aggregate(
+    table: pa.Table,
+    col: str | None,
+    kernel: str,
+    ids: npt.NDArray[np.intp],
+    bins: int,
+    rows: npt.NDArray[Any],
+    present: npt.NDArray[Any],
+) -> pa.Array | None:
+    """One count or sum per bin in ``present`` (None: an integer sum too large to be exact in float64)."""
+    if col is None:
+        return pa.array(rows[present], pa.int64())
+    values = _column(table, col)
+    arr = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    valid: npt.NDArray[Any] = rows
+    if arr.null_count:
+        valid = np.bincount(ids, weights=np.asarray(pc.is_valid(arr)), minlength=bins).astype(np.int64)
+    if kernel == "count":
+        return pa.array(valid[present], pa.int64())
+    floating = arr.type == pa.float64()
+    zero = pa.scalar(0.0) if floating else pa.scalar(0, arr.type)
+    filled = pc.fill_null(arr, zero) if arr.null_count else arr
+    weights = filled.to_numpy()
+    if not floating:
+        weights = weights.astype(np.float64)
+        if float(np.abs(weights).sum()) >= _EXACT:
+            return None
+    sums = np.bincount(ids, weights=weights, minlength=bins)[present]
+    empty = None if kernel == "sum0" else valid[present] == 0
+    if floating:
+        return pa.array(sums, pa.float64(), mask=empty)
+    return pa.array(sums.astype(np.int64), pa.int64(), mask=empty)
 
 
 def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
