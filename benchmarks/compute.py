@@ -38,7 +38,6 @@ from sparkbus.roles.compute import (
     DIFF,
     TIME,
     Aggregate,
-    Arrangement,
     CommandHistory,
     ComputeController,
     ComputeReplica,
@@ -46,6 +45,7 @@ from sparkbus.roles.compute import (
     ViewDef,
     decode_table,
     encode_table,
+    index_arrangement,
 )
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("x", pa.float64())])
@@ -142,11 +142,12 @@ def incremental_vs_rebuild(view: ViewDef, n: int, repeats: int) -> tuple[float, 
 
     def rebuild() -> None:
         flow = Dataflow(view, SCHEMA, 0, "v")
-        out = Arrangement(flow.schema)
+        out = index_arrangement(view, flow.schema, since=0, upper=0)
         out.append(flow.feed(base), 1)
 
     flow = Dataflow(view, SCHEMA, 0, "v")
-    out = Arrangement(flow.schema)
+    # The arrangement a replica keeps for the view's index (keyed by the group key for a group-by view).
+    out = index_arrangement(view, flow.schema, since=0, upper=0)
     out.append(flow.feed(base), 1)
     t = 1
     # 1,000 updates: 500 retractions of existing rows and 500 inserts.

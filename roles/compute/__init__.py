@@ -10,6 +10,7 @@ from sparkbus.roles.compute.controller import TARGET_FAILED, ComputeController
 from sparkbus.roles.compute.dataflow import Dataflow
 from sparkbus.roles.compute.factories import make_controller, make_replica
 from sparkbus.roles.compute.history import CommandHistory
+from sparkbus.roles.compute.keyed import KeyedArrangement, index_arrangement
 from sparkbus.roles.compute.messages import (
     AllowCompaction,
     AllowWrites,
@@ -59,6 +60,7 @@ __all__ = [
     "Finishing",
     "Frontiers",
     "InitializationComplete",
+    "KeyedArrangement",
     "MapExpr",
     "Peek",
     "PeekResponse",
@@ -77,6 +79,7 @@ __all__ = [
     "ViewError",
     "decode_table",
     "encode_table",
+    "index_arrangement",
     "make_controller",
     "make_replica",
 ]

@@ -50,6 +50,7 @@ from sparkbus.roles.compute.arrangement import (
 )
 from sparkbus.roles.compute.dataflow import Dataflow, constrain, finish, index_key
 from sparkbus.roles.compute.history import CommandHistory
+from sparkbus.roles.compute.keyed import index_arrangement
 from sparkbus.roles.compute.messages import (
     AllowCompaction,
     AllowWrites,
@@ -88,7 +89,9 @@ class LiveDataflow:
         self.engine = Dataflow(desc.view, source_schema, self.as_of, desc.name)
         self.schema = self.engine.schema
         self.output = (
-            Arrangement(self.schema, since=self.as_of, upper=self.as_of) if desc.index_exports else None
+            index_arrangement(desc.view, self.schema, since=self.as_of, upper=self.as_of)
+            if desc.index_exports
+            else None
         )
         self.index_since: dict[str, int] = {e: self.as_of for e in desc.index_exports}
         self.subscribes: dict[str, int] = {s: self.as_of for s in desc.sink_exports}

@@ -12,7 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkbus.roles.compute import DIFF, TIME, Aggregate, Arrangement, Dataflow, ViewDef
+from sparkbus.roles.compute import (
+    DIFF,
+    TIME,
+    Aggregate,
+    Arrangement,
+    Dataflow,
+    KeyedArrangement,
+    ViewDef,
+    index_arrangement,
+)
+from sparkbus.roles.compute import keyed as keyed_module
 from sparkbus.roles.compute import reduction as reduction_module
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("v", pa.int64()), ("x", pa.float64())])
@@ -167,3 +177,117 @@ def test_reclaiming_keeps_the_live_groups_and_forgets_the_rest() -> None:
     assert len(reduction._map or []) < 1024 + 2
     out.append(flow.feed(table([((0, "keep", 3, 0.0), 4, -1), ((7, "new", 1, 0.0), 4, 1)])), 5)
     assert read(out, 4) == [(0, "keep", 5), (7, "new", 1)]
+
+
+# ---------------------------------------------------------------- the keyed index arrangement
+
+# Each write: (rows, how many times later it lands (0 = the next time), how far to compact behind it).
+keyed_history = st.lists(
+    st.tuples(
+        st.lists(st.tuples(st.booleans(), row_strategy, st.integers(0, 40)), max_size=10),
+        st.integers(0, 2),
+        st.one_of(st.none(), st.integers(0, 3)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    writes=keyed_history,
+    view=st.sampled_from([TWO_KEYS, ONE_KEY, SUMS_ONLY]),
+    collect=st.booleans(),
+    reclaim=st.booleans(),
+)
+def test_keyed_index_reads_what_a_recomputation_gives_at_every_readable_time(
+    writes: list[tuple[list[tuple[bool, Row, int]], int, int | None]],
+    view: ViewDef,
+    collect: bool,
+    reclaim: bool,
+) -> None:
+    """Peeks at several timestamps, compaction, retractions to zero, groups that vanish and come back, and
+    null keys: the keyed arrangement reads at every time >= since what the oracle computes for that time,
+    and holds the same consolidated updates as the generic arrangement."""
+    with pytest.MonkeyPatch.context() as patch:
+        # A floor of 0 collects the store (and reclaims key slots) as soon as garbage outnumbers live rows.
+        patch.setattr(keyed_module, "_GC_FLOOR", 0 if collect else 4096)
+        patch.setattr(reduction_module, "_RECLAIM_FLOOR", 0 if reclaim else 1024)
+        flow = Dataflow(view, SCHEMA, 0, "v")
+        keyed = index_arrangement(view, flow.schema, since=0, upper=0)
+        generic = Arrangement(flow.schema)
+        assert isinstance(keyed, KeyedArrangement)
+        present: Counter[Row] = Counter()
+        states: dict[int, list[tuple[Any, ...]]] = {}
+        t = 0
+        for batch, gap, lag in writes:
+            t += gap
+            rows: list[tuple[Row, int, int]] = []
+            for insert, row, pick in batch:
+                if insert or not present:
+                    rows.append((row, t, 1))
+                    present[row] += 1
+                else:
+                    victim = sorted(present.elements(), key=repr)[pick % sum(present.values())]
+                    rows.append((victim, t, -1))
+                    present[victim] -= 1
+                    present += Counter()
+            changes = flow.feed(table(rows))
+            keyed.append(changes, t + 1)
+            generic.append(changes, t + 1)
+            for u in range(max(states, default=-1) + 1, t + 1):
+                states[u] = oracle(view, present) if u == t else states.get(u - 1, [])
+            if lag is not None and t - lag > keyed.since[0]:
+                keyed.compact((t - lag,))
+                generic.compact((t - lag,))
+            since = keyed.since[0]
+            for u in range(since, t + 1):
+                assert read(keyed, u) == states[u], f"at time {u} (since {since}, written up to {t})"
+            t += 1
+        assert keyed.keyed
+        assert canonical(keyed.updates) == canonical(generic.updates)
+        assert len(keyed) >= len(keyed.read_at(t))
+
+
+def canonical(updates: pa.Table) -> list[str]:
+    return sorted(repr(tuple(r.values())) for r in updates.to_pylist())
+
+
+def test_a_batch_that_does_not_fit_a_keyed_index_turns_it_into_a_generic_one() -> None:
+    schema = pa.schema([("k", pa.int64()), ("n", pa.int64())])
+    full = pa.schema([*schema, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())])
+    arr = KeyedArrangement(schema, ["k"])
+    arr.append(pa.table({"k": [1, 2], "n": [10, 20], TIME: [0, 0], DIFF: [1, 1]}, schema=full), 1)
+    arr.append(pa.table({"k": [1, 1], "n": [10, 11], TIME: [1, 1], DIFF: [-1, 1]}, schema=full), 2)
+    assert arr.keyed
+    # A second row for key 2 (a collection that is not one row per key): the arrangement keeps both.
+    arr.append(pa.table({"k": [2], "n": [21], TIME: [2], DIFF: [1]}, schema=full), 3)
+    assert not arr.keyed
+    assert sorted(arr.read_at(2).to_pylist(), key=repr) == sorted(
+        [{"k": 1, "n": 11}, {"k": 2, "n": 20}, {"k": 2, "n": 21}], key=repr
+    )
+    assert sorted(arr.read_at(0).to_pylist(), key=repr) == [{"k": 1, "n": 10}, {"k": 2, "n": 20}]
+    # Retracting a key that has no row, or a diff of 2, also falls back (on fresh arrangements).
+    for bad in ({"k": [3], "n": [1], TIME: [1], DIFF: [-1]}, {"k": [3], "n": [1], TIME: [1], DIFF: [2]}):
+        other = KeyedArrangement(schema, ["k"])
+        other.append(pa.table({"k": [1], "n": [10], TIME: [0], DIFF: [1]}, schema=full), 1)
+        other.append(pa.table(bad, schema=full), 2)
+        assert not other.keyed
+        assert other.read_at(0).to_pylist() == [{"k": 1, "n": 10}]
+
+
+def test_a_keyed_index_forgets_rows_and_keys_that_compaction_left_behind() -> None:
+    view = ViewDef(source="t", group_by=("a",), aggregates=(Aggregate(func="count", column=None, name="n"),))
+    flow = Dataflow(view, SCHEMA, 0, "v")
+    out = index_arrangement(view, flow.schema, since=0, upper=0)
+    assert isinstance(out, KeyedArrangement)
+    out.append(flow.feed(table([((-1, "keep", 0, 0.0), 0, 1)])), 1)
+    # 3,000 short-lived keys, compacted as the controller does after each write.
+    for t in range(1, 31):
+        churn = [((t * 100 + i, "tmp", 0, 0.0), t, 1) for i in range(100)]
+        out.append(flow.feed(table(churn)), t + 1)
+        out.append(flow.feed(table([(row, t + 1, -1) for row, _, _ in churn])), t + 2)
+        out.compact((t + 1,))
+    assert out._stored <= 4 * keyed_module._GC_FLOOR
+    assert len(out._map) <= 2 * keyed_module._GC_FLOOR
+    assert read(out, 31) == [(-1, 1)]
