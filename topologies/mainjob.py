@@ -278,26 +278,37 @@ def read_events(spark: Any, path: Path) -> Any:
 class RoutedFrame:
     """The DataFrame handed to ``SparkRuntime``: each row goes to the executor node leading its partition.
 
-    ``SparkRuntime`` asks for one partition per executor node (``repartition(n)``); this answers with
-    Spark's hash partitioning on the key. The layout (``layout_for``) puts partition ``p`` of the table on
-    node ``p % n`` as leader and the row's partition is ``pmod(hash(key), partitions)``; with
-    ``partitions`` a multiple of ``n`` that is ``pmod(hash(key), n)``, Spark's own hash partition. The
-    partition name travels with each row (``_sb_partition``) and the node checks that it leads it.
+    The layout (``layout_for``) puts partition ``p`` of the table on node ``p % n`` as leader, and the row's
+    partition is ``pmod(hash(key), partitions)`` (Spark's Murmur3 ``hash``). ``repartition(n)`` answers
+    ``SparkRuntime`` with the cached frame cut into ``n`` partitions without a shuffle (``coalesce``),
+    each row carrying its partition's name (``_sb_partition``, which the node checks it leads) and its
+    leader's task index (``route_column``); the barrier tasks then hand each row to its leader themselves
+    (``SparkRuntime``'s row exchange). Spark's own shuffle (``repartition(n, key)``, whose hash partition
+    is that same leader) writes every row to disk and reads it back in a stage of its own; it still
+    routes the rows of CURVE topologies (``exchange=False``), as the exchange sockets are plain.
     """
 
-    def __init__(self, frame: Any, partitions: int) -> None:
+    def __init__(self, frame: Any, partitions: int, *, exchange: bool = True) -> None:
         self.frame = frame
         self.partitions = partitions
+        #: the column naming each row's task, or None: Spark's shuffle routes the rows (CURVE topologies,
+        #: whose rows must not cross the plain exchange sockets)
+        self.route_column: str | None = "_sb_route" if exchange else None
 
     def repartition(self, n: int) -> Any:
         from pyspark.sql import functions as F  # noqa: PLC0415
 
         from sparkbus.roles.replication import PARTITION_COLUMN  # noqa: PLC0415
 
-        part = F.concat(F.lit(f"{TABLE}/"), F.pmod(F.hash(F.col(KEY)), F.lit(self.partitions)).cast("string"))
-        # The name is added after the shuffle, in the stage that hands the rows to the nodes: the shuffle
-        # then moves only the table's own columns.
-        return self.frame.repartition(n, F.col(KEY)).withColumn(PARTITION_COLUMN, part)
+        index = F.pmod(F.hash(F.col(KEY)), F.lit(self.partitions))
+        name = F.concat(F.lit(f"{TABLE}/"), index.cast("string")).alias(PARTITION_COLUMN)
+        if self.route_column is None:
+            # Spark's hash partition of the key is pmod(hash(key), n): the leader, as partitions % n == 0.
+            return self.frame.repartition(n, F.col(KEY)).select("*", name)
+        frame = self.frame
+        # A barrier stage has one task per partition: fewer input partitions than nodes need a shuffle.
+        frame = frame.coalesce(n) if frame.rdd.getNumPartitions() >= n else frame.repartition(n)
+        return frame.select("*", name, (index % F.lit(n)).cast("int").alias(self.route_column))
 
 
 def written_rows(first_id: int, count: int, users: int) -> pa.Table:
@@ -363,10 +374,15 @@ def _check_java() -> None:
 
 
 def _load(
-    rows: int, partitions: int, console: Console, runtime_start: Callable[[], Cluster]
+    rows: int,
+    partitions: int,
+    console: Console,
+    runtime_start: Callable[[], Cluster],
+    marks: dict[str, float] | None = None,
 ) -> tuple[float, Cluster]:
     """Start the runtime, connect, and wait until every row is written and replicated; returns the seconds
-    and the connected cluster."""
+    and the connected cluster. ``marks`` gets the seconds to ``job:connected``, ``job:rows_written`` and
+    ``job:replicated`` (as the job saw them, polling) and the number of ``job:polls``."""
     from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
 
     columns = [
@@ -379,6 +395,9 @@ def _load(
     with Progress(SpinnerColumn(), *columns, console=console, transient=False) as progress:
         start = progress.add_task("Spark: route rows to their leaders, start nodes", total=1)
         cluster = runtime_start()
+        marks = {} if marks is None else marks
+        marks["job:connected"] = round(time.perf_counter() - t0, 3)
+        polls = 0
         progress.update(start, completed=1)
         loaded = progress.add_task("rows written on leaders", total=rows)
         replicated = progress.add_task("partitions replicated", total=partitions)
@@ -396,11 +415,16 @@ def _load(
             pending = int(pc.sum(status.column("pending")).as_py() or 0)
             progress.update(loaded, completed=done_rows)
             progress.update(replicated, completed=repl)
+            polls += 1
+            marks["job:polls"] = polls
+            if pending == 0 and done_rows >= rows:
+                marks.setdefault("job:rows_written", round(time.perf_counter() - t0, 3))
             if pending == 0 and done_rows >= rows and repl >= partitions and leaders.num_rows >= partitions:
                 break
             if time.perf_counter() - t0 > 600:
                 raise JobError("the load did not finish within 600 s")
             time.sleep(0.05)
+    marks["job:replicated"] = round(time.perf_counter() - t0, 3)
     return time.perf_counter() - t0, cluster
 
 
@@ -588,7 +612,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
             topo,
             spark,
             BusNodeFactory(),
-            data=RoutedFrame(frame, partitions),
+            data=RoutedFrame(frame, partitions, exchange=bus_config(topo).curve is None),
             ready_timeout=max(60.0, rows / 10_000),
         )
         coordinator = _coordinator(topo)
@@ -608,8 +632,9 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
 
         stopped = False
         try:
+            load_marks: dict[str, float] = {}
             with _phase(phases, "load"):
-                load_s, cluster = _load(rows, partitions, console, start)
+                load_s, cluster = _load(rows, partitions, console, start, load_marks)
             start_s = runtime.rendezvous_seconds or 0.0
             count = cluster.sql(f"SELECT COUNT(*) AS n FROM {TABLE}").column("n")[0].as_py()
             if count != rows:
@@ -656,6 +681,8 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
         "executor_nodes": executors,
         "partitions": partitions,
         "replication": replication,
+        "status_polls": int(load_marks.pop("job:polls", 0)),
+        "timeline_s": dict(sorted({**runtime.timeline, **load_marks}.items(), key=lambda kv: kv[1])),
         "what": "from SparkRuntime.start() (Spark computes and routes the rows, nodes start) until every row is "
         "written on its leader and every partition's segments are acked by its followers",
     }
