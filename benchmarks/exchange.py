@@ -20,6 +20,7 @@ exceed ``--max-cell-bytes`` use fewer chunks per buffer (recorded per cell).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import random
 import statistics
 import sys
@@ -40,6 +41,23 @@ from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
 
 KiB, MiB = 1024, 1024 * 1024
 LIMITS = Limits(max_frame_bytes=64 * MiB, max_message_bytes=128 * MiB)
+COPY_BELOW = 64 * KiB  # as the bus node: frames below this are copied, larger ones sent without a copy
+
+
+def drain(sock: zmq.Socket[Any], most: int = 256) -> list[list[zmq.Frame]]:
+    """The next message (waiting for it), then every one already queued, up to ``most``."""
+    batch = [sock.recv_multipart(copy=False)]
+    # ZMQ_EVENTS costs about half a refused NOBLOCK receive (no exception).
+    while len(batch) < most and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        batch.append(sock.recv_multipart(copy=False))
+    return batch
+
+
+def transmit(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    """Send one message frame by frame, as the bus node does (``send_multipart`` type-checks each frame)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, zmq.SNDMORE if i < last else 0, copy=len(frame) < COPY_BELOW, track=False)
 
 
 def cell_plan(
@@ -77,14 +95,19 @@ def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any) -> No
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     port_q.put(port)
     while True:
-        ident, *frames = sock.recv_multipart(copy=False)
-        if bytes(frames[0].buffer) == b"STOP":
+        # As the bus node's loop: read what has arrived, handle it, then send everything the turn produced.
+        batch = drain(sock)
+        if any(bytes(frames[1].buffer) == b"STOP" for frames in batch):
             break
-        msg = codec.decode([f.buffer for f in frames]).message
-        peer = bytes(ident.buffer).hex()
-        for action in server.handle(MessageReceived(peer=peer, message=msg), time.monotonic()):
-            if isinstance(action, Send):
-                sock.send_multipart([ident.bytes, *codec.encode(action.message)], copy=False)
+        out: list[list[Any]] = []
+        now = time.monotonic()
+        for ident, *frames in batch:
+            msg = codec.decode([f.buffer for f in frames]).message
+            for action in server.handle(MessageReceived(peer=ident.bytes.hex(), message=msg), now):
+                if isinstance(action, Send):
+                    out.append([ident.bytes, *codec.encode(action.message)])
+        for frames in out:
+            transmit(sock, frames)
     sock.close()
     ctx.term()
 
@@ -115,15 +138,19 @@ class BinxDriver:
         self._handle(PeerUp(peer="srv"))
         self._calls = 0
         self._replies: dict[int, Reply] = {}
+        self._out: list[list[Any]] = []
 
     def _handle(self, event: Any) -> None:
-        send = self.sock.send_multipart
-        encode = self.codec.encode
         for a in self.client.handle(event, 0.0):
             if isinstance(a, Send):
-                send(encode(a.message), copy=False)
+                self._out.append(self.codec.encode(a.message))
             elif isinstance(a, Reply):
                 self._replies[a.call_id] = a
+
+    def _flush(self) -> None:
+        for frames in self._out:
+            transmit(self.sock, frames)
+        self._out.clear()
 
     def _call(self, name: str, task: str) -> int:
         self._calls += 1
@@ -132,9 +159,11 @@ class BinxDriver:
         return self._calls
 
     def _receive(self) -> None:
-        frames = self.sock.recv_multipart(copy=False)
-        msg = self.codec.decode([f.buffer for f in frames], copy_blobs=False).message
-        self._handle(MessageReceived(peer="srv", message=msg))
+        """One loop turn: send what is pending, then handle every reply that has arrived."""
+        self._flush()
+        for frames in drain(self.sock):
+            msg = self.codec.decode([f.buffer for f in frames], copy_blobs=False).message
+            self._handle(MessageReceived(peer="srv", message=msg))
 
     def warm_up(self) -> None:
         """One DELETE round trip, so that the connection exists before anything is timed."""
@@ -170,6 +199,15 @@ class BinxDriver:
 def http_exchange(client: HttpExchangeClient, task: str, start: threading.Barrier, out: list[int]) -> None:
     start.wait()
     out.append(sum(len(p) for p in client.fetch_all(task, 0, max_bytes=1, max_wait=0.0)))
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_cell(
@@ -274,10 +312,15 @@ def main() -> None:
         for cell in plan:
             total = cell["chunk"] * cell["chunks"] * cell["parallel"]
             runs: dict[str, list[float]] = {"binx": [], "http": []}
+            cpu = {"binx": 0.0, "http": 0.0}
             for rep in range(repeat):
                 for kind in ("binx", "http") if rep % 2 == 0 else ("http", "binx"):
+                    pid = (binx_proc if kind == "binx" else http_proc).pid
+                    before = time.process_time() + cpu_seconds(pid)
                     runs[kind].append(run_cell(kind, cell, rep, binx, http))
+                    cpu[kind] += time.process_time() + cpu_seconds(pid) - before
             binx_s, http_s = statistics.median(runs["binx"]), statistics.median(runs["http"])
+            requests = cell["chunks"] * cell["parallel"] * repeat
             matrix.append(
                 {
                     **cell,
@@ -290,6 +333,11 @@ def main() -> None:
                     "binx_req_s": cell["chunks"] * cell["parallel"] / binx_s,
                     "http_req_s": cell["chunks"] * cell["parallel"] / http_s,
                     "ratio": http_s / binx_s,
+                    # CPU (client and server process, every thread) per data request: on a shared machine
+                    # wall time also measures who got the cores; this does not.
+                    "binx_cpu_us_per_req": cpu["binx"] / requests * 1e6,
+                    "http_cpu_us_per_req": cpu["http"] / requests * 1e6,
+                    "cpu_ratio": cpu["http"] / cpu["binx"] if cpu["binx"] > 0 else None,
                 }
             )
     finally:
@@ -307,6 +355,8 @@ def main() -> None:
         ctx.term()
     small = [m["ratio"] for m in matrix if m["chunk"] <= 256 * KiB]
     large = [m["ratio"] for m in matrix if m["chunk"] >= 1 * MiB]
+    small_cpu = [m["cpu_ratio"] for m in matrix if m["chunk"] <= 256 * KiB and m["cpu_ratio"]]
+    large_cpu = [m["cpu_ratio"] for m in matrix if m["chunk"] >= 1 * MiB and m["cpu_ratio"]]
     figures = {
         "binx_transport": (
             "pyzmq DEALER/ROUTER carrying EnvelopeCodec-encoded BinX PDUs (not the bus node loop); "
@@ -321,6 +371,8 @@ def main() -> None:
         "matrix": matrix,
         "binx_vs_http_small_min_ratio": min(small) if small else None,
         "binx_vs_http_large_min_ratio": min(large) if large else None,
+        "binx_vs_http_small_min_cpu_ratio": min(small_cpu) if small_cpu else None,
+        "binx_vs_http_large_min_cpu_ratio": min(large_cpu) if large_cpu else None,
     }
     png = heatmap(matrix, args.out.with_suffix(".png"), args.quick)
     figures["heatmap"] = png.name if png is not None else None
@@ -334,18 +386,20 @@ def main() -> None:
             f"{m['http_mb_s']:.1f}",
             f"{m['binx_req_s']:.0f}",
             f"{m['http_req_s']:.0f}",
+            f"{m['binx_cpu_us_per_req']:.0f}",
+            f"{m['http_cpu_us_per_req']:.0f}",
             f"{m['ratio']:.2f}",
+            f"{m['cpu_ratio'] or 0:.2f}",
         )
         for m in matrix
     ]
+    header = ("chunk B", "parallel", "chunks", "binx MB/s", "http MB/s", "binx req/s", "http req/s")
+    print(table(rows, (*header, "binx cpu us/req", "http cpu us/req", "ratio", "cpu ratio")))
     print(
-        table(
-            rows,
-            ("chunk B", "parallel", "chunks", "binx MB/s", "http MB/s", "binx req/s", "http req/s", "ratio"),
-        )
-    )
-    print(
-        f"small min ratio {figures['binx_vs_http_small_min_ratio']}, large min ratio {figures['binx_vs_http_large_min_ratio']}"
+        f"min ratio: small {figures['binx_vs_http_small_min_ratio']:.2f}, "
+        f"large {figures['binx_vs_http_large_min_ratio']:.2f}; min cpu ratio: small "
+        f"{figures['binx_vs_http_small_min_cpu_ratio'] or 0:.2f}, "
+        f"large {figures['binx_vs_http_large_min_cpu_ratio'] or 0:.2f}"
     )
 
 

@@ -215,6 +215,8 @@ class Source:
     queue_token: int = 0
     queued_bytes: int = 0
     outstanding: int | None = None
+    deadline: float = 0.0
+    timer_at: float | None = None
     fetch_call: int | None = None
     close_calls: list[int] = field(default_factory=list)
     last_error: str = ""
@@ -475,7 +477,13 @@ class BinxClient:
         self._requests[seq] = src.sid
         self.counters["requests"] += 1
         out.append(Send(peer=src.peer, message=req))
-        out.append(SetTimer(key=f"request/{seq}", at=now + wait + self.request_timeout))
+        # One timer per source, not per request: while requests are answered in time, the timer armed for
+        # an earlier one is moved to the current request's deadline when it fires (``_on_timer``), so a
+        # steady transfer sets about one timer per request timeout instead of a set and a cancel per chunk.
+        src.deadline = now + wait + self.request_timeout
+        if src.timer_at is None or src.timer_at > src.deadline:
+            src.timer_at = src.deadline
+            out.append(SetTimer(key=f"request/{src.sid}", at=src.deadline))
 
     def _send_ack(self, src: Source, out: list[Action]) -> None:
         if src.peer not in self.up:
@@ -506,7 +514,7 @@ class BinxClient:
 
     def _finish(self, src: Source, out: list[Action]) -> None:
         self._forget_request(src)
-        out.extend(CancelTimer(key=f"{kind}/{src.sid}") for kind in ("retry", "giveup"))
+        self._cancel_timers(src, out)
         for call_id in src.close_calls:
             out.append(Reply(call_id=call_id, result=None))
         had_close = bool(src.close_calls)
@@ -522,10 +530,8 @@ class BinxClient:
             self._deliver(src, out)
 
     def _abandon(self, src: Source, out: list[Action]) -> None:
-        if src.outstanding is not None:
-            out.append(CancelTimer(key=f"request/{src.outstanding}"))
         self._forget_request(src)
-        out.extend(CancelTimer(key=f"{kind}/{src.sid}") for kind in ("retry", "giveup"))
+        self._cancel_timers(src, out)
         if src.fetch_call is not None:
             out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was abandoned"))
             src.fetch_call = None
@@ -533,6 +539,10 @@ class BinxClient:
             out.append(Reply(call_id=call_id, result=None))
         src.close_calls.clear()
         self._drop(src)
+
+    def _cancel_timers(self, src: Source, out: list[Action]) -> None:
+        src.timer_at = None
+        out.extend(CancelTimer(key=f"{kind}/{src.sid}") for kind in ("request", "retry", "giveup"))
 
     def _send_delete_untracked(self, src: Source, out: list[Action]) -> None:
         """A DELETE nobody waits for (its reply counts as stale): frees the server's pages if it is there."""
@@ -557,7 +567,7 @@ class BinxClient:
         else:
             src.error = src.last_error
         self._forget_request(src)
-        out.extend(CancelTimer(key=f"{kind}/{src.sid}") for kind in ("retry", "giveup"))
+        self._cancel_timers(src, out)
         if src.complete and not src.closing:
             # Every page arrived; only the clean-up DELETE failed. The caller's data is whole.
             src.state = SourceState.DONE
@@ -575,17 +585,21 @@ class BinxClient:
         kind, _, num = key.partition("/")
         if not num.isdigit():
             return
-        if kind == "request":
-            sid = self._requests.pop(int(num), None)
-            src = self._by_sid.get(sid) if sid is not None else None
-            if src is None or src.outstanding != int(num):
-                return
-            src.outstanding = None
-            src.last_error = f"no reply to request {num} within {self.max_wait + self.request_timeout:g} s"
-            self._step(src, SourceEvent.REQUEST_TIMEOUT, now, out)
-            return
         src = self._by_sid.get(int(num))
         if src is None:
+            return
+        if kind == "request":
+            src.timer_at = None
+            if src.outstanding is None:
+                return
+            if now < src.deadline:  # armed for an earlier request that was answered: move it
+                src.timer_at = src.deadline
+                out.append(SetTimer(key=f"request/{src.sid}", at=src.deadline))
+                return
+            seq = src.outstanding
+            self._forget_request(src)
+            src.last_error = f"no reply to request {seq} within {self.max_wait + self.request_timeout:g} s"
+            self._step(src, SourceEvent.REQUEST_TIMEOUT, now, out)
             return
         if kind == "retry" and src.state in (SourceState.BACKING_OFF, SourceState.DELETE_BACKING_OFF):
             self._step(
@@ -608,9 +622,10 @@ class BinxClient:
             self.counters["stale_replies"] += 1
             return
         self._forget_request(src)
-        out.append(CancelTimer(key=f"request/{reply.sequence}"))
         event = self._classify(src, reply)
-        if event not in (SourceEvent.RETRYABLE_ERROR, SourceEvent.FATAL_ERROR):
+        if event not in (SourceEvent.RETRYABLE_ERROR, SourceEvent.FATAL_ERROR) and (
+            src.retry.first_failure_at is not None
+        ):
             src.retry.succeeded()
             out.append(CancelTimer(key=f"giveup/{src.sid}"))
         if event is SourceEvent.PAGES:

@@ -445,3 +445,53 @@ def test_transfer_survives_a_link_cut_anywhere(
     if not res["complete"]:
         got += pair.fetch_all(T, B)
     assert got == pages
+
+
+class _CountingPair(Pair):
+    """A pair that records every client action, to count timer churn."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.client_actions: list[object] = []
+
+    def apply(self, node: str, actions: list[Any]) -> None:
+        if node == "cli":
+            self.client_actions.extend(actions)
+        super().apply(node, actions)
+
+
+def test_a_steady_transfer_arms_one_request_timer_not_one_per_chunk() -> None:
+    pair = _CountingPair(client=BinxClient(rng=random.Random(1), max_request_bytes=1), server=BinxServer())
+    pair.connect()
+    pages = [bytes([i]) for i in range(50)]
+    produce(pair, pages)
+    assert pair.fetch_all(T, B) == pages
+    data = requests_sent(pair, RequestType.DATA)
+    assert len(data) == 50  # one chunk per request
+    request_timers = [
+        a for a in pair.client_actions if isinstance(a, SetTimer) and a.key.startswith("request/")
+    ]
+    assert len(request_timers) == 2  # one for the data requests, one for the DELETE (no long-poll)
+    # Nothing of the source is left armed once it is done.
+    assert not [k for (node, k) in pair.timers if node == "cli"]
+
+
+def test_the_request_timer_moves_to_the_latest_request_and_still_times_it_out() -> None:
+    pair = make_pair(max_wait=1.0, request_timeout=5.0)
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(fetch)["pages"] == [b"a"]
+    # Long-polls expire and are asked again every second; the source's timer was armed at t=0 for t=6.
+    pair.advance(4.0)
+    last = requests_sent(pair, RequestType.DATA)[-1]
+    assert pair.client.source(SERVER, T, B).deadline == 10.0  # the request sent at t=4
+    pair.up = False  # from here on nothing arrives
+    pair.wire.clear()
+    pair.advance(9.5)  # the timer fires at 6 and is moved to 10: not a timeout
+    src = pair.client.source(SERVER, T, B)
+    assert src is not None and src.last_error == "" and src.outstanding == last.sequence
+    pair.advance(10.5)
+    assert src.last_error.startswith(f"no reply to request {last.sequence} within 6 s")
+    assert requests_sent(pair, RequestType.DATA)[-1].pageToken == last.pageToken  # asked again
