@@ -308,7 +308,7 @@ _EXACT = float(1 << 52)
 def _apply_dense(
     table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True
 ) -> pa.Table | None:
-    """Counts and sums per group of one few-valued key, by counting in bins (NumPy), or None.
+    """Counts, sums and integer min/max per group of one few-valued key, in bins (NumPy), or None.
 
     Sums add each group's values in row order, as the hash aggregation does, so both give the same
     bits; integer sums only while their magnitudes stay exact in float64. With ``ordered`` the groups
@@ -319,10 +319,10 @@ def _apply_dense(
     for _, col, kernel in specs:
         if kernel == "count":
             continue
-        if kernel not in ("sum", "sum0") or col is None:
+        if kernel not in ("sum", "sum0", "min", "max") or col is None:
             return None
         t = _column(table, col).type
-        if t != pa.float64() and t not in _SIGNED:
+        if t not in _SIGNED and (t != pa.float64() or kernel in ("min", "max")):
             return None
     key = _column(table, keys[0])
     dense = _dense_ids(key.chunk(0) if key.num_chunks == 1 else key.combine_chunks())
@@ -369,6 +369,14 @@ def _dense_aggregate(
         valid = np.bincount(ids, weights=np.asarray(pc.is_valid(arr)), minlength=bins).astype(np.int64)
     if kernel == "count":
         return pa.array(valid[present], pa.int64())
+    if kernel in ("min", "max"):  # signed integers only (float min/max have NaN rules of their own)
+        dtype = np.dtype(arr.type.to_pandas_dtype())
+        info = np.iinfo(dtype)
+        start = info.max if kernel == "min" else info.min
+        filled = pc.fill_null(arr, pa.scalar(start, arr.type)) if arr.null_count else arr
+        extreme = np.full(bins, start, dtype=dtype)
+        (np.minimum if kernel == "min" else np.maximum).at(extreme, ids, filled.to_numpy())
+        return pa.array(extreme[present], arr.type, mask=valid[present] == 0)
     floating = arr.type == pa.float64()
     zero = pa.scalar(0.0) if floating else pa.scalar(0, arr.type)
     filled = pc.fill_null(arr, zero) if arr.null_count else arr
