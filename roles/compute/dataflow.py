@@ -109,7 +109,9 @@ class Dataflow:
 
     def feed(self, updates: pa.Table) -> pa.Table:
         """Output updates for the source updates ``updates`` (times below ``as_of`` count as ``as_of``)."""
-        linear = apply_linear(self.view, advance_times(updates, self.as_of))
+        if updates.num_rows and pc.min(updates[TIME]).as_py() < self.as_of:
+            updates = advance_times(updates, self.as_of)
+        linear = apply_linear(self.view, updates)
         if self._reduction is None:
             return conform(consolidate(linear), update_schema(self.schema))
         outputs: list[pa.Table] = []

@@ -291,3 +291,23 @@ def test_a_keyed_index_forgets_rows_and_keys_that_compaction_left_behind() -> No
     assert out._stored <= 4 * keyed_module._GC_FLOOR
     assert len(out._map) <= 2 * keyed_module._GC_FLOOR
     assert read(out, 31) == [(-1, 1)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.one_of(st.none(), st.integers(-5, 20), st.integers(-(2**63), 2**63 - 1)), max_size=12),
+        max_size=8,
+    )
+)
+def test_the_interner_codes_values_by_first_appearance_whichever_lookup_it_uses(
+    batches: list[list[int | None]],
+) -> None:
+    """Integer values in a small range are looked up in a direct table, others hashed: same codes."""
+    interner = reduction_module._Interner(pa.int64())
+    seen: dict[int | None, int] = {}
+    for batch in batches:
+        for value in batch:
+            seen.setdefault(value, len(seen))
+        codes = interner.codes(pa.array(batch, pa.int64()))
+        assert codes.tolist() == [seen[v] for v in batch]
