@@ -183,6 +183,93 @@ class _Slot:
     total_type: pa.DataType | None = None
 
 
+#: A dense min/max table holds at most this many (slot, value) cells (8 bytes each).
+_DENSE_CELLS = 1 << 22
+
+
+def _dense_type(tp: pa.DataType) -> bool:
+    """Integer types whose values fit int64 in order (uint64 does not)."""
+    return pa.types.is_signed_integer(tp) or tp in (pa.uint8(), pa.uint16(), pa.uint32())
+
+
+class _Dense:
+    """The multiplicity of every (slot, value) of an integer min/max aggregate, in a slots x values matrix.
+
+    Values spanning a small range (``lo`` .. ``lo + width - 1``) are columns, so a step adds its updates
+    with one ``np.add.at`` and finds the touched slots' extremes with one ``argmax`` over their rows,
+    instead of re-aggregating their multiplicities through Arrow. ``ext``/``has`` hold each slot's current
+    extreme. ``add`` refuses values that would make the matrix too big; the caller then moves to the
+    multiplicity table.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.lo = 0
+        self.mult: Ints = np.zeros((cap, 0), np.int64)
+        self.ext: Ints = np.zeros(cap, np.int64)
+        self.has: npt.NDArray[np.bool_] = np.zeros(cap, np.bool_)
+
+    def resize(self, cap: int, keep: Ints | None = None) -> None:
+        """``cap`` slot rows: the first ones kept (grown), or the rows ``keep`` renumbered 0, 1, 2, ..."""
+        rows = keep if keep is not None else np.arange(min(cap, len(self.ext)), dtype=np.int64)
+        mult = np.zeros((cap, self.mult.shape[1]), np.int64)
+        mult[: rows.size] = self.mult[rows]
+        ext = np.zeros(cap, np.int64)
+        ext[: rows.size] = self.ext[rows]
+        has = np.zeros(cap, np.bool_)
+        has[: rows.size] = self.has[rows]
+        self.mult, self.ext, self.has = mult, ext, has
+
+    def add(self, slots: Ints, values: Ints, diffs: Ints) -> bool:
+        if not values.size:
+            return True
+        lo, hi = int(values.min()), int(values.max())
+        width = self.mult.shape[1]
+        if width == 0 or lo < self.lo or hi >= self.lo + width:
+            new_lo = lo if width == 0 else min(lo, self.lo)
+            new_hi = hi if width == 0 else max(hi, self.lo + width - 1)
+            span = new_hi - new_lo + 1
+            span += span // 2  # room to grow without a copy each time
+            if span * len(self.ext) > _DENSE_CELLS:
+                return False
+            if width == 0:
+                new_lo = max(new_lo - span // 6, -(2**63))
+            mult = np.zeros((len(self.ext), span), np.int64)
+            shift = self.lo - new_lo
+            mult[:, shift : shift + width] = self.mult
+            self.mult, self.lo = mult, new_lo
+        np.add.at(self.mult, (slots, values - self.lo), diffs)
+        return True
+
+    def extremes(self, touched: Ints, func: str) -> tuple[Ints, npt.NDArray[np.bool_]]:
+        """Recompute the extremes of ``touched`` slots; returns them (and whether each has one)."""
+        if self.mult.shape[1] == 0:
+            return self.ext[touched], self.has[touched]
+        live = self.mult[touched] > 0
+        has: npt.NDArray[np.bool_] = np.asarray(live.any(axis=1), np.bool_)
+        at = (
+            np.argmax(live, axis=1) if func == "min" else live.shape[1] - 1 - np.argmax(live[:, ::-1], axis=1)
+        )
+        ext: Ints = np.asarray(at, np.int64) + self.lo
+        self.ext[touched] = ext
+        self.has[touched] = has
+        return ext, has
+
+    def table(self, schema: pa.Schema, size: int) -> pa.Table:
+        """The nonzero multiplicities as a (slot, value, multiplicity) table."""
+        slot, col = np.nonzero(self.mult[:size])
+        values = pa.array(col.astype(np.int64) + self.lo, pa.int64()).cast(schema.field(_VALUE).type)
+        return pa.Table.from_arrays(
+            [pa.array(slot.astype(np.int64)), values, pa.array(self.mult[slot, col])], schema=schema
+        )
+
+    def cache(self, tp: pa.DataType, size: int) -> npt.NDArray[np.object_]:
+        """The current extremes as Python values (None for none), as the multiplicity-table path keeps them."""
+        values = pa.array(self.ext[:size], pa.int64(), mask=~self.has[:size]).cast(tp).to_pylist()
+        out: npt.NDArray[np.object_] = np.full(len(self.ext), None, object)
+        out[:size] = values
+        return out
+
+
 class Reduction:
     """Group-by state of one view, updated by batches of ``(row, diff)`` at one time."""
 
@@ -232,6 +319,8 @@ class Reduction:
         #: Per extreme aggregate, each slot's current extreme (a Python value, None if none), so that a step
         #: re-aggregates only the touched groups' new values, not their old ones too.
         self._ext: list[npt.NDArray[np.object_]] = [np.full(1, None, object) for _ in mult_types]
+        #: Per extreme aggregate, its dense matrix while it has one (integer values in a small range).
+        self._dense: list[_Dense | None] = [_Dense(1) if _dense_type(tp) else None for tp in mult_types]
         self._flags = np.zeros(1, np.bool_)
         self._live = 0
         self._reclaim_at = 0
@@ -259,6 +348,17 @@ class Reduction:
         self._totals = [grown(a) for a in self._totals]
         self._flags = grown(self._flags)  # type: ignore[assignment]
         self._ext = [grown(a) for a in self._ext]  # type: ignore[misc]
+        for i, dense in enumerate(self._dense):
+            if dense is None:
+                continue
+            if cap * dense.mult.shape[1] > _DENSE_CELLS:
+                # Too many groups for a matrix of this width: keep a multiplicity table from now on.
+                size, schema = len(dense.ext), self._mult_schemas[i]
+                self._mults[i] = dense.table(schema, size)
+                self._ext[i][:size] = dense.cache(schema.field(_VALUE).type, size)
+                self._dense[i] = None
+            else:
+                dense.resize(cap)
 
     def _accumulators(self) -> list[Nums]:
         return [self._n, *self._counts, *self._totals]
@@ -372,6 +472,25 @@ class Reduction:
             i, func = slot.extreme, slot.agg.func
             schema = self._mult_schemas[i]
             column = delta[slot.agg.column]
+            dense = self._dense[i]
+            if dense is not None:
+                valid = _np(pc.is_valid(column)).astype(np.bool_) if column.null_count else None
+                values = _np(column.filter(valid) if valid is not None else column).astype(np.int64)
+                at = slots if valid is None else slots[valid]
+                diffs = _np(diff).astype(np.int64, copy=False)
+                if valid is not None:
+                    diffs = diffs[valid]
+                old_ext, old_has = dense.ext[touched], dense.has[touched]
+                if dense.add(at, values, diffs):
+                    new_ext, new_has = dense.extremes(touched, func)
+                    tp = schema.field(_VALUE).type
+                    olds.append(pa.array(old_ext, pa.int64(), mask=~old_has).cast(tp))
+                    news.append(pa.array(new_ext, pa.int64(), mask=~new_has).cast(tp))
+                    continue
+                # Too wide for a matrix: from now on this aggregate keeps a multiplicity table.
+                self._mults[i] = dense.table(schema, self._size)
+                self._ext[i] = dense.cache(schema.field(_VALUE).type, self._size)
+                self._dense[i] = None
             part = pa.Table.from_arrays([pa.array(slots), column, diff], schema=schema)
             if column.null_count:
                 part = part.filter(pc.is_valid(column))
@@ -428,6 +547,9 @@ class Reduction:
         for mult in self._mults:
             if mult.num_rows:
                 keep[_np(mult[_SLOT])] = True
+        for dense in self._dense:
+            if dense is not None:
+                keep |= (dense.mult[:size] != 0).any(axis=1)
         live = np.flatnonzero(keep)
         self._reclaim_at = 2 * live.size
         renumber = np.full(size, -1, np.int64)
@@ -445,6 +567,9 @@ class Reduction:
         self._totals = [cut(a) for a in self._totals]
         self._flags = np.zeros(cap, np.bool_)
         self._ext = [cut(a) for a in self._ext]  # type: ignore[misc]
+        for dense in self._dense:
+            if dense is not None:
+                dense.resize(cap, live)
         for i, mult in enumerate(self._mults):
             slots = renumber[_np(mult[_SLOT])] if mult.num_rows else np.zeros(0, np.int64)
             kept = slots >= 0

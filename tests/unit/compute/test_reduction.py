@@ -86,17 +86,25 @@ history = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     batches=history,
     view=st.sampled_from([TWO_KEYS, ONE_KEY, SUMS_ONLY]),
     reclaim=st.booleans(),
     preaggregate=st.booleans(),
+    dense_cells=st.sampled_from([0, 40, 1 << 22]),
 )
 def test_maintained_equals_recomputed(
-    batches: list[list[tuple[bool, Row, int]]], view: ViewDef, reclaim: bool, preaggregate: bool
+    batches: list[list[tuple[bool, Row, int]]],
+    view: ViewDef,
+    reclaim: bool,
+    preaggregate: bool,
+    dense_cells: int,
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
+        # Integer min/max keep a slots x values matrix up to this many cells, then a multiplicity table:
+        # 0 means never a matrix, 40 means moving from one to the other midway.
+        patch.setattr(reduction_module, "_DENSE_CELLS", dense_cells)
         # With the floor at 0, vanished groups' slots are reclaimed once they outnumber the live ones; with
         # the threshold at 0, every batch is aggregated per group before interning (as big batches are).
         patch.setattr(reduction_module, "_RECLAIM_FLOOR", 0 if reclaim else 1024)
