@@ -155,14 +155,25 @@ def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
         elif kernel in ("min", "max"):
             result = pc.min_max(values)[kernel]
         elif kernel == "distinct":
-            out[name] = _list_of(pc.drop_null(pc.unique(values.combine_chunks())))
+            out[name] = _list_of(_distinct(values.combine_chunks()))
             continue
         else:
-            flat = pc.list_flatten(values.combine_chunks())
-            out[name] = _list_of(pc.drop_null(pc.unique(flat)))
+            out[name] = _list_of(_distinct(pc.list_flatten(values.combine_chunks())))
             continue
         out[name] = pa.array([result.as_py()], result.type)
     return pa.table(out)
+
+
+def _distinct(values: pa.Array) -> pa.Array:
+    """The distinct non-null values; few-valued integers by marking bins (ascending), others by hashing."""
+    if values.type in _SIGNED and len(values) > 64:
+        present = pc.drop_null(values) if values.null_count else values
+        bounds = pc.min_max(present)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo is not None and hi - lo < max(_DENSE_SPAN, 2 * len(present)):
+            seen = np.bincount(present.to_numpy().astype(np.int64) - lo, minlength=hi - lo + 1)
+            return pa.array(np.flatnonzero(seen) + lo, values.type)
+    return pc.drop_null(pc.unique(values))
 
 
 def group_ids(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Array, int]:

@@ -143,3 +143,18 @@ def test_dense_bins_place_null_keys_and_all_null_sums() -> None:
     only_nulls = pa.table({"i": pa.array([None, None], pa.int64()), "f": [1.0, 2.0]})
     got = aggregate._apply_dense(only_nulls, ["i"], specs)
     assert got is not None and got.to_pylist() == [{"i": None, "n": 2, "s": 3.0}]
+
+
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(-200, 200)), max_size=300),
+    st.sampled_from([pa.int8(), pa.int64()]),
+)
+def test_distinct_values_by_bins_or_hashing_are_the_same_set(
+    values: list[int | None], t: pa.DataType
+) -> None:
+    if t == pa.int8():
+        values = [None if v is None else max(-128, min(127, v)) for v in values]
+    arr = pa.array(values, t)
+    got = aggregate._distinct(arr).to_pylist()
+    assert sorted(got) == sorted({v for v in values if v is not None})
+    assert len(got) == len(set(got))
