@@ -661,7 +661,10 @@ class BinxClient:
                 src, f"pageToken {reply.pageToken} answers a request for token {src.token}"
             )
         src.instance_id = src.instance_id or reply.instanceId
-        src.queue.extend(bytes(p) for p in reply.pages())
+        if len(reply.pageSizes) == 1 and type(reply.data) is bytes:
+            src.queue.append(reply.data)  # one chunk per reply, already bytes (the bus copied it): no copy
+        else:
+            src.queue.extend(bytes(p) for p in reply.pages())
         src.queued_bytes += len(reply.data)
         src.token = reply.pageNextToken
         if reply.bufferComplete:

@@ -121,14 +121,21 @@ class BinRequest:
     pageToken: int
 
     def __post_init__(self) -> None:
-        _check_u64(
-            "BinRequest",
-            sequence=self.sequence,
-            maxSizeOctets=self.maxSizeOctets,
-            maxWaitMicroSeconds=self.maxWaitMicroSeconds,
-            bufferId=self.bufferId,
-            pageToken=self.pageToken,
-        )
+        if not (
+            0 <= self.sequence <= U64_MAX
+            and 0 <= self.maxSizeOctets <= U64_MAX
+            and 0 <= self.maxWaitMicroSeconds <= U64_MAX
+            and 0 <= self.bufferId <= U64_MAX
+            and 0 <= self.pageToken <= U64_MAX
+        ):  # one chained test on the hot path; the call below names the field
+            _check_u64(
+                "BinRequest",
+                sequence=self.sequence,
+                maxSizeOctets=self.maxSizeOctets,
+                maxWaitMicroSeconds=self.maxWaitMicroSeconds,
+                bufferId=self.bufferId,
+                pageToken=self.pageToken,
+            )
         if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH:
             raise ValueError(f"BinRequest.taskId must have 1..{MAX_TASK_ID_LENGTH} characters")
         if self.requestType is RequestType.DATA:
@@ -181,9 +188,10 @@ class BinReply:
     data: bytes = blob(default=b"")
 
     def __post_init__(self) -> None:
-        _check_u64(
-            "BinReply", sequence=self.sequence, pageToken=self.pageToken, pageNextToken=self.pageNextToken
-        )
+        if not (0 <= self.sequence <= U64_MAX and 0 <= self.pageToken <= self.pageNextToken <= U64_MAX):
+            _check_u64(
+                "BinReply", sequence=self.sequence, pageToken=self.pageToken, pageNextToken=self.pageNextToken
+            )
         if self.pageNextToken < self.pageToken:
             raise ValueError(
                 f"BinReply.pageNextToken {self.pageNextToken} is below pageToken {self.pageToken}"
@@ -193,7 +201,7 @@ class BinReply:
                 f"BinReply.pageSizes lists {len(self.pageSizes)} pages but the tokens span "
                 f"{self.pageNextToken - self.pageToken}"
             )
-        if any(s < 0 for s in self.pageSizes) or sum(self.pageSizes) != len(self.data):
+        if sum(self.pageSizes) != len(self.data) or (self.pageSizes and min(self.pageSizes) < 0):
             raise ValueError(f"BinReply.pageSizes must be >= 0 and sum to len(data) = {len(self.data)}")
         n_bytes = len(self.remainingBytes)
         if n_bytes % SIZE_BYTES or n_bytes > MAX_REMAINING_ENTRIES * SIZE_BYTES:

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from sparkbus.bus.sim import SimBus
-from sparkbus.roles.exchange import BackoffPolicy, BinxClient, BinxServer, OutputBuffers
+from sparkbus.codecs import DecodeError, EnvelopeCodec
+from sparkbus.roles.exchange import (
+    BackoffPolicy,
+    BinRequest,
+    BinxClient,
+    BinxServer,
+    OutputBuffers,
+    RequestType,
+)
 
 T = "q5.1.0.0"
 PAGES = [bytes([i]) * (50 + 37 * i) for i in range(30)]
@@ -118,3 +126,60 @@ def test_link_cut_mid_transfer_resumes_from_the_token(seed: int) -> None:
     sim.heal("worker", "consumer")
     sim.run_until(sim.all_up, limit=120.0)
     assert got + fetch_all(sim) == PAGES
+
+
+def _data_requests_in_flight(sim: SimBus) -> list[str]:
+    """Task ids of the DATA requests on the wire now (the simulator's queue, decoded)."""
+    codec = EnvelopeCodec()
+    tasks = []
+    for d in sim._queue:
+        try:
+            msg = codec.decode(d.frames).message
+        except DecodeError:
+            continue
+        if isinstance(msg, BinRequest) and msg.requestType is RequestType.DATA:
+            tasks.append(msg.taskId)
+    return tasks
+
+
+@pytest.mark.parametrize("seed", [3, 8, 21])
+def test_exchanges_share_the_link_with_one_data_request_each(seed: int) -> None:
+    """The benchmark's shape: several buffers pulled at once, one chunk per request, over one link. The
+    requests of different sources travel together (pipelined); a source never has two DATA requests out."""
+    sim = cluster(seed, max_request_bytes=1)
+    tasks = [f"q7.{i}.0.0" for i in range(6)]
+    rng = random.Random(seed)
+    expected = {t: [rng.randbytes(rng.randrange(1, 64)) for _ in range(20)] for t in tasks}
+    for t in tasks:
+        for name, args in (("create", {}), ("add_pages", {"pages": expected[t]}), ("no_more_pages", {})):
+            sim.result(sim.call("worker", "binx.server", name, {"task_id": t, "buffer_id": 0, **args}))
+    got: dict[str, list[bytes]] = {t: [] for t in tasks}
+    calls = {}
+    for t in tasks:
+        calls[
+            sim.call("consumer", "binx.client", "fetch", {"peer": "worker", "task_id": t, "buffer_id": 0})
+        ] = t
+    most_in_flight = 0
+
+    def progress() -> bool:
+        nonlocal most_in_flight
+        in_flight = _data_requests_in_flight(sim)
+        assert len(in_flight) == len(set(in_flight)), f"two DATA requests of one source: {in_flight}"
+        most_in_flight = max(most_in_flight, len(in_flight))
+        return any(sim.reply(c) is not None for c in calls)
+
+    while calls:
+        sim.run_until(progress)
+        for cid in [c for c in calls if sim.reply(c) is not None]:
+            task = calls.pop(cid)
+            res = sim.result(cid)
+            got[task] += res["pages"]
+            if not res["complete"]:
+                args = {"peer": "worker", "task_id": task, "buffer_id": 0}
+                calls[sim.call("consumer", "binx.client", "fetch", args)] = task
+    assert got == expected
+    assert most_in_flight > 1
+    sim.run_until_idle()  # every DELETE answered and no request timer left behind
+    server = sim.node("worker").roles["binx.server"]
+    assert isinstance(server, BinxServer) and not server.buffers.keys()
+    assert sim.node("consumer").roles["binx.client"].counters["requests"] == 6 * 20 + 6

@@ -495,3 +495,26 @@ def test_the_request_timer_moves_to_the_latest_request_and_still_times_it_out() 
     pair.advance(10.5)
     assert src.last_error.startswith(f"no reply to request {last.sequence} within 6 s")
     assert requests_sent(pair, RequestType.DATA)[-1].pageToken == last.pageToken  # asked again
+
+
+def test_a_single_page_reply_is_queued_without_a_copy() -> None:
+    pair = make_pair(max_request_bytes=1)
+    pair.connect()
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    _, req = pair.wire.popleft()
+    page = b"p" * 100_000
+    reply = BinReply(
+        sequence=req.sequence,
+        replyType=RequestType.DATA,
+        status=ReplyStatus.OK,
+        bufferComplete=True,
+        pageToken=0,
+        pageNextToken=1,
+        remainingBytes=b"",
+        pageSizes=(len(page),),
+        instanceId="i",
+        data=page,
+    )
+    pair.deliver("cli", MessageReceived(peer=SERVER, message=reply))
+    [got] = pair.result(fetch)["pages"]
+    assert got is page
