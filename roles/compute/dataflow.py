@@ -109,8 +109,12 @@ class Dataflow:
 
     def feed(self, updates: pa.Table) -> pa.Table:
         """Output updates for the source updates ``updates`` (times below ``as_of`` count as ``as_of``)."""
-        if updates.num_rows and pc.min(updates[TIME]).as_py() < self.as_of:
-            updates = advance_times(updates, self.as_of)
+        lo = hi = self.as_of
+        if updates.num_rows:
+            bounds = pc.min_max(updates[TIME])
+            lo, hi = max(bounds["min"].as_py(), self.as_of), max(bounds["max"].as_py(), self.as_of)
+            if bounds["min"].as_py() < self.as_of:
+                updates = advance_times(updates, self.as_of)
         linear = apply_linear(self.view, updates)
         if self._reduction is None:
             return conform(consolidate(linear), update_schema(self.schema))
@@ -122,10 +126,9 @@ class Dataflow:
             linear = linear.filter(pc.not_equal(linear[TIME], i64(self.as_of)))
             outputs.append(self._step(first, self.as_of))
         if linear.num_rows:
-            bounds = pc.min_max(linear[TIME])
-            if bounds["min"] == bounds["max"]:
+            if lo == hi:
                 # One time (a write is one time): no sort and no split needed.
-                outputs.append(self._step(linear, bounds["min"].as_py()))
+                outputs.append(self._step(linear, lo))
                 return outputs[0] if len(outputs) == 1 else pa.concat_tables(outputs)
             ordered = linear.sort_by(TIME)
             counts = pc.value_counts(ordered[TIME])
