@@ -19,6 +19,7 @@ exceed ``--max-cell-bytes`` use fewer chunks per buffer (recorded per cell).
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import random
@@ -241,7 +242,8 @@ def run_cell(
 
 
 def heatmap(matrix: list[dict[str, Any]], path: Path, quick: bool) -> Path | None:
-    """The binx/http ratio per (chunk size, parallel exchanges), annotated, as RFC-0009's figure."""
+    """The binx/http time ratio per (chunk size, parallel exchanges), annotated, as RFC-0009's figure, and
+    beside it the CPU-per-request ratio (steadier than wall time on a shared machine)."""
     try:
         import matplotlib  # noqa: PLC0415 (optional: only the figure needs it)
 
@@ -252,20 +254,25 @@ def heatmap(matrix: list[dict[str, Any]], path: Path, quick: bool) -> Path | Non
         return None
     sizes = sorted({m["chunk"] for m in matrix})
     pars = sorted({m["parallel"] for m in matrix})
-    ratio = {(m["chunk"], m["parallel"]): m["ratio"] for m in matrix}
-    grid = [[ratio.get((s, p), float("nan")) for p in pars] for s in sizes]
-    fig, ax = plt.subplots(figsize=(1.2 * len(pars) + 2.5, 0.55 * len(sizes) + 1.6))
-    top = max(2.0, *ratio.values())
-    im = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=top, aspect="auto", origin="lower")
-    for i, row in enumerate(grid):
-        for j, value in enumerate(row):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=9)
-    ax.set_xticks(range(len(pars)), [str(p) for p in pars])
-    ax.set_yticks(range(len(sizes)), [_size(s) for s in sizes])
-    ax.set_xlabel("parallel exchanges")
-    ax.set_ylabel("chunk size")
-    ax.set_title("BinX speed-up over HTTP (time ratio)" + (" [quick]" if quick else ""))
-    fig.colorbar(im, ax=ax, label="http time / binx time")
+    panels = (
+        ("ratio", "BinX speed-up over HTTP (time ratio)", "http time / binx time"),
+        ("cpu_ratio", "CPU per request, HTTP / BinX", "http CPU / binx CPU"),
+    )
+    fig, axes = plt.subplots(1, 2, figsize=(2 * (1.2 * len(pars) + 2.5), 0.55 * len(sizes) + 1.6))
+    for ax, (key, title, label) in zip(axes, panels, strict=True):
+        ratio = {(m["chunk"], m["parallel"]): m[key] or float("nan") for m in matrix}
+        grid = [[ratio.get((s, p), float("nan")) for p in pars] for s in sizes]
+        top = max(2.0, *(v for v in ratio.values() if not math.isnan(v)))
+        im = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=top, aspect="auto", origin="lower")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=9)
+        ax.set_xticks(range(len(pars)), [str(p) for p in pars])
+        ax.set_yticks(range(len(sizes)), [_size(s) for s in sizes])
+        ax.set_xlabel("parallel exchanges")
+        ax.set_ylabel("chunk size")
+        ax.set_title(title + (" [quick]" if quick else ""))
+        fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
