@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar, cast
 
 import pyarrow as pa
 
@@ -95,12 +95,12 @@ class _Out:
     offset: int = 0
     credit: int = 0
     chunks: int = 0
-    reader: BinaryIO | None = None  # open from the first chunk to the last: no open per chunk
+    # The segment file, mapped from the first chunk to the last: chunks are slices of it, not reads.
+    view: memoryview | None = None
 
-    def close_reader(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
+    def close_view(self) -> None:
+        # Dropped, not released: ZeroMQ may still hold slices of it until their frames are sent.
+        self.view = None
 
     @property
     def what(self) -> str:
@@ -495,7 +495,7 @@ class ReplicationRole(Receiving):
 
     def _end_out(self, out: _Out, retry: bool) -> None:
         self.outgoing.pop(out.dest, None)
-        out.close_reader()
+        out.close_view()
         if out.state is OutState.DONE and out.stream and out.offset < out.size and out.peer in self.live:
             self._emit(CloseStream(peer=out.peer, stream=out.stream))  # ended before its last batch
         rep = self.local.get(out.dest[0])
@@ -531,26 +531,28 @@ class ReplicationRole(Receiving):
         self._pump(out)
 
     def _pump(self, out: _Out) -> None:
-        """Send chunks while credit lasts; the segment is read a chunk at a time, never whole."""
+        """Send chunks while credit lasts: slices of the mapped segment file, never read into memory."""
         if out.state is not OutState.SENDING:
             return
         rep = self.local.get(out.dest[0])
         if rep is None:
             return
         stream = out.stream
-        if out.reader is None and out.offset < out.size:
-            out.reader = rep.store.storage.open(out.file)
-            out.reader.seek(out.offset)
+        if out.view is None and out.offset < out.size:
+            out.view = rep.store.storage.view(out.file)
         while out.offset < out.size and out.credit > 0:
-            assert out.reader is not None
+            assert out.view is not None
             n = min(self.config.chunk_bytes, out.credit, out.size - out.offset)
-            data = out.reader.read(n)  # a short file sends short: the receiver's size check refuses it
+            # A short file sends short: the receiver's size check refuses it. The slice is a view of
+            # the map (no copy); ``SendBatch.data`` is typed ``bytes`` but, as ``BatchReceived.data``,
+            # is only measured and handed to ZeroMQ, which takes any buffer.
+            data = cast(bytes, out.view[out.offset : out.offset + n])
             out.offset += n
             out.credit -= n
             out.chunks += 1
             self._emit(SendBatch(peer=out.peer, stream=stream, data=data, last=out.offset == out.size))
         if out.offset == out.size:
-            out.close_reader()
+            out.close_view()
             out.state = next_out(out.state, OutEvent.DRAINED, out.what)
             self._emit(CloseStream(peer=out.peer, stream=stream))
             self._emit(
