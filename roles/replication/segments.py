@@ -2,7 +2,7 @@
 
 A segment file is immutable::
 
-    magic     8 bytes  b"SBSEG\\x01\\x00\\x00"
+    magic     8 bytes  b"SBSEG\\x03\\x00\\x00" (format version 3)
     hlen      u32 big-endian
     header    msgpack map {segment_id, base_id, included, major, rows, partition}
     body      one Arrow IPC stream (buffers compressed with zstd), any number of record batches
@@ -11,27 +11,28 @@ A segment file is immutable::
 The trailer makes a half-written file recognisable without parsing it, and the same checksum travels in
 the SEGMENT_OFFER so a receiver verifies the bytes it assembled before it keeps them.
 
-The checksum (``BlockDigest``) is a CRC32 per MiB of the file, folded into a 16-byte BLAKE2b of the CRCs and
-the length: the per-block scheme of HDFS and Kafka. A BLAKE2b over the whole file ran at about 500 MB/s
-here, half the bus's stream throughput, and was the largest cost of a transit; CRC32 runs at about 4 GB/s.
-It detects torn, truncated and corrupted files, which is its job; it is not a defence against a forger.
+The checksum (``BlockDigest``) hashes every MiB of the file with two multilinear hashes and folds them, with
+the length, into a 16-byte BLAKE2b: the per-block scheme of HDFS and Kafka, with a hash numpy computes at
+several GB/s where CRC32 ran at 1 to 2 (and a BLAKE2b over the whole file at 0.5). It detects torn,
+truncated and corrupted files, which is its job; it is not a defence against a forger.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from sparkbus.roles.replication.storage import FileWriter, SimulatedCrash, Storage
 
-MAGIC = b"SBSEG\x02\x00\x00"
+MAGIC = b"SBSEG\x03\x00\x00"
 TRAILER_MAGIC = b"SBSEGEND"
 DIGEST_BYTES = 16
 TRAILER_BYTES = len(TRAILER_MAGIC) + 8 + DIGEST_BYTES
@@ -39,34 +40,105 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 class BlockDigest:
-    """The segment checksum: CRC32 of every ``block`` bytes, then BLAKE2b (16 bytes) of the CRCs and the
-    length. Fed incrementally in chunks of any size; the result depends only on the bytes."""
+    """The segment checksum, fed incrementally in pieces of any size; the result depends only on the bytes.
+
+    Per ``block`` bytes (a multiple of 8), two multilinear hashes of the little-endian 64-bit words
+    ``w[i]``: ``sum(w[i] * a[i])`` and ``sum((w[i] >> 32) * b[i])`` modulo 2**64, with fixed pseudo-random
+    keys ``a``, ``b`` (SHAKE-256 of a constant); the last word of the file is zero-padded. The pairs of every
+    block and the length are folded into a 16-byte BLAKE2b. Multilinear hashing (Lemire and Kaser,
+    "Strongly universal string hashing is fast") misses an error pattern that does not depend on the keys
+    with probability at most 2**-32 per block: the first sum sees every difference whose lowest changed bit
+    is below 32, the second the ones confined to the high halves. That is CRC32's rate for random
+    corruption, at several times its speed with numpy (it replaced a CRC32 per block, and before that a
+    BLAKE2b over the file: each took a large share of a transit). Not a defence against a forger.
+    """
+
+    _SMALL = 4096  # pieces below this are gathered first: numpy costs a few microseconds per call
 
     def __init__(self, block: int = 1 << 20) -> None:
+        if block < 8 or block % 8:
+            raise ValueError(f"block must be a positive multiple of 8, got {block}")
         self.block = block
-        self._crcs = hashlib.blake2b(digest_size=DIGEST_BYTES)
-        self._crc = 0
+        self._a, self._b = _digest_keys(block)
+        self._tmp = np.empty(block // 8, dtype=np.uint64)
+        self._blocks = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self._h1 = self._h2 = 0
+        self._word = 0  # index in the block of the first word of ``_buf``
+        self._buf = bytearray()  # bytes not hashed yet, from a word boundary
         self._fill = 0
         self.total = 0
 
-    def update(self, data: bytes | memoryview) -> None:
+    def update(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
         self.total += len(view)
         while view:
             n = min(len(view), self.block - self._fill)
-            self._crc = zlib.crc32(view[:n], self._crc)
+            part, view = view[:n], view[n:]
             self._fill += n
-            view = view[n:]
+            buf = self._buf
+            if n < self._SMALL:
+                buf += part
+                if len(buf) >= self._SMALL or self._fill == self.block:
+                    self._flush_buf()
+            else:
+                # Complete the gathered word (if any), then hash the piece where it lies: no copy.
+                r = -len(buf) % 8
+                buf += part[:r]
+                self._flush_buf()
+                whole = (n - r) // 8 * 8
+                self._h1, self._h2 = self._words(part[r : r + whole], self._h1, self._h2)
+                buf += part[r + whole :]
             if self._fill == self.block:
-                self._crcs.update(struct.pack(">I", self._crc))
-                self._crc, self._fill = 0, 0
+                self._blocks.update(struct.pack(">QQ", self._h1, self._h2))
+                self._h1 = self._h2 = self._word = self._fill = 0
+
+    def _flush_buf(self) -> None:
+        buf = self._buf
+        whole = len(buf) // 8 * 8
+        if whole:
+            self._h1, self._h2 = self._words(buf[:whole], self._h1, self._h2)
+            del buf[:whole]
+
+    def _words(self, data: bytes | bytearray | memoryview, h1: int, h2: int) -> tuple[int, int]:
+        """Add the words of ``data`` (whole words, at ``_word``) to the block's two sums."""
+        words = np.frombuffer(data, dtype="<u8")
+        k = len(words)
+        if not k:
+            return h1, h2
+        at, tmp = self._word, self._tmp[:k]
+        self._word += k
+        np.multiply(words, self._a[at : at + k], out=tmp)  # wraps modulo 2**64, as meant
+        h1 += int(tmp.sum())
+        np.right_shift(words, np.uint64(32), out=tmp)
+        np.multiply(tmp, self._b[at : at + k], out=tmp)
+        h2 += int(tmp.sum())
+        return h1 & _MASK64, h2 & _MASK64
 
     def digest(self) -> bytes:
-        final = self._crcs.copy()
+        final = self._blocks.copy()
         if self._fill:
-            final.update(struct.pack(">I", self._crc))
+            word = self._word
+            tail = bytes(self._buf) + bytes(-len(self._buf) % 8)
+            h1, h2 = self._words(tail, self._h1, self._h2)
+            self._word = word
+            final.update(struct.pack(">QQ", h1, h2))
         final.update(struct.pack(">Q", self.total))
         return final.digest()
+
+
+_MASK64 = (1 << 64) - 1
+_KEYS: dict[int, tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]] = {}
+
+
+def _digest_keys(block: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """The two key arrays of ``BlockDigest`` for ``block`` (the same on every machine and version)."""
+    keys = _KEYS.get(block)
+    if keys is None:
+        raw = np.frombuffer(hashlib.shake_256(b"sparkbus segment digest v3").digest(2 * block), dtype="<u8")
+        keys = _KEYS[block] = (raw[: block // 8].astype(np.uint64), raw[block // 8 :].astype(np.uint64))
+    return keys
 
 
 class SegmentCorrupt(Exception):

@@ -287,9 +287,9 @@ def test_block_digest_depends_on_the_bytes_not_on_how_they_were_chunked() -> Non
     from sparkbus.roles.replication.segments import BlockDigest
 
     data = random.Random(5).randbytes(10_000)
-    whole = BlockDigest(block=1000)
+    whole = BlockDigest(block=1024)
     whole.update(data)
-    pieces = BlockDigest(block=1000)
+    pieces = BlockDigest(block=1024)
     rng = random.Random(6)
     at = 0
     while at < len(data):
@@ -297,9 +297,9 @@ def test_block_digest_depends_on_the_bytes_not_on_how_they_were_chunked() -> Non
         pieces.update(memoryview(data)[at : at + n])
         at += n
     assert pieces.digest() == whole.digest()
-    flipped = BlockDigest(block=1000)
+    flipped = BlockDigest(block=1024)
     flipped.update(data[:4321] + bytes([data[4321] ^ 1]) + data[4322:])
-    shorter = BlockDigest(block=1000)
+    shorter = BlockDigest(block=1024)
     shorter.update(data[:-1])
     assert len({whole.digest(), flipped.digest(), shorter.digest()}) == 3
 
