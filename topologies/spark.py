@@ -12,7 +12,8 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
    naming the node). Once every task is bound, the driver sends each the peer table (``peers``).
 3. The task starts its node, waits for its links, tells the driver it is ready, then serves until the
    driver says stop or the node dies. It yields one result row.
-4. The driver starts its own nodes as it sends the peer table and returns from ``start`` when every node
+4. The driver builds and binds its own nodes while Spark starts the stage, starts them as it sends the
+   peer table and returns from ``start`` when every node
    is ready. ``stop`` tells each task to stop and collects the result rows.
 
 A task that raises, or whose Python worker dies, fails the barrier stage; Spark then kills the other
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +133,6 @@ class _TaskPlan:
 
     topology: Topology
     node_ids: tuple[str, ...]
-    driver_nodes: Mapping[str, Endpoints]
     channel: str
     factory: NodeFactory
     ready_timeout: float
@@ -507,10 +507,12 @@ class SparkRuntime:
         started = time.monotonic()
         self._t0 = time.time()
         try:
-            self._start_driver_side()
-            self._mark("driver:driver_nodes_bound")
+            self._open_channel()
             self._launch()
             self._mark("driver:stage_launched")
+            # Built while Spark starts the stage: their endpoints reach the tasks with the peer table.
+            self._build_driver_nodes()
+            self._mark("driver:driver_nodes_bound")
             self._await(lambda p: p.bound >= set(self.executor_ids), "bind")
             self._mark("driver:all_tasks_bound")
             self._send_all("peers", {k: v.to_json() for k, v in self.endpoints.items()})
@@ -528,7 +530,7 @@ class SparkRuntime:
     def _mark(self, name: str, at: float | None = None) -> None:
         self.timeline[name] = round((time.time() if at is None else at) - self._t0, 3)
 
-    def _start_driver_side(self) -> None:
+    def _open_channel(self) -> None:
         self._zctx = zmq.Context()
         self._channel = self._zctx.socket(zmq.ROUTER)
         self._channel.setsockopt(zmq.LINGER, 0)
@@ -538,6 +540,9 @@ class SparkRuntime:
         bind = "127.0.0.1" if spark is not None and spark.is_local else "*"
         port = self._channel.bind_to_random_port(f"tcp://{bind}")
         self._channel_endpoint = f"tcp://{host}:{port}"
+
+    def _build_driver_nodes(self) -> None:
+        host = self._driver_host()
         for nid in self.driver_ids:
             request = NodeRequest(
                 node_id=nid,
@@ -560,7 +565,6 @@ class SparkRuntime:
         plan = _TaskPlan(
             topology=self.topology,
             node_ids=self.executor_ids,
-            driver_nodes=dict(self.endpoints),
             channel=self._channel_endpoint,
             factory=self.factory,
             ready_timeout=self.ready_timeout,
