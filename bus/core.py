@@ -12,7 +12,8 @@ Channels, one ZeroMQ pipe each per pair of nodes and direction (DESIGN.md sectio
   client (which binds nothing) every message to it.
 * ``data``: our PUSH to the peer's PULL. Sequenced stream batches.
 
-A peer is *up* when both directions have a session (for a client: when its session exists). A gap in a
+A peer is *up* when both directions have a session and the peer's has been confirmed by its first message
+(so the peer has our WELCOME; for a client: when its session exists). A gap in a
 sequence, a stale session, a socket disconnect, or silence past ``peer_timeout`` breaks the link: roles get
 ``PeerLost`` at once, every stream with the peer is dropped, and a new handshake starts (a new session and,
 when it completes, a new ``PeerUp``). Nothing resumes silently.
@@ -143,7 +144,8 @@ class NodeCore(LinkLayer, StreamLayer):
         """A node this one links to (from the topology): start the handshake towards it."""
         if peer == self.node_id or peer in self._outbound:
             return
-        self._outbound[peer] = _Outbound(peer=peer)
+        # The attempt numbers of our HELLOs start at random: a nonce per node incarnation.
+        self._outbound[peer] = _Outbound(peer=peer, attempt=self._entropy(31))
         self._peers.setdefault(peer, _Peer())
         self._send_hello(self._outbound[peer], now)
 
@@ -179,18 +181,17 @@ class NodeCore(LinkLayer, StreamLayer):
         if inbound is None or session != inbound.session:
             # A session we no longer have (we lost the link, or restarted): the sender must handshake
             # again. Not final, unlike a peer that never said HELLO at all.
-            self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {session}", now)
+            self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {session}", now, session=session)
             return
         if seq != inbound.seq + 1:
             reason = f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {seq}"
-            self._reply(
-                rid, Reject(code=ErrorCode.SEQUENCE_GAP, message=reason, version=self.config.versions[0]), now
-            )
-            self._refusal(ErrorCode.SEQUENCE_GAP)
+            self._refuse_rid(rid, ErrorCode.SEQUENCE_GAP, reason, now, session=session)
             self._link_lost(inbound.peer, reason, now)
             return
         inbound.seq = seq
         inbound.last_recv = now
+        if not inbound.confirmed:
+            self._confirm(inbound, now)
         try:
             msg = self._read_body(frames, code, zmask)
         except DecodeError as exc:
@@ -223,7 +224,7 @@ class NodeCore(LinkLayer, StreamLayer):
         if isinstance(msg, Welcome):
             self._on_welcome(out, msg, now)
         elif isinstance(msg, Reject):
-            self._on_reject(out, msg, now)
+            self._on_reject(out, msg, env.header.session, now)
         elif isinstance(msg, Error):
             self._counts["errors_from_peers"] += 1
             log.warning(
@@ -255,6 +256,8 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         inbound.data_seq = seq
         inbound.last_recv = now
+        if not inbound.confirmed:
+            self._confirm(inbound, now)
         self._on_batch(inbound.peer, stream, msg, now)
         if self._local:
             self._drain_local(now)
@@ -266,6 +269,16 @@ class NodeCore(LinkLayer, StreamLayer):
         if (st is not None and st.up) or (out is not None and out.state == "established"):
             self._link_lost(peer, reason, now)
             self._drain_local(now)
+
+    def on_transport_ready(self, peer: str, now: float) -> None:
+        """The socket towards ``peer`` can carry messages again after it refused one (it was not connected).
+
+        A HELLO that the socket refused never left: send the next one now rather than a whole
+        ``handshake_timeout`` later (on a fresh start that was about half of all links).
+        """
+        out = self._outbound.get(peer)
+        if out is not None and out.state in ("idle", "hello_sent"):
+            self._send_hello(out, now)
 
     def tick(self, now: float) -> None:
         """Heartbeats, liveness, handshake retries and role timers due at ``now``."""
@@ -396,26 +409,32 @@ class NodeCore(LinkLayer, StreamLayer):
                 now,
             )
             return
-        self._hold_early(inbound, lambda: self._on_session_message(inbound, stream, msg, now), type(msg), now)
+        self._refuse_early(inbound, type(msg), now)
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
         self._refusal(code)
         log.info("node %s: refused a message from %s: %s", self.node_id, inbound.peer, text)
         self._reply(inbound.rid, Error(code=code, message=text, ref_type=ref_type), now)
 
-    def _refuse_rid(self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0) -> None:
+    def _refuse_rid(
+        self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0, session: int = 0
+    ) -> None:
+        """REJECT to ``rid``: a HELLO (echoing its ``attempt``), or a message on ``session``, which ends."""
         self._refusal(code)
         log.info("node %s: refused routing id %s: %s", self.node_id, rid.hex(), text)
         self._reply(
-            rid, Reject(code=code, message=text, version=self.config.versions[0], attempt=attempt), now
+            rid,
+            Reject(code=code, message=text, version=self.config.versions[0], attempt=attempt),
+            now,
+            session=session,
         )
 
     def _refusal(self, code: ErrorCode) -> None:
         self._counts["refused"] += 1
         self.refusals[code.name] += 1
 
-    def _reply(self, rid: bytes, msg: Any, now: float) -> None:
-        self._emit("reply", rid, self._encode(msg))
+    def _reply(self, rid: bytes, msg: Any, now: float, session: int = 0) -> None:
+        self._emit("reply", rid, self._encode(msg, session=session))
 
     def _send_ctl(self, out: _Outbound, msg: Any, now: float, stream: str | None = None) -> None:
         out.seq += 1

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import (
+    DROPPED_ATTEMPT,
     FINAL_CODES,
     MAGIC,
+    SESSION_ENDING_CODES,
     ErrorCode,
+    Heartbeat,
     Hello,
     Reject,
     Welcome,
@@ -29,6 +32,11 @@ class LinkLayer(NodeState):
         out.state = "hello_sent"
         out.hello_at = now
         version = out.offered or self.config.versions[out.version_index]
+        # Tell the peer when we dropped the session we gave its latest HELLO: if that HELLO is still its
+        # current attempt, its WELCOME (on the way, or taken already) names a session we no longer know.
+        inbound = self._inbound.get(out.peer)
+        held = inbound is not None and inbound.hello_attempt == out.peer_welcomed
+        extensions = {DROPPED_ATTEMPT: str(out.peer_welcomed)} if out.peer_welcomed and not held else {}
         hello = Hello(
             magic=MAGIC,
             version=version,
@@ -37,6 +45,7 @@ class LinkLayer(NodeState):
             node_id=self.node_id,
             kind="node",
             attempt=out.attempt,
+            extensions=extensions,
         )
         self._emit("ctl", out.peer, self.codec.encode(hello))
         self._counts["hellos_out"] += 1
@@ -106,9 +115,20 @@ class LinkLayer(NodeState):
                 hello.attempt,
             )
             return
-        if old is not None:
-            # A new HELLO from a peer with a session means its side restarted or reconnected.
-            self._link_lost(peer, "peer opened a new session", now)
+        out = self._outbound.get(peer) if hello.kind == "node" else None
+        # The peer says it dropped the session it gave our current attempt: our direction (open, or its
+        # WELCOME on the way) is stale, and we handshake again. Any other direction of ours is kept: the
+        # peer has not answered it yet, or holds it still. Resetting a direction the peer holds would make
+        # it handshake again in turn, and two sides could go on replacing each other's sessions for ever.
+        stale = (
+            out is not None
+            and out.state in ("hello_sent", "established")
+            and _dropped_attempt(hello) == out.attempt
+        )
+        if old is not None or stale:
+            # A new HELLO from a peer with a session means its side lost the link (or restarted): the
+            # session we gave it is replaced, and every stream with it ends.
+            self._link_lost(peer, "peer opened a new session", now, keep_outbound=not stale)
         session = self._new_session_id()
         inbound = _Inbound(
             peer=peer,
@@ -119,8 +139,12 @@ class LinkLayer(NodeState):
             last_recv=now,
             version=hello.version,
             features=and_features(hello.features, self._features),
+            hello_attempt=hello.attempt,
+            confirmed=hello.kind == "client",
         )
         self._inbound[peer] = inbound
+        if out is not None:
+            out.peer_welcomed = hello.attempt
         self._by_rid[rid] = inbound
         self._by_session[session] = inbound
         self._peers.setdefault(peer, _Peer())
@@ -146,6 +170,9 @@ class LinkLayer(NodeState):
 
     def _on_welcome(self, out: _Outbound, msg: Welcome, now: float) -> None:
         if out.state != "hello_sent" or msg.attempt != out.attempt:
+            # The answer to a HELLO of an attempt that is over (answered already, or its link was lost
+            # while it was in flight): the peer may have dropped that session since, and taking it would
+            # open a direction the peer refuses, whose REJECT would then end the link again.
             self._counts["dropped_stale_welcome"] += 1
             return
         if msg.cluster_tag != self.config.cluster_tag:
@@ -160,9 +187,12 @@ class LinkLayer(NodeState):
         out.last_sent = now
         out.features = msg.features
         self._counts["sessions_opened"] += 1
+        # Confirm the session at once: the peer is up only once it has heard from us on it.
+        self._send_ctl(out, Heartbeat(), now)
+        self._counts["heartbeats_out"] += 1
         self._maybe_up(out.peer, now)
 
-    def _on_reject(self, out: _Outbound, msg: Reject, now: float) -> None:
+    def _on_reject(self, out: _Outbound, msg: Reject, session: int, now: float) -> None:
         self._counts[f"rejected_{msg.code.name.lower()}"] += 1
         if msg.code in FINAL_CODES:
             self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
@@ -178,11 +208,37 @@ class LinkLayer(NodeState):
             else:
                 self._refuse_outbound(out, f"no common protocol version: {msg.message}", now)
             return
-        if out.state == "established" and msg.code in (ErrorCode.STALE_SESSION, ErrorCode.SEQUENCE_GAP):
+        if out.state == "established" and msg.code in SESSION_ENDING_CODES:
+            if session != out.session:
+                # It ends a session of ours that is over already, not the one we have now.
+                self._counts["dropped_stale_reject"] += 1
+                return
             self._link_lost(out.peer, f"peer ended our session: {msg.message}", now)
             return
         if out.state == "hello_sent" and msg.attempt == out.attempt:
             log.warning("node %s: %s refused our HELLO: %s", self.node_id, out.peer, msg.message)
+
+    def _confirm(self, inbound: _Inbound, now: float) -> None:
+        """The first sequenced message on a node's session: the peer has our WELCOME."""
+        inbound.confirmed = True
+        self._maybe_up(inbound.peer, now)
+
+    def _refuse_early(self, inbound: _Inbound, cls: type, now: float) -> None:
+        """A role's message or a batch on a session while the link is not up here.
+
+        A peer is up only once both sides are welcomed (its session with us is confirmed by our first
+        message), so an honest peer never sends one: the message is refused and the link broken, loudly,
+        rather than held (without bound) or dropped (the peer took its sequence number, so the session or
+        the stream would go on with a hole). The REJECT names the session, so the peer ends it at once.
+        """
+        reason = (
+            f"{cls.__name__} from {inbound.peer} before the link was open at {self.node_id} "
+            "(a peer sends only once it has heard from us on its session)"
+        )
+        self._refusal(ErrorCode.OUT_OF_STATE)
+        reject = Reject(code=ErrorCode.OUT_OF_STATE, message=reason, version=self.config.versions[0])
+        self._reply(inbound.rid, reject, now, session=inbound.session)
+        self._link_lost(inbound.peer, reason, now)
 
     def _refuse_outbound(self, out: _Outbound, reason: str, now: float) -> None:
         log.error("node %s: link to %s refused for good: %s", self.node_id, out.peer, reason)
@@ -195,7 +251,7 @@ class LinkLayer(NodeState):
     def _maybe_up(self, peer: str, now: float) -> None:
         st = self._peers[peer]
         inbound = self._inbound.get(peer)
-        if st.up or inbound is None:
+        if st.up or inbound is None or not inbound.confirmed:
             return
         if inbound.kind == "node":
             out = self._outbound.get(peer)
@@ -206,17 +262,18 @@ class LinkLayer(NodeState):
         connection_id = inbound.connection_id if inbound.kind == "client" else ""
         for role in self.roles.values():
             self._dispatch(role, c.PeerUp(peer=peer, connection_id=connection_id), now)
-        while st.early and st.up:
-            st.early.popleft()()
 
-    def _link_lost(self, peer: str, reason: str, now: float) -> None:
+    def _link_lost(self, peer: str, reason: str, now: float, *, keep_outbound: bool = False) -> None:
+        """Both directions end (our direction survives with ``keep_outbound``), with every stream."""
         st = self._peers.get(peer)
         inbound = self._inbound.pop(peer, None)
         if inbound is not None:
             self._by_rid.pop(inbound.rid, None)
             self._by_session.pop(inbound.session, None)
         out = self._outbound.get(peer)
-        if out is not None and out.state == "established":
+        if out is not None and not keep_outbound and out.state in ("hello_sent", "established"):
+            # A HELLO still unanswered belongs to the link that ended: its WELCOME, when it comes, is
+            # ignored (the next HELLO carries a new attempt), since the peer may drop that session too.
             out.state = "idle"
             out.hello_at = now - self.config.handshake_timeout  # re-handshake on the next tick
             out.session = 0
@@ -225,10 +282,15 @@ class LinkLayer(NodeState):
         st.senders.clear()
         st.receivers.clear()
         st.accepted.clear()
-        st.early.clear()
         if st.up:
             st.up = False
             self._counts["peers_lost"] += 1
             log.warning("node %s: peer %s lost: %s", self.node_id, peer, reason)
             for role in self.roles.values():
                 self._dispatch(role, c.PeerLost(peer=peer, reason=reason), now)
+
+
+def _dropped_attempt(hello: Hello) -> int:
+    """The attempt of our HELLO whose session the peer has dropped since, as its HELLO names it (0: none)."""
+    value = hello.extensions.get(DROPPED_ATTEMPT, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 20 else 0

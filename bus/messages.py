@@ -37,6 +37,14 @@ class ErrorCode(enum.IntEnum):
 #: Codes after which a link is never retried: the other side is not ours, or not our cluster.
 FINAL_CODES = frozenset({ErrorCode.HANDSHAKE_HEADER, ErrorCode.CLUSTER_ID_MISMATCH})
 
+#: Codes of a REJECT that ends the session named in its header (the link is broken and handshaken again).
+SESSION_ENDING_CODES = frozenset({ErrorCode.STALE_SESSION, ErrorCode.SEQUENCE_GAP, ErrorCode.OUT_OF_STATE})
+
+#: HELLO extension of a node: the ``attempt`` (decimal) of the peer's latest HELLO the sender welcomed, when
+#: the sender has dropped that session since. A peer whose current attempt it names knows its direction
+#: (open, or with its WELCOME on the way) is stale, and handshakes again; any other direction it keeps.
+DROPPED_ATTEMPT = "dropped_attempt"
+
 
 def _check_version(version: tuple[int, int, int]) -> None:
     if any(not 0 <= part <= 0xFFFF for part in version):

@@ -133,6 +133,8 @@ class Node:
         self.error: BaseException | None = None
         self._graceful = False
         self.drops: dict[str, int] = {}
+        # Peers whose DEALER refused a message since its last ZMTP handshake (IMMEDIATE: not connected yet).
+        self._ctl_refused: set[str] = set()
         self._keys: security.KeyPair | None = None
         self._zap_domain: str | None = None
         # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
@@ -234,7 +236,7 @@ class Node:
             sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
         if self.config.curve is not None:
             assert self._keys is not None
             server = security.server_key(self.config.curve.key_dir, peer)
@@ -430,6 +432,10 @@ class Node:
                 return
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.on_transport_down(peer, self.clock(), "socket disconnected")
+            elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and peer in self._ctl_refused:
+                # Connected now: a HELLO it refused before is sent again at once, not after a timeout.
+                self._ctl_refused.discard(peer)
+                self.core.on_transport_ready(peer, self.clock())
             elif msg["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self._on_curve_refused(peer, msg["event"], msg["value"])
 
@@ -537,6 +543,8 @@ class Node:
                 )
         except zmq.Again:
             self._drop(f"{out.channel}_would_block")
+            if out.channel == "ctl":
+                self._ctl_refused.add(out.to if isinstance(out.to, str) else out.to.decode())
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._drop("reply_unroutable")

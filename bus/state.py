@@ -41,6 +41,9 @@ class _Outbound:
 
     peer: str
     state: str = "idle"  # idle -> hello_sent -> established; or refused (final)
+    # The number of our latest HELLO, echoed in its answer. It starts at a random value (a nonce per node
+    # incarnation) and moves on with every HELLO, and a link lost while a HELLO is unanswered moves it on
+    # too: a WELCOME carrying any other number answers a HELLO of an attempt that is over, and is ignored.
     attempt: int = 0
     version_index: int = 0
     offered: tuple[int, int, int] | None = None
@@ -51,6 +54,7 @@ class _Outbound:
     hello_at: float = 0.0
     refused: str = ""
     features: bytes = b""
+    peer_welcomed: int = 0  # the attempt of the peer's latest HELLO we welcomed (0: none yet)
 
 
 @dataclass(slots=True)
@@ -68,6 +72,10 @@ class _Inbound:
     last_recv: float = 0.0
     version: tuple[int, int, int] = (0, 0, 0)
     features: bytes = b""
+    hello_attempt: int = 0  # the ``attempt`` of the HELLO that opened this session
+    # A node's session is confirmed by the first sequenced message the peer sends on it (the HEARTBEAT it
+    # sends once welcomed): proof that the peer has our WELCOME, so its own direction is open too.
+    confirmed: bool = False
 
 
 @dataclass(slots=True)
@@ -76,9 +84,6 @@ class _Peer:
     senders: dict[str, tuple[str, CreditSender]] = field(default_factory=dict)  # stream -> (role, credit)
     receivers: dict[str, CreditReceiver] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)  # stream -> credit, before its first batch
-    # Messages that arrived on our inbound session before our outbound one was welcomed: the peer already
-    # saw both directions open. Replayed, in order, right after PeerUp.
-    early: deque[Callable[[], None]] = field(default_factory=deque)
 
 
 class NodeState:
@@ -114,10 +119,18 @@ class NodeState:
     def _emit(self, channel: str, to: str | bytes, frames: list[Buffer]) -> None:
         raise NotImplementedError
 
-    def _reply(self, rid: bytes, msg: Any, now: float) -> None:
+    def _reply(self, rid: bytes, msg: Any, now: float, session: int = 0) -> None:
         raise NotImplementedError
 
-    def _refuse_rid(self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0) -> None:
+    def _refusal(self, code: ErrorCode) -> None:
+        raise NotImplementedError
+
+    def _refuse_early(self, inbound: _Inbound, cls: type, now: float) -> None:
+        raise NotImplementedError
+
+    def _refuse_rid(
+        self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0, session: int = 0
+    ) -> None:
         raise NotImplementedError
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
@@ -129,5 +142,5 @@ class NodeState:
     def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
         raise NotImplementedError
 
-    def _link_lost(self, peer: str, reason: str, now: float) -> None:
+    def _link_lost(self, peer: str, reason: str, now: float, *, keep_outbound: bool = False) -> None:
         raise NotImplementedError

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sparkbus.bus import contract as c
 from sparkbus.bus.credit import CreditReceiver, CreditSender
 from sparkbus.bus.messages import ErrorCode, FlowControl, StreamBatch
@@ -14,26 +12,12 @@ from sparkbus.codecs import REGISTRY
 class StreamLayer(NodeState):
     """Stream state and credit accounting per peer; mixed into ``NodeCore``."""
 
-    def _hold_early(self, inbound: _Inbound, replay: Callable[[], None], cls: type, now: float) -> None:
-        st = self._peers[inbound.peer]
-        if len(st.early) >= self.config.max_streams:
-            self._error_to(
-                inbound,
-                ErrorCode.LIMIT_EXCEEDED,
-                "too many messages before the link was open",
-                REGISTRY.code_of(cls),
-                now,
-            )
-            return
-        self._counts["held_early"] += 1
-        st.early.append(replay)
-
     def _on_batch(self, peer: str, stream: str, msg: StreamBatch, now: float) -> None:
         st = self._peers[peer]
         role = self.roles.get(stream.partition("/")[0])
         inbound = self._inbound[peer]
         if not st.up:
-            self._hold_early(inbound, lambda: self._on_batch(peer, stream, msg, now), StreamBatch, now)
+            self._refuse_early(inbound, StreamBatch, now)
             return
         if role is None:
             self._error_to(

@@ -18,8 +18,8 @@ from .strategies import CODEC
 
 ROUNDS = 30
 FRAMES_PER_ROUND = 200
-#: Growth of Python allocations across the run that still counts as bounded (the node keeps counters,
-#: a bounded hold-back queue and log records; nothing per refused message).
+#: Growth of Python allocations across the run that still counts as bounded (the node keeps counters and
+#: log records; nothing per refused message).
 MEMORY_SLACK = 8 << 20
 
 
