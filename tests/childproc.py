@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 REPLY_TIMEOUT = 30.0
@@ -68,7 +69,26 @@ class Proc:
         return self.receive(timeout)
 
     def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig``; for SIGSTOP, return only once every thread of the child is stopped.
+
+        kill() returns before the signal takes effect: on a busy machine a runnable child may go on
+        answering for a moment after SIGSTOP was sent, which a test of what a stopped peer does must not see.
+        """
         self.proc.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            self._wait_stopped(timeout=10.0)
+
+    def _wait_stopped(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = _thread_states(self.proc.pid)
+            if states and all(s in "Tt" for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.name}: not stopped {timeout} s after SIGSTOP (threads: {states})"
+                )
+            time.sleep(0.001)
 
     def kill(self) -> None:
         """SIGKILL and wait (a stopped process dies too)."""
@@ -104,3 +124,14 @@ class Proc:
 
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+
+def _thread_states(pid: int) -> str:
+    """One letter per thread of ``pid`` from /proc (R, S, T, ...); empty if the process is gone."""
+    states = []
+    with contextlib.suppress(FileNotFoundError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses and may hold spaces.
+                states.append(f.read().rpartition(")")[2].split()[0])
+    return "".join(states)
