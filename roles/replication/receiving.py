@@ -154,25 +154,28 @@ class Receiving:
         )
         return None
 
-    def _on_batch(self, event: BatchReceived) -> None:
+    def _on_batch(self, event: BatchReceived) -> bool:
+        """Write a chunk of a transfer; true when the transfer ended with it (completed or failed)."""
         partition, segment_id, _ = parse_stream(event.stream)
         inc = self.incoming.get((partition, segment_id))
         self._emit(Consumed(peer=event.peer, stream=event.stream, size=event.size))
         if inc is None or inc.peer != event.peer or inc.stream != event.stream:
             self._count("stray_batches")
-            return
+            return False
         inc.state = next_in(inc.state, InEvent.LAST_CHUNK if event.last else InEvent.CHUNK, inc.what)
         data = event.data  # written and hashed in place: no copy of a chunk on its way to the file
         inc.received += len(data)
         inc.chunks += 1
         if inc.received > inc.offer.size:
             self._fail_in(inc, f"received {inc.received} bytes, offered {inc.offer.size}")
-            return
+            return True
         inc.writer.append(data)
         if not inc.tapped:
             inc.check.feed(data)
         if inc.state is InState.COMPLETE:
             self._complete_in(inc)
+            return True
+        return False
 
     def _on_transited(self, peer: str, msg: SegmentTransited) -> None:
         inc = self.incoming.get((msg.partition, msg.segment_id))
