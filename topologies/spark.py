@@ -114,8 +114,8 @@ def _check_session(session: Any) -> None:
     timeout = session.sparkContext.getConf().get("spark.barrier.sync.timeout")
     if timeout is None:
         raise SparkRuntimeError(
-            "the SparkSession leaves spark.barrier.sync.timeout at Spark's default of 365 days, so a task that "
-            "never reaches the rendezvous would hang the job for a year; build the session with "
+            "the SparkSession leaves spark.barrier.sync.timeout at Spark's default of 365 days, so a barrier "
+            "call waiting for a task that never arrives would hang the job for a year; build the session with "
             "sparkbus.topologies.spark.embedded_session, or set spark.barrier.sync.timeout (e.g. 30s)"
         )
     if session.sparkContext.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
