@@ -175,6 +175,7 @@ class PartitionStore:
                 )
             table = pa.concat_tables([old, table])
         self.tables[name] = aligned(table)
+        self._sources.pop(name, None)  # its older version (and that version's dictionaries) is not kept
         for key in [k for k in self._orders if k[0] == name]:
             del self._orders[key]
         return int(table.num_rows)
