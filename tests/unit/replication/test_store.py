@@ -332,3 +332,38 @@ def test_an_in_place_disk_writer_raises_a_failed_tap_from_append(tmp_path: Path)
         writer.append(b"x")
     writer.abort()
     assert not (tmp_path / "seg-4.1").exists()
+
+
+def test_block_digest_catches_what_a_word_sum_would_miss() -> None:
+    import random
+
+    from sparkbus.roles.replication.segments import BlockDigest
+
+    def digest(data: bytes) -> bytes:
+        d = BlockDigest(block=1 << 12)
+        d.update(data)
+        return d.digest()
+
+    data = random.Random(7).randbytes(20_000)
+    ref = digest(data)
+    top = bytearray(data)  # the top bit of two words: cancels in one 64-bit multilinear sum
+    top[7] ^= 0x80
+    top[15] ^= 0x80
+    torn = bytearray(data)  # a torn page: zeros where data was
+    torn[4096:8192] = bytes(4096)
+    swapped = bytearray(data)  # two words trade places
+    swapped[0:8], swapped[8:16] = data[8:16], data[0:8]
+    padded = data[:-1] + b"\0"  # the zero padding of the last word is not confused with a zero byte
+    assert len({ref, *(digest(bytes(d)) for d in (top, torn, swapped, padded, data[:-1]))}) == 6
+    with pytest.raises(ValueError, match="multiple of 8"):
+        BlockDigest(block=1004)
+
+
+def test_a_view_is_the_committed_bytes_on_disk_and_in_memory(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 1000
+    for storage in (DiskStorage(tmp_path), MemoryStorage()):
+        write_whole(storage, "seg-1.1", [data])
+        view = storage.view("seg-1.1")
+        assert bytes(view[1000:70_000]) == data[1000:70_000] and len(view) == len(data)
+        write_whole(storage, "empty", [])
+        assert len(storage.view("empty")) == 0
