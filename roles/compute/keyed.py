@@ -128,15 +128,7 @@ class KeyedArrangement(Arrangement):
         if not since:
             self.since = CLOSED
             self.upper = CLOSED
-            self._map = _SlotMap(self._map.key_fields)
-            self._store = self.schema.empty_table()
-            self._store_parts = []
-            self._stored = 0
-            self._cur = np.full(0, -1, np.int64)
-            self._log.clear()
-            self._logged = 0
-            self._live = 0
-            self._latest = None
+            self._clear_keyed()
             return
         if self.since and since[0] > self.since[0]:
             self.since = since
@@ -287,10 +279,8 @@ class KeyedArrangement(Arrangement):
             change.old = repos[change.old]
             change.new = repos[change.new]
 
-    def _fall_back(self, data: pa.Table) -> None:
-        """Become a generic arrangement holding the updates so far (``data`` is appended by the caller)."""
-        held = self.updates
-        self._keyed = False
+    def _clear_keyed(self) -> None:
+        """Forget every keyed row, slot and logged change (a dropped collection, or the generic fall-back)."""
         self._map = _SlotMap(self._map.key_fields)
         self._store = self.schema.empty_table()
         self._store_parts = []
@@ -300,6 +290,12 @@ class KeyedArrangement(Arrangement):
         self._logged = 0
         self._live = 0
         self._latest = None
+
+    def _fall_back(self, data: pa.Table) -> None:
+        """Become a generic arrangement holding the updates so far (``data`` is appended by the caller)."""
+        held = self.updates
+        self._keyed = False
+        self._clear_keyed()
         self._max_time = -1
         upper = self.upper[0] if self.upper else 0
         super().append(held, upper)
