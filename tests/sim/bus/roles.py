@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from sparkbus.bus import BusConfig, SimBus
 from sparkbus.bus import contract as c
 from sparkbus.codecs import message
 
@@ -45,3 +46,14 @@ class Recorder:
 
     def of(self, kind: type) -> list[c.Event]:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+def pair(seed: int, **cfg: object) -> tuple[SimBus, Recorder, Recorder]:
+    """Two nodes ``a`` and ``b``, one Recorder each, run until both are up."""
+    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t", **cfg))  # type: ignore[arg-type]
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a])
+    sim.add_node("b", [b])
+    sim.start()
+    sim.run_until(sim.all_up, limit=5)
+    return sim, a, b

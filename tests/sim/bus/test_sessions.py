@@ -10,20 +10,10 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
-from .roles import Note, Recorder
+from .roles import Note, Recorder, pair
 
 codec = EnvelopeCodec(REGISTRY)
 SEEDS = [1, 2, 3, 7, 42]
-
-
-def pair(seed: int, **cfg: object) -> tuple[SimBus, Recorder, Recorder]:
-    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t", **cfg))  # type: ignore[arg-type]
-    a, b = Recorder(), Recorder()
-    sim.add_node("a", [a])
-    sim.add_node("b", [b])
-    sim.start()
-    sim.run_until(sim.all_up, limit=5)
-    return sim, a, b
 
 
 def do(sim: SimBus, node: str, *actions: c.Action) -> None:

@@ -18,26 +18,16 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbus.bus import BusConfig, ErrorCode, PeerLost, PeerUp, SimBus
+from sparkbus.bus import ErrorCode, PeerLost, PeerUp, SimBus
 from sparkbus.bus import contract as c
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.messages import Reject, StreamBatch
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
-from .roles import Note, Recorder
+from .roles import Note, Recorder, pair
 
 codec = EnvelopeCodec(REGISTRY)
 SEEDS = [1, 2, 3, 7, 42, 99, 123, 2024]
-
-
-def pair(seed: int, **cfg: object) -> tuple[SimBus, Recorder, Recorder]:
-    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t", **cfg))  # type: ignore[arg-type]
-    a, b = Recorder(), Recorder()
-    sim.add_node("a", [a])
-    sim.add_node("b", [b])
-    sim.start()
-    sim.run_until(sim.all_up, limit=5)
-    return sim, a, b
 
 
 def consistent(sim: SimBus) -> bool:
