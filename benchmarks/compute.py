@@ -147,12 +147,14 @@ def incremental_vs_rebuild(view: ViewDef, n: int, repeats: int) -> Timing:
     def rebuild() -> None:
         flow = Dataflow(view, SCHEMA, 0, "v")
         out = index_arrangement(view, flow.schema, since=0, upper=0)
-        out.append(flow.feed(base), 1)
+        changes = flow.feed(base)
+        out.append(changes, 1, flow.steps_of(changes))
 
     flow = Dataflow(view, SCHEMA, 0, "v")
     # The arrangement a replica keeps for the view's index (keyed by the group key for a group-by view).
     out = index_arrangement(view, flow.schema, since=0, upper=0)
-    out.append(flow.feed(base), 1)
+    changes = flow.feed(base)
+    out.append(changes, 1, flow.steps_of(changes))
     # 1,000 updates: 500 retractions of existing rows and 500 inserts; the next batch retracts what this
     # one inserted and re-inserts what it retracted. The batches are built before timing (as a replica
     # receives a decoded batch, in one chunk), so the timed call is the dataflow step and the index update.
@@ -170,7 +172,8 @@ def incremental_vs_rebuild(view: ViewDef, n: int, repeats: int) -> Timing:
 
     def apply() -> None:
         t, batch = batches.popleft()
-        out.append(flow.feed(batch), t + 1)
+        changes = flow.feed(batch)
+        out.append(changes, t + 1, flow.steps_of(changes))  # as the replica does
         out.compact((t,))
 
     # Rebuilds and batches alternate (one rebuild, then a tenth of the batches, ten times) so that both

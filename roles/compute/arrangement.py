@@ -7,11 +7,17 @@ operation is a handful of ``pyarrow.compute`` calls over whole columns; nothing 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkbus.codecs import decode_batch, encode_batch
 from sparkbus.roles.compute.times import CLOSED, Frontier
+
+if TYPE_CHECKING:
+    from sparkbus.roles.compute.reduction import KeyedStep
 
 TIME = "__time"
 DIFF = "__diff"
@@ -117,8 +123,12 @@ class Arrangement:
         rows: int = self._consolidated.num_rows
         return rows + self._pending_rows
 
-    def append(self, updates: pa.Table, upper: int) -> None:
-        """Add complete updates (times below ``upper``) and advance the upper to ``upper``."""
+    def append(self, updates: pa.Table, upper: int, steps: Sequence[KeyedStep] | None = None) -> None:
+        """Add complete updates (times below ``upper``) and advance the upper to ``upper``.
+
+        ``steps`` (``Dataflow.steps_of``) describe ``updates`` as a reduction's steps; a generic arrangement
+        has no use for them.
+        """
         if updates.num_rows:
             self._parts.append(
                 conform(updates.select([*self.schema.names, TIME, DIFF]), update_schema(self.schema))

@@ -25,6 +25,7 @@ the input's shape; a reduction's output always fits.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,7 @@ from sparkbus.roles.compute.arrangement import (
     update_schema,
 )
 from sparkbus.roles.compute.plans import ViewDef
-from sparkbus.roles.compute.reduction import _np, _SlotMap
+from sparkbus.roles.compute.reduction import KeyedStep, _np, _SlotMap
 from sparkbus.roles.compute.times import CLOSED, Frontier
 
 Ints = npt.NDArray[np.int64]
@@ -78,6 +79,11 @@ class KeyedArrangement(Arrangement):
         self._log: deque[_Change] = deque()
         self._logged = 0
         self._live = 0
+        #: Slot of this arrangement per slot of the reduction that feeds it (-1: not looked up yet), valid
+        #: for the reduction's slot map ``_xsource`` at ``_xepoch``.
+        self._xlat: Ints = np.full(0, -1, np.int64)
+        self._xsource: object | None = None
+        self._xepoch = -1
 
     # ---------------------------------------------------------------- generic interface
 
@@ -108,18 +114,33 @@ class KeyedArrangement(Arrangement):
             return super().__len__()
         return self._live + 2 * self._logged
 
-    def append(self, updates: pa.Table, upper: int) -> None:
+    def append(self, updates: pa.Table, upper: int, steps: Sequence[KeyedStep] | None = None) -> None:
+        """As ``Arrangement.append``; with ``steps`` (the reduction steps ``updates`` is made of, from
+        ``Dataflow.steps_of``) the group slots are translated from the reduction's instead of interned, and
+        each step's shape (one retraction per old row, then one insertion per new row) is relied on."""
         if not self._keyed:
             super().append(updates, upper)
             return
         if updates.num_rows and self.since:
-            data = conform(updates.select(self._columns), self._update_schema)
-            if not self._apply(data):
-                self._fall_back(data)
-                super().append(data, upper)
-                return
+            if steps is not None and sum(s.updates.num_rows for s in steps) == updates.num_rows:
+                for i, step in enumerate(steps):
+                    if not self._keyed or not self._apply_step(step):
+                        for rest in steps[i:]:
+                            self._append_rows(rest.updates)
+                        break
+            else:
+                self._append_rows(updates)
         if self.upper and upper > self.upper[0]:
             self.upper = (upper,)
+
+    def _append_rows(self, updates: pa.Table) -> None:
+        """Apply ``updates`` checking their shape; become generic if they do not fit."""
+        data = conform(updates.select(self._columns), self._update_schema)
+        if self._keyed and self._apply(data):
+            return
+        if self._keyed:
+            self._fall_back(data)
+        super().append(data, self.upper[0] if self.upper else 0)
 
     def compact(self, since: Frontier) -> None:
         if not self._keyed:
@@ -208,6 +229,71 @@ class KeyedArrangement(Arrangement):
             self._collect()
         return True
 
+    def _apply_step(self, step: KeyedStep) -> bool:
+        """Apply one reduction step; False (and nothing changed) if it does not fit the keyed state.
+
+        A step lists each changed slot at most once among its retractions and once among its insertions,
+        so only the first is checked here: a retraction must find a row, an insertion a slot without one.
+        """
+        data = step.updates
+        if not data.schema.equals(self._update_schema):
+            return False
+        own = self._own_slots(step)
+        retracted, rows = step.retracted, data.num_rows
+        gone, come = own[:retracted], own[retracted:]
+        cur = self._cur
+        was = cur[gone]
+        if retracted and was.min() < 0:
+            return False
+        cur[gone] = -1
+        if come.size and cur[come].max() >= 0:
+            cur[gone] = was
+            return False
+        inserted = rows - retracted
+        positions = np.arange(self._stored, self._stored + inserted, dtype=np.int64)
+        cur[come] = positions
+        time = max(step.time, self.since[0])
+        none = _nothing(max(retracted, inserted))
+        self._log.append(
+            _Change(
+                time,
+                own,
+                np.concatenate([was, none[:inserted]]),
+                np.concatenate([none[:retracted], positions]),
+            )
+        )
+        self._logged += rows
+        self._live += inserted - retracted
+        # Only inserted rows are stored: nothing reads a retraction's row (the slot held its position).
+        self._store_parts.append(data.slice(retracted).select(self.schema.names))
+        self._stored += inserted
+        self._max_time = max(self._max_time, time)
+        self._latest = None
+        if self._stored > max(_GC_FLOOR, 4 * (self._live + 2 * self._logged)):
+            self._collect()
+        return True
+
+    def _own_slots(self, step: KeyedStep) -> Ints:
+        """This arrangement's slots for a step's rows, from the reduction's slots (interning unseen ones)."""
+        if step.source is not self._xsource or step.epoch != self._xepoch:
+            self._xlat = np.full(0, -1, np.int64)
+            self._xsource, self._xepoch = step.source, step.epoch
+        theirs = step.slots
+        if theirs.size and int(theirs.max()) >= self._xlat.size:
+            grown = np.full(max(int(theirs.max()) + 1, 2 * self._xlat.size), -1, np.int64)
+            grown[: self._xlat.size] = self._xlat
+            self._xlat = grown
+        own: Ints = self._xlat[theirs]
+        if own.size and own.min() < 0:
+            miss = np.flatnonzero(own < 0)
+            own[miss] = self._map.slots(step.updates.select(self.key).take(pa.array(miss)))
+            self._xlat[theirs[miss]] = own[miss]
+            if len(self._map) > self._cur.size:
+                grown = np.full(max(len(self._map), 2 * self._cur.size), -1, np.int64)
+                grown[: self._cur.size] = self._cur
+                self._cur = grown
+        return own
+
     def _move(self, time: int, slots: Ints, diffs: Ints, positions: Ints) -> _Change | None:
         """Retract, then insert, the rows of one time; None (and ``_cur`` unchanged) if they do not fit.
 
@@ -271,6 +357,7 @@ class KeyedArrangement(Arrangement):
         reslot = np.full(size, -1, np.int64)
         reslot[live_slots] = np.arange(live_slots.size, dtype=np.int64)
         self._map.keep(live_slots)
+        self._xsource = None  # the translation from a reduction's slots names the old slots
         cur = np.full(max(1, live_slots.size), -1, np.int64)
         cur[: live_slots.size] = repos[self._cur[live_slots]]
         self._cur = cur
@@ -282,6 +369,7 @@ class KeyedArrangement(Arrangement):
     def _clear_keyed(self) -> None:
         """Forget every keyed row, slot and logged change (a dropped collection, or the generic fall-back)."""
         self._map = _SlotMap(self._map.key_fields)
+        self._xsource = None
         self._store = self.schema.empty_table()
         self._store_parts = []
         self._stored = 0
@@ -299,6 +387,18 @@ class KeyedArrangement(Arrangement):
         self._max_time = -1
         upper = self.upper[0] if self.upper else 0
         super().append(held, upper)
+
+
+_NOTHING: Ints = np.zeros(0, np.int64)
+
+
+def _nothing(size: int) -> Ints:
+    """At least ``size`` times -1 (a shared read-only array: slice it, do not write to it)."""
+    global _NOTHING
+    if _NOTHING.size < size:
+        _NOTHING = np.full(max(size, 2 * _NOTHING.size, 1024), -1, np.int64)
+        _NOTHING.flags.writeable = False
+    return _NOTHING
 
 
 def _sorted_distinct(values: Ints) -> Ints:

@@ -103,7 +103,7 @@ class _Interner:
         """The codes of ``values`` from the direct table; None if one is outside it or unseen."""
         assert self._lut is not None
         at = values - self._base
-        if at.min() < 0 or at.max() >= self._lut.size:
+        if at.view(np.uint64).max() >= self._lut.size:  # a negative offset wraps to a huge one
             return None
         found: Ints = self._lut[at]
         return found if found.min() >= 0 else None
@@ -132,6 +132,11 @@ class _SlotMap:
     def __init__(self, key_fields: list[pa.Field]) -> None:
         self.key_fields = key_fields
         self.keys = pa.schema(key_fields).empty_table()
+        #: Bumped whenever slots are renumbered (``keep``), so that a slot number is only ever compared
+        #: with slot numbers of the same epoch.
+        self.epoch = 0
+        #: A single integer key column without nulls, as NumPy (taking from it is cheaper than Arrow's take).
+        self._key_np: npt.NDArray[Any] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -157,10 +162,23 @@ class _SlotMap:
             np.minimum.at(first, slots[fresh] - before, fresh)
             added = delta.select(names).take(pa.array(first))
             self.keys = pa.concat_tables([self.keys, added.cast(self.keys.schema)]).combine_chunks()
+            self._key_np = None
         return slots
+
+    def key_columns(self, slots: Ints) -> list[pa.Array | pa.ChunkedArray]:
+        """The key columns of ``slots`` (a row per slot)."""
+        if len(self.key_fields) == 1 and pa.types.is_integer(self.key_fields[0].type):
+            if self._key_np is None and self.keys.column(0).null_count == 0:
+                self._key_np = _np(self.keys.column(0))
+            if self._key_np is not None:
+                return [pa.array(self._key_np[slots], self.key_fields[0].type)]
+        columns: list[pa.Array | pa.ChunkedArray] = self.keys.take(pa.array(slots)).columns
+        return columns
 
     def keep(self, live: Ints) -> None:
         """Keep only the slots ``live`` (ascending), renumbered 0, 1, 2, ..."""
+        self.epoch += 1
+        self._key_np = None
         self.keys = self.keys.take(pa.array(live))
         self._reset()
         empty = pa.schema(self.key_fields).empty_table()
@@ -170,6 +188,24 @@ class _SlotMap:
             self.slots(kept)
         else:
             self.keys = empty
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedStep:
+    """One reduction step's output changes, with the group slot of each row.
+
+    The first ``retracted`` rows of ``updates`` retract groups' old rows, the others insert new ones; a slot
+    appears at most once in each part, and all rows are at ``time``. ``slots`` are numbered by the slot
+    map ``source`` at its ``epoch``, so that an index fed by this reduction can look its own slots up from
+    them instead of interning the keys again (``keyed.KeyedArrangement``).
+    """
+
+    updates: pa.Table
+    slots: Ints
+    retracted: int
+    time: int
+    source: object
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +343,9 @@ class Reduction:
         self.update_schema = update_schema(self.out_schema)
         self._map = _SlotMap(key_fields) if self.keys else None
         self._n: Ints = np.zeros(1, np.int64)
-        self._counts: list[Ints] = [np.zeros(1, np.int64) for _ in range(counts)]
+        #: Per counted column, its non-null count per slot; None while the column has had no null, when the
+        #: count is the row count ``_n`` (which saves an accumulator per aggregate in the common case).
+        self._counts: list[Ints | None] = [None] * counts
         self._totals: list[Nums] = [
             np.zeros(1, np.float64 if t == pa.float64() else np.int64) for t in totals
         ]
@@ -325,6 +363,8 @@ class Reduction:
         self._live = 0
         self._reclaim_at = 0
         self._started = False
+        #: The changes of the last step with their slots (None without group keys or without changes).
+        self.last_step: KeyedStep | None = None
 
     # ---------------------------------------------------------------- state
 
@@ -344,7 +384,7 @@ class Reduction:
             return out
 
         self._n = grown(self._n)  # type: ignore[assignment]
-        self._counts = [grown(a) for a in self._counts]  # type: ignore[misc]
+        self._counts = [None if a is None else grown(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [grown(a) for a in self._totals]
         self._flags = grown(self._flags)  # type: ignore[assignment]
         self._ext = [grown(a) for a in self._ext]  # type: ignore[misc]
@@ -361,7 +401,7 @@ class Reduction:
                 dense.resize(cap)
 
     def _accumulators(self) -> list[Nums]:
-        return [self._n, *self._counts, *self._totals]
+        return [self._n, *(c for c in self._counts if c is not None), *self._totals]
 
     # ---------------------------------------------------------------- a step
 
@@ -371,6 +411,7 @@ class Reduction:
         The changes retract the changed groups' old rows and insert their new ones (consolidated: a touched
         group whose accumulators did not change yields nothing).
         """
+        self.last_step = None
         rows = delta.num_rows
         if delta.num_columns and delta.column(0).num_chunks > 1:
             delta = delta.combine_chunks()  # once, rather than per column as each is read
@@ -400,11 +441,14 @@ class Reduction:
             np.add.at(acc, slots, add)
         # A group whose row count returns to zero is gone: its other accumulators restart from zero too
         # (a float sum may keep a residue of rounding otherwise).
-        gone = touched[self._n[touched] == 0]
-        if gone.size:
-            for acc in (*self._counts, *self._totals):
+        accs = self._accumulators()
+        after = [a[touched] for a in accs]
+        empty = after[0] == 0
+        if empty.any():
+            gone = touched[empty]
+            for acc, now in zip(accs[1:], after[1:], strict=True):
                 acc[gone] = 0
-        after = [a[touched] for a in self._accumulators()]
+                now[empty] = 0
         started = self._started
         self._started = True
         old_live = before[0] > 0
@@ -418,13 +462,17 @@ class Reduction:
         old_ext, new_ext = self._extremes(delta, slots, touched, changed)
         retract, insert = old_live & changed, new_live & changed
         self._live += int(np.count_nonzero(new_live)) - int(np.count_nonzero(old_live))
+        out_slots = np.concatenate([touched[retract], touched[insert]])
+        retracted = int(np.count_nonzero(retract))
         out = self._rows(
-            np.concatenate([touched[retract], touched[insert]]),
+            out_slots,
             [np.concatenate([b[retract], a[insert]]) for b, a in zip(before, after, strict=True)],
             [_pick(o, retract, n, insert) for o, n in zip(old_ext, new_ext, strict=True)],
-            int(np.count_nonzero(retract)),
+            retracted,
             time,
         )
+        if self._map is not None and out.num_rows:
+            self.last_step = KeyedStep(out, out_slots, retracted, time, self._map, self._map.epoch)
         if self._map is not None and len(self._map) > max(_RECLAIM_FLOOR, 2 * self._live, self._reclaim_at):
             self._reclaim()
         return out
@@ -432,7 +480,7 @@ class Reduction:
     def _contributions(self, delta: pa.Table) -> list[Nums]:
         """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``)."""
         diff = _np(delta[DIFF]).astype(np.int64, copy=False)
-        counts: list[Nums] = [diff] * len(self._counts)
+        counts: list[Nums | None] = [None] * len(self._counts)
         totals: list[Nums] = [diff] * len(self._totals)
         for slot in self.slots:
             column = slot.agg.column
@@ -441,14 +489,18 @@ class Reduction:
             values = delta[column]
             nulls = values.null_count
             valid = None if not nulls else _np(pc.is_valid(values)).astype(np.bool_)
-            counts[slot.count] = diff if valid is None else diff * valid
+            if valid is not None and self._counts[slot.count] is None:
+                # The first null of this column: from now on its count differs from the row count.
+                self._counts[slot.count] = self._n.copy()
+            if self._counts[slot.count] is not None:
+                counts[slot.count] = diff if valid is None else diff * valid
             if slot.total is not None:
                 assert slot.total_type is not None
                 typed = values if values.type == slot.total_type else pc.cast(values, slot.total_type)
                 if nulls:
                     typed = pc.fill_null(typed, pa.scalar(0, slot.total_type))
                 totals[slot.total] = _np(typed) * diff
-        return [diff, *counts, *totals]
+        return [diff, *(c for c in counts if c is not None), *totals]
 
     def _extremes(
         self, delta: pa.Table, slots: Ints, touched: Ints, changed: npt.NDArray[np.bool_]
@@ -512,11 +564,14 @@ class Reduction:
         self, slots: Ints, accs: list[Nums], extremes: list[pa.Array], retracted: int, time: int
     ) -> pa.Table:
         """Output updates for ``slots`` from their accumulators: the first ``retracted`` with diff -1."""
-        n, counts, totals = accs[0], accs[1 : 1 + len(self._counts)], accs[1 + len(self._counts) :]
+        n = accs[0]
+        held = sum(c is not None for c in self._counts)
+        it = iter(accs[1 : 1 + held])
+        counts = [n if c is None else next(it) for c in self._counts]
+        totals = accs[1 + held :]
         columns: list[pa.Array | pa.ChunkedArray] = []
         if self._map is not None:
-            keyed = self._map.keys.take(pa.array(slots))
-            columns.extend(keyed.columns)
+            columns.extend(self._map.key_columns(slots))
         for slot in self.slots:
             if slot.extreme is not None:
                 columns.append(extremes[slot.extreme])
@@ -526,17 +581,19 @@ class Reduction:
                 columns.append(pa.array(counts[slot.count], pa.int64()))
             else:
                 count, total = counts[slot.count], totals[slot.total]
-                none = count == 0
+                zero = count == 0
+                # An array built with a mask costs more than checking whether it needs one.
+                none = zero if zero.any() else None
                 if slot.agg.func == "sum":
                     columns.append(pa.array(total, slot.total_type, mask=none))
+                elif none is None:
+                    columns.append(pa.array(np.true_divide(total, count), pa.float64()))
                 else:
-                    mean = np.divide(total, count, out=np.zeros(len(count)), where=~none)
+                    mean = np.divide(total, count, out=np.zeros(len(count)), where=~zero)
                     columns.append(pa.array(mean, pa.float64(), mask=none))
         rows = len(slots)
         columns.append(pa.array(np.full(rows, time, np.int64)))
-        diffs = np.ones(rows, np.int64)
-        diffs[:retracted] = -1
-        columns.append(pa.array(diffs))
+        columns.append(pa.array(_signs(retracted, rows - retracted)))
         return pa.Table.from_arrays(columns, schema=self.update_schema)
 
     def _reclaim(self) -> None:
@@ -563,7 +620,7 @@ class Reduction:
             return out
 
         self._n = cut(self._n)  # type: ignore[assignment]
-        self._counts = [cut(a) for a in self._counts]  # type: ignore[misc]
+        self._counts = [None if a is None else cut(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [cut(a) for a in self._totals]
         self._flags = np.zeros(cap, np.bool_)
         self._ext = [cut(a) for a in self._ext]  # type: ignore[misc]
@@ -575,6 +632,20 @@ class Reduction:
             kept = slots >= 0
             table = mult.filter(pa.array(kept)) if mult.num_rows else mult
             self._mults[i] = table.set_column(0, _SLOT, pa.array(slots[kept], pa.int64())).combine_chunks()
+
+
+_SIGNS: Ints = np.zeros(0, np.int64)
+
+
+def _signs(negative: int, positive: int) -> Ints:
+    """``negative`` times -1 followed by ``positive`` times 1 (a view of a shared read-only array)."""
+    global _SIGNS
+    half = _SIGNS.size // 2
+    if negative > half or positive > half:
+        half = max(negative, positive, 2 * half, 1024)
+        _SIGNS = np.concatenate([np.full(half, -1, np.int64), np.ones(half, np.int64)])
+        _SIGNS.flags.writeable = False
+    return _SIGNS[half - negative : half + positive]
 
 
 def _blank(size: int, dtype: np.dtype[np.generic]) -> npt.NDArray[np.generic]:

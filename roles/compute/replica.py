@@ -112,7 +112,7 @@ class LiveDataflow:
         self.input_upper = max(self.input_upper, input_upper)
         self.upper = max(self.upper, input_upper, self.as_of)
         if self.output is not None:
-            self.output.append(out, self.upper)
+            self.output.append(out, self.upper, self.engine.steps_of(out))
         if self.subscribes and out.num_rows:
             self.pending.append(out)
         return out

@@ -210,16 +210,20 @@ keyed_history = st.lists(
     view=st.sampled_from([TWO_KEYS, ONE_KEY, SUMS_ONLY]),
     collect=st.booleans(),
     reclaim=st.booleans(),
+    steps=st.booleans(),
 )
 def test_keyed_index_reads_what_a_recomputation_gives_at_every_readable_time(
     writes: list[tuple[list[tuple[bool, Row, int]], int, int | None]],
     view: ViewDef,
     collect: bool,
     reclaim: bool,
+    steps: bool,
 ) -> None:
     """Peeks at several timestamps, compaction, retractions to zero, groups that vanish and come back, and
     null keys: the keyed arrangement reads at every time >= since what the oracle computes for that time,
-    and holds the same consolidated updates as the generic arrangement."""
+    and holds the same consolidated updates as the generic arrangement, whether it interns the keys itself
+    or takes the slots from the reduction's steps (as a replica's index does), across the renumbering of
+    either side's slots."""
     with pytest.MonkeyPatch.context() as patch:
         # A floor of 0 collects the store (and reclaims key slots) as soon as garbage outnumbers live rows.
         patch.setattr(keyed_module, "_GC_FLOOR", 0 if collect else 4096)
@@ -244,8 +248,8 @@ def test_keyed_index_reads_what_a_recomputation_gives_at_every_readable_time(
                     present[victim] -= 1
                     present += Counter()
             changes = flow.feed(table(rows))
-            keyed.append(changes, t + 1)
-            generic.append(changes, t + 1)
+            keyed.append(changes, t + 1, flow.steps_of(changes) if steps else None)
+            generic.append(changes, t + 1, flow.steps_of(changes))
             for u in range(max(states, default=-1) + 1, t + 1):
                 states[u] = oracle(view, present) if u == t else states.get(u - 1, [])
             if lag is not None and t - lag > keyed.since[0]:
