@@ -1,21 +1,25 @@
 """``sparkbus run``: the main job. Spark loads a table into replicated sparkbus nodes, both engines query it.
 
-Phases (docs/MAIN_JOB.md explains each figure):
+Phases, in order (``phases_s`` of the report; docs/MAIN_JOB.md explains each figure):
 
-1. ``spark``: the embedded SparkSession of the topology.
+1. ``spark_start``: the embedded SparkSession of the topology.
 2. ``data``: the events table, generated (``event_id, user_id, kind, value, ts``) or read from Parquet/CSV;
-   cached in Spark for Spark SQL; ``toArrow()`` of the uncached DataFrame is timed as the load baseline.
-3. ``load``: the topology starts on Spark (``SparkRuntime``). Spark routes every row to the executor node
-   that leads its partition (``repartition`` by the key: with the layout's round-robin leaders and a
-   partition count that is a multiple of the node count, Spark's hash partition *is* the leader); each
-   node writes its rows as leader writes and replication copies the segments to the followers. The load
-   is over when the ``sparkbus_replicas`` catalog table says every row is written and every partition
+   cached in Spark and counted (which fills the cache), then ``toArrow()`` of the cached DataFrame is
+   timed as the load baseline.
+3. ``spark_queries``: the reference queries on Spark SQL (before the nodes take every task slot).
+4. ``python_workers``: one Python task per executor node starts Spark's Python workers and imports what
+   the nodes run (``SparkRuntime.warm_workers``); Spark keeps them (``spark.python.worker.reuse``) for
+   the barrier tasks of the load, as the baseline's cache is filled before it is timed.
+5. ``load``: the topology starts on Spark (``SparkRuntime``). Spark hands every row to the executor node
+   that leads its partition (the barrier tasks pass each other the rows, see ``RoutedFrame``); each node
+   writes its rows as leader writes and replication copies the segments to the followers. The load is
+   over when the ``sparkbus_replicas`` catalog table says every row is written and every partition
    replicated.
-4. ``queries``: the reference queries on sparkbus (through the coordinator's query role) and on Spark SQL
-   over the same rows: results compared, p50 latencies.
-5. ``view``: the events go into the compute controller, a view is created, more rows are written, and
+6. ``sparkbus_queries``: the same queries on sparkbus, through the coordinator's query role: results
+   compared with Spark's, p50 latencies.
+7. ``view``: the events go into the compute controller, a view is created, more rows are written, and
    each peek must reflect them.
-6. ``exchange``: one query's participant output moved by push streams, BinX and HTTP
+8. ``exchange``: one query's participant output moved by push streams, BinX and HTTP
    (``mainjob_exchange``).
 
 Once the nodes run, everything talks to the cluster through the thin client: ``ClientCluster`` is
@@ -633,6 +637,9 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
         stopped = False
         try:
             load_marks: dict[str, float] = {}
+            with _phase(phases, "python_workers"):
+                console.print("Spark: starting the executors' Python workers")
+                workers = runtime.warm_workers()
             with _phase(phases, "load"):
                 load_s, cluster = _load(rows, partitions, console, start, load_marks)
             start_s = runtime.rendezvous_seconds or 0.0
@@ -682,6 +689,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
         "partitions": partitions,
         "replication": replication,
         "status_polls": int(load_marks.pop("job:polls", 0)),
+        "python_workers": workers,
         "timeline_s": dict(sorted({**runtime.timeline, **load_marks}.items(), key=lambda kv: kv[1])),
         "what": "from SparkRuntime.start() (Spark computes and routes the rows, nodes start) until every row is "
         "written on its leader and every partition's segments are acked by its followers",

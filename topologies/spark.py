@@ -23,6 +23,8 @@ the cause. A task waits for the driver at most ``ready_timeout``.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import re
@@ -207,7 +209,7 @@ class _Task:
             self.marks["node_started"] = time.time()
             self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
             self.marks["links_ready"] = time.time()
-            self._tell("ready", {"marks": self.marks})
+            self._tell("ready", {"marks": self.marks, "pid": os.getpid()})
             self._serve()
             counters = self.node.counters()
         except Exception as exc:
@@ -335,6 +337,7 @@ class _RowExchange:
             for batch in task.batches:
                 if not batch.num_rows:
                     continue
+                task.marks.setdefault("first_rows", time.time())
                 dest = batch.column(route)
                 rows = batch.drop_columns([route])
                 for i in range(n):
@@ -346,6 +349,7 @@ class _RowExchange:
                     else:
                         pushes[i].send(_ipc(part), copy=False)
                 self._drain(0)
+            task.marks["input_read"] = time.time()
             for push in pushes.values():
                 push.send(b"")
             while self.done < n - 1:
@@ -389,6 +393,22 @@ RESULT_SCHEMA = "node string, partition long, status string, counters string"
 _RESULT_ARROW = pa.schema(
     [("node", pa.string()), ("partition", pa.int64()), ("status", pa.string()), ("counters", pa.string())]
 )
+
+
+_WARM_SCHEMA = "pid long, seconds double"
+
+
+def _warm_task(modules: tuple[str, ...]) -> Any:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        started = time.perf_counter()
+        for name in modules:
+            with contextlib.suppress(ImportError):  # ``start`` reports a node that cannot be built
+                importlib.import_module(name)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "seconds": [time.perf_counter() - started]})
+
+    return run
 
 
 def _barrier_task(plan: _TaskPlan) -> Any:
@@ -478,6 +498,8 @@ class SparkRuntime:
         #: seconds from ``start()`` to each step, driver's ("driver:...") and each task's ("<node>:...",
         #: from the task's wall clock: on a cluster, off by the machines' clock skew)
         self.timeline: dict[str, float] = {}
+        #: the process id of each executor node's Python worker (as its task reported it)
+        self.worker_pids: dict[str, int] = {}
         self._t0 = 0.0
         self._group = f"sparkbus-{topology.cluster.name}-{uuid.uuid4().hex[:8]}"
         self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -496,6 +518,40 @@ class SparkRuntime:
         self.stop()
 
     # -- start
+
+    def warm_workers(self) -> dict[str, Any]:
+        """Start the executors' Python workers before ``start``, with the modules the nodes import.
+
+        Spark forks a Python worker for each task of a Python stage and, with ``spark.python.worker.reuse``
+        (Spark's default), keeps it for the next Python task. The barrier stage of ``start`` then begins
+        with workers that have imported PyArrow and the node's roles, instead of spending its first second
+        or two spawning them. Runs one ordinary (non-barrier) task per executor node, at once.
+
+        Returns the seconds the warm-up took (``seconds``), the worker processes (``pids``) and, per task,
+        the seconds spent importing (``import_seconds``).
+        """
+        from sparkbus.topologies.registry import ROLES  # noqa: PLC0415
+
+        n = len(self.executor_ids)
+        if n == 0:
+            return {"seconds": 0.0, "pids": [], "import_seconds": []}
+        modules = [__name__, type(self.factory).__module__]
+        for nid in self.executor_ids:
+            spec = self.topology.spec_of(nid)
+            modules += [
+                ROLES.entry(r).target.partition(":")[0] for r in (*spec.roles, *spec.services) if r in ROLES
+            ]
+        started = time.monotonic()
+        rows = (
+            self.session.range(0, n, 1, n)
+            .mapInArrow(_warm_task(tuple(dict.fromkeys(modules))), _WARM_SCHEMA)
+            .collect()
+        )
+        return {
+            "seconds": round(time.monotonic() - started, 3),
+            "pids": sorted(int(r["pid"]) for r in rows),
+            "import_seconds": [round(float(r["seconds"]), 3) for r in rows],
+        }
 
     def start(self) -> None:
         """Launch the stage and the driver nodes; return when every node is ready.
@@ -624,6 +680,7 @@ class SparkRuntime:
             self._progress.bound.add(node_id)
         elif event == "ready":
             self._progress.ready.add(node_id)
+            self.worker_pids[node_id] = int(body.get("pid", 0))
             for mark, at in body.get("marks", {}).items():
                 self._mark(f"{node_id}:{mark}", at)
 

@@ -90,6 +90,19 @@ def test_each_node_gets_its_input_partition(spark: Any) -> None:
     assert rows["store-0"] > 0 and rows["store-1"] > 0
 
 
+def test_warmed_python_workers_are_the_ones_the_nodes_run_in(spark: Any) -> None:
+    topo = load(shipped("local.toml"))
+    rt = SparkRuntime(topo, spark, ProbeFactory(), ready_timeout=30)
+    warm = rt.warm_workers()
+    assert len(warm["pids"]) == 2 and len(warm["import_seconds"]) == 2
+    with rt:
+        pids = dict(rt.worker_pids)
+        rt.stop()
+    assert set(pids) == {"store-0", "store-1"}
+    assert sorted(pids.values()) == warm["pids"]  # Spark reused the warmed workers for the barrier tasks
+    assert rt.timeline["store-0:worker_spawned"] < 0 and rt.timeline["store-1:worker_spawned"] < 0
+
+
 class _Routed:
     """Data whose rows name their task (``route_column``): the tasks exchange them, no shuffle."""
 
