@@ -60,9 +60,10 @@ def _sum_type(tp: pa.DataType, what: str) -> pa.DataType:
 
 def _np(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
     """A column without nulls as a NumPy array (zero-copy for one chunk of a primitive type)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    array: npt.NDArray[Any] = column.to_numpy(zero_copy_only=False)
+    # ChunkedArray.to_numpy (zero-copy for one chunk) costs a third of chunk(0).to_numpy.
+    array: npt.NDArray[Any] = (
+        column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
+    )
     return array
 
 
@@ -131,6 +132,8 @@ class _SlotMap:
 
     def __init__(self, key_fields: list[pa.Field]) -> None:
         self.key_fields = key_fields
+        self._names = [f.name for f in key_fields]
+        self._int_key = len(key_fields) == 1 and pa.types.is_integer(key_fields[0].type)
         self.keys = pa.schema(key_fields).empty_table()
         #: Bumped whenever slots are renumbered (``keep``), so that a slot number is only ever compared
         #: with slot numbers of the same epoch.
@@ -149,14 +152,14 @@ class _SlotMap:
 
     def slots(self, delta: pa.Table) -> Ints:
         """The slot of each row of ``delta`` (new groups get new slots, and their keys are recorded)."""
-        names = [f.name for f in self.key_fields]
+        names = self._names
         slots = self._columns[0].codes(delta[names[0]])
         for name, column, pairs in zip(names[1:], self._columns[1:], self._pairs, strict=True):
             pair = (slots << 32) | column.codes(delta[name])
             slots = pairs.codes(pa.array(pair, pa.int64()))
         before = self.keys.num_rows
-        fresh = np.flatnonzero(slots >= before)
-        if fresh.size:
+        if slots.size and int(slots.max()) >= before:
+            fresh = np.flatnonzero(slots >= before)
             # The first row of each new slot, in slot order (a sort would cost O(n log n) on a big batch).
             first = np.full(int(slots.max()) + 1 - before, delta.num_rows, np.int64)
             np.minimum.at(first, slots[fresh] - before, fresh)
@@ -167,7 +170,7 @@ class _SlotMap:
 
     def key_columns(self, slots: Ints) -> list[pa.Array | pa.ChunkedArray]:
         """The key columns of ``slots`` (a row per slot)."""
-        if len(self.key_fields) == 1 and pa.types.is_integer(self.key_fields[0].type):
+        if self._int_key:
             if self._key_np is None and self.keys.column(0).null_count == 0:
                 self._key_np = _np(self.keys.column(0))
             if self._key_np is not None:
@@ -190,7 +193,6 @@ class _SlotMap:
             self.keys = empty
 
 
-@dataclass(frozen=True, slots=True)
 class KeyedStep:
     """One reduction step's output changes, with the group slot of each row.
 
@@ -200,12 +202,17 @@ class KeyedStep:
     them instead of interning the keys again (``keyed.KeyedArrangement``).
     """
 
-    updates: pa.Table
-    slots: Ints
-    retracted: int
-    time: int
-    source: object
-    epoch: int
+    __slots__ = ("epoch", "retracted", "slots", "source", "time", "updates")
+
+    def __init__(
+        self, updates: pa.Table, slots: Ints, retracted: int, time: int, source: object, epoch: int
+    ) -> None:
+        self.updates = updates
+        self.slots = slots
+        self.retracted = retracted
+        self.time = time
+        self.source = source
+        self.epoch = epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,15 +469,17 @@ class Reduction:
         old_ext, new_ext = self._extremes(delta, slots, touched, changed)
         retract, insert = old_live & changed, new_live & changed
         self._live += int(np.count_nonzero(new_live)) - int(np.count_nonzero(old_live))
-        out_slots = np.concatenate([touched[retract], touched[insert]])
-        retracted = int(np.count_nonzero(retract))
-        out = self._rows(
-            out_slots,
-            [np.concatenate([b[retract], a[insert]]) for b, a in zip(before, after, strict=True)],
-            [_pick(o, retract, n, insert) for o, n in zip(old_ext, new_ext, strict=True)],
-            retracted,
-            time,
-        )
+        retracted, inserted = int(np.count_nonzero(retract)), int(np.count_nonzero(insert))
+        if retracted == inserted == touched.size:
+            # Every touched group changed, and existed before and after (the common case): no selection.
+            out_slots = np.concatenate([touched, touched])
+            values = [np.concatenate([b, a]) for b, a in zip(before, after, strict=True)]
+            extremes = [pa.concat_arrays([o, n]) for o, n in zip(old_ext, new_ext, strict=True)]
+        else:
+            out_slots = np.concatenate([touched[retract], touched[insert]])
+            values = [np.concatenate([b[retract], a[insert]]) for b, a in zip(before, after, strict=True)]
+            extremes = [_pick(o, retract, n, insert) for o, n in zip(old_ext, new_ext, strict=True)]
+        out = self._rows(out_slots, values, extremes, retracted, time)
         if self._map is not None and out.num_rows:
             self.last_step = KeyedStep(out, out_slots, retracted, time, self._map, self._map.epoch)
         if self._map is not None and len(self._map) > max(_RECLAIM_FLOOR, 2 * self._live, self._reclaim_at):
@@ -593,7 +602,7 @@ class Reduction:
                     columns.append(pa.array(mean, pa.float64(), mask=none))
         rows = len(slots)
         columns.append(pa.array(np.full(rows, time, np.int64)))
-        columns.append(pa.array(_signs(retracted, rows - retracted)))
+        columns.append(_signs(retracted, rows - retracted))
         return pa.Table.from_arrays(columns, schema=self.update_schema)
 
     def _reclaim(self) -> None:
@@ -634,18 +643,17 @@ class Reduction:
             self._mults[i] = table.set_column(0, _SLOT, pa.array(slots[kept], pa.int64())).combine_chunks()
 
 
-_SIGNS: Ints = np.zeros(0, np.int64)
+_SIGNS: pa.Array = pa.array([], pa.int64())
 
 
-def _signs(negative: int, positive: int) -> Ints:
-    """``negative`` times -1 followed by ``positive`` times 1 (a view of a shared read-only array)."""
+def _signs(negative: int, positive: int) -> pa.Array:
+    """``negative`` times -1 followed by ``positive`` times 1 (a zero-copy slice of a shared array)."""
     global _SIGNS
-    half = _SIGNS.size // 2
+    half = len(_SIGNS) // 2
     if negative > half or positive > half:
         half = max(negative, positive, 2 * half, 1024)
-        _SIGNS = np.concatenate([np.full(half, -1, np.int64), np.ones(half, np.int64)])
-        _SIGNS.flags.writeable = False
-    return _SIGNS[half - negative : half + positive]
+        _SIGNS = pa.array(np.concatenate([np.full(half, -1, np.int64), np.ones(half, np.int64)]))
+    return _SIGNS.slice(half - negative, negative + positive)
 
 
 def _blank(size: int, dtype: np.dtype[np.generic]) -> npt.NDArray[np.generic]:
