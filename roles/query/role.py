@@ -130,6 +130,10 @@ class _Query:
         self.phase = next_phase(self.phase, step, str(self.id))
 
 
+#: queries whose fragments the initiator keeps, by SQL text, participants and repartition
+_PLAN_CACHE = 256
+
+
 class QueryRole:
     """Initiator and participant of distributed queries over this node's table partitions.
 
@@ -170,6 +174,10 @@ class QueryRole:
         self.peers_up: set[str] = set()
         self.counters: Counter[str] = Counter()
         self._next_local = 0
+        #: (sql, participants, repartition) -> the fragments and their plain form, the oldest first
+        self._plans: dict[
+            tuple[str, tuple[str, ...], bool], tuple[tuple[Fragment, ...], tuple[Any, ...]]
+        ] = {}
         self._check_at: float | None = None
         self._chosen: dict[QueryId, str] = {}  # ExchangeChosen received, start not yet
         self._tags: dict[str, QueryId] = {}  # binx call tag -> its query
@@ -248,19 +256,27 @@ class QueryRole:
         timeout = args.get("timeout", self.config.default_timeout)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")
-        fragments = plan_fragments(
-            logical,
-            initiator=self.member,
-            participants=participants,
-            repartition=bool(args.get("repartition")),
-        )
+        repartition = bool(args.get("repartition"))
+        sql = args.get("sql")
+        key = (sql, tuple(participants), repartition) if isinstance(sql, str) else None
+        planned = self._plans.get(key) if key is not None else None
+        if planned is None:
+            fragments = plan_fragments(
+                logical, initiator=self.member, participants=participants, repartition=repartition
+            )
+            planned = (fragments, tuple(fragment_to_plain(f) for f in fragments))
+            if key is not None:
+                if len(self._plans) >= _PLAN_CACHE:
+                    del self._plans[next(iter(self._plans))]  # the oldest
+                self._plans[key] = planned
+        fragments, plain = planned
         self._next_local += 1
         qid = QueryId(member=self.member, local=f"{self.incarnation}.{self._next_local}")
         edges = {f.send.edge for f in fragments if f.send is not None}
         try:
             start = QueryStarted(
                 query_id=qid,
-                fragments=tuple(fragment_to_plain(f) for f in fragments),
+                fragments=plain,
                 parameters=tuple(args.get("parameters") or ()),
                 participants=tuple(dict.fromkeys([self.member, *participants])),
                 edge_credits=dict.fromkeys(sorted(edges), self.config.edge_credit),
