@@ -14,6 +14,7 @@ aggregation over the group number computes every state; NULL is a group of its o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -377,6 +378,9 @@ def _apply_dense(
             return None
     key = _column(table, keys[0])
     raw = key.chunk(0) if key.num_chunks == 1 else key.combine_chunks()
+    if not ordered and (kept := _BINNED.get(raw)) is not None:
+        ids, bins, keys_of, rows = kept
+        return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=False, rows=rows)
     numbering = _dense_keys(raw)
     if numbering is None:
         return None
@@ -386,7 +390,61 @@ def _apply_dense(
             np.subtract(ids, offset, out=ids)
         if raw.null_count:
             ids[np.asarray(pc.is_null(raw))] = bins - 1
-        return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=ordered)
+        if ordered or key.num_chunks != 1 or len(raw) < _BINNED_MIN_ROWS:
+            return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=ordered)
+        rows = np.bincount(ids, minlength=bins)
+        _BINNED.put(raw, (ids.copy(), bins, keys_of, rows))
+        return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=False, rows=rows)
+
+
+#: key columns at least this long keep their bin numbers (``_Binned``)
+_BINNED_MIN_ROWS = 1 << 16
+
+
+class _Binned:
+    """The bin numbers and per-bin row counts of the last few key columns grouped by, by their memory.
+
+    A node groups the same prepared partition again and again (its Arrow arrays live as long as the table
+    version): numbering its key column and counting its rows per bin is a third of a dense aggregation.
+    An entry is found by the address, offset, length and type of the column's data buffer and keeps the
+    column alive, so while the entry exists no other column can have that address; Arrow memory is
+    immutable, so equal keys mean equal values.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: dict[tuple[Any, ...], tuple[pa.Array, Any]] = {}
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _key(col: pa.Array) -> tuple[Any, ...] | None:
+        arrays = [col.indices, col.dictionary] if pa.types.is_dictionary(col.type) else [col]
+        key: list[Any] = [str(col.type)]
+        for arr in arrays:
+            buffers = arr.buffers()
+            if not buffers or buffers[-1] is None:
+                return None
+            key += [arr.offset, len(arr), *(b.address if b is not None else 0 for b in buffers)]
+        return tuple(key)
+
+    def get(self, col: pa.Array) -> Any:
+        key = self._key(col)
+        with self.lock:
+            entry = self.entries.get(key) if key is not None else None
+        return None if entry is None else entry[1]
+
+    def put(self, col: pa.Array, value: Any) -> None:
+        key = self._key(col)
+        if key is None:
+            return
+        with self.lock:
+            self.entries.pop(key, None)
+            while len(self.entries) >= self.size:
+                del self.entries[next(iter(self.entries))]  # the oldest
+            self.entries[key] = (col, value)
+
+
+_BINNED = _Binned(8)
 
 
 def _dense_states(
@@ -398,8 +456,10 @@ def _dense_states(
     keys_of: _KeysOf,
     *,
     ordered: bool,
+    rows: npt.NDArray[Any] | None = None,
 ) -> pa.Table | None:
-    rows = np.bincount(ids, minlength=bins)
+    if rows is None:
+        rows = np.bincount(ids, minlength=bins)
     present = np.flatnonzero(rows)
     if ordered:
         first = np.full(bins, len(ids), dtype=np.intp)
