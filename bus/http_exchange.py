@@ -67,6 +67,8 @@ class BufferRead(Protocol):
     @property
     def complete(self) -> bool: ...
     @property
+    def remaining(self) -> bytes: ...
+    @property
     def remaining_bytes(self) -> Sequence[int]: ...
     @property
     def error_code(self) -> int: ...
@@ -208,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.cond:
             while True:
                 result = self.server.source.read(task_id, buffer_id, token, max_bytes, size_only=size_only)
-                ready = result.pages or result.remaining_bytes or result.complete or result.error_code
+                ready = result.pages or result.remaining or result.complete or result.error_code
                 left = deadline - time.monotonic()
                 if ready or left <= 0 or self.server.closing:
                     break
@@ -225,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Presto-Page-Sequence-Id", str(result.token))
         self.send_header("X-Presto-Page-End-Sequence-Id", str(result.next_token))
         self.send_header("X-Presto-Buffer-Complete", "true" if result.complete else "false")
-        remaining = ",".join(str(n) for n in result.remaining_bytes) or "0"
+        remaining = ",".join(map(str, result.remaining_bytes)) or "0"
         self.send_header("X-Presto-Buffer-Remaining-Bytes", remaining)
         if status == 200:
             self.send_header("Content-Type", PAGES_CONTENT_TYPE)

@@ -19,6 +19,7 @@ from sparkbus.roles.exchange.messages import (
     ReplyStatus,
     RequestType,
     pack_sizes,
+    page_sizes_of,
     unpack_sizes,
 )
 from sparkbus.roles.exchange.server import SERVER_ROLE, BinxServer, reply_for
@@ -48,6 +49,7 @@ __all__ = [
     "make_client",
     "make_server",
     "pack_sizes",
+    "page_sizes_of",
     "reply_for",
     "unpack_sizes",
 ]

@@ -33,11 +33,19 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 from sparkbus.bus.contract import LocalProtocolError
 from sparkbus.codecs import MiB
-from sparkbus.roles.exchange.messages import MAX_REMAINING_ENTRIES, ErrorCode
+from sparkbus.roles.exchange.messages import (
+    MAX_REMAINING_ENTRIES,
+    SIZE_BYTES,
+    ErrorCode,
+    pack_sizes,
+    unpack_sizes,
+)
+
+#: Bytes of ``remaining`` a read returns at most.
+_MAX_REMAINING = MAX_REMAINING_ENTRIES * SIZE_BYTES
 
 BufferKey = tuple[str, int]
 
@@ -95,7 +103,9 @@ class PageResult:
         next_token: the token to read next.
         pages: the pages sent (empty for a size probe).
         complete: no page will ever follow ``next_token``.
-        remaining_bytes: sizes of available pages after the ones sent (a probe: from ``token``).
+        remaining: sizes of available pages after the ones sent (a probe: from ``token``), at most
+            ``MAX_REMAINING_ENTRIES``, packed as BinX's ``remainingBytes`` carries them (``pack_sizes``);
+            ``remaining_bytes`` unpacks them.
         error_code: why the read failed, or ``ErrorCode.NONE``.
         error_message: the reason, naming the task and buffer ("" when fine).
     """
@@ -107,7 +117,7 @@ class PageResult:
     next_token: int
     pages: tuple[bytes, ...] = ()
     complete: bool = False
-    remaining_bytes: tuple[int, ...] = ()
+    remaining: bytes = b""
     error_code: ErrorCode = ErrorCode.NONE
     error_message: str = ""
 
@@ -118,9 +128,14 @@ class PageResult:
             )
 
     @property
+    def remaining_bytes(self) -> tuple[int, ...]:
+        """The sizes in ``remaining``, unpacked."""
+        return unpack_sizes(self.remaining)
+
+    @property
     def answerable(self) -> bool:
         """True when the result ends a long-poll: pages or sizes, completion, or an error."""
-        return bool(self.pages or self.remaining_bytes or self.complete or self.error_code)
+        return bool(self.pages or self.remaining or self.complete or self.error_code)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,6 +189,9 @@ class OutputBuffer:
         self.state = BufferState.OPEN
         self.abort_reason = ""
         self._pages: deque[bytes] = deque()
+        # The held pages' sizes, packed as ``remainingBytes`` carries them: every read sends the sizes of
+        # the pages after it (up to 1024), and a slice of this costs the same for 1 or 1024 of them.
+        self._sizes = bytearray()
         self._ack_token = 0
         self._bytes = 0
         self._waiters: dict[Hashable, Waiter] = {}
@@ -231,7 +249,9 @@ class OutputBuffer:
         self._step(BufferEvent.ADD_PAGES)
         if self.state is BufferState.DESTROYED:
             return 0
-        self._pages.extend(bytes(p) for p in pages)
+        held = [bytes(p) for p in pages]
+        self._pages.extend(held)
+        self._sizes += pack_sizes(map(len, held))
         self._bytes += size
         return size
 
@@ -255,6 +275,7 @@ class OutputBuffer:
         freed = self._bytes
         self._ack_token = self.next_token
         self._pages.clear()
+        self._sizes.clear()
         self._bytes = 0
         return freed
 
@@ -271,10 +292,14 @@ class OutputBuffer:
         if token > self.next_token:
             return 0, ErrorCode.TOKEN_AHEAD
         freed = 0
-        while self._ack_token < token:
-            freed += len(self._pages.popleft())
-            self._ack_token += 1
-        self._bytes -= freed
+        n = token - self._ack_token
+        if n > 0:
+            pop = self._pages.popleft
+            for _ in range(n):
+                freed += len(pop())
+            del self._sizes[: n * SIZE_BYTES]
+            self._ack_token = token
+            self._bytes -= freed
         return freed, ErrorCode.NONE
 
     def read(self, token: int, max_bytes: int, *, size_only: bool = False) -> tuple[PageResult, int]:
@@ -296,28 +321,35 @@ class OutputBuffer:
         if token > self.next_token:
             text = f"token {token} is past the last page produced (next token {self.next_token})"
             return _error(self.key, self.instance_id, token, ErrorCode.TOKEN_AHEAD, text), 0
-        freed, _ = self.acknowledge(token)
+        freed = self.acknowledge(token)[0] if token > self._ack_token else 0
         finished = self.state is BufferState.NO_MORE_PAGES
+        pages = self._pages
         if size_only:
-            sizes = self._sizes(0, MAX_REMAINING_ENTRIES)
-            return self._result(token, token, complete=finished and not self._pages, remaining=sizes), freed
-        taken: list[bytes] = []
-        total = 0
-        for page in self._pages:
-            if taken and total + len(page) > max_bytes:
-                break
-            taken.append(page)
-            total += len(page)
-        rest = self._sizes(len(taken), MAX_REMAINING_ENTRIES)
-        nxt = token + len(taken)
+            sizes = bytes(self._sizes[:_MAX_REMAINING])
+            return self._result(token, token, complete=finished and not pages, remaining=sizes), freed
+        if not pages:
+            return self._result(token, token, complete=finished), freed
+        first = pages[0]
+        if len(pages) == 1 or len(first) + len(pages[1]) > max_bytes:
+            taken: tuple[bytes, ...] = (first,)  # one page per request, the common case (and the RFC's)
+        else:
+            chosen = [first]
+            total = len(first)
+            later = iter(pages)
+            next(later)
+            for page in later:
+                if total + len(page) > max_bytes:
+                    break
+                chosen.append(page)
+                total += len(page)
+            taken = tuple(chosen)
+        n = len(taken)
+        nxt = token + n
+        rest = bytes(self._sizes[n * SIZE_BYTES : (n + MAX_REMAINING_ENTRIES) * SIZE_BYTES])
         result = self._result(
-            token, nxt, pages=tuple(taken), complete=finished and nxt == self.next_token, remaining=rest
+            token, nxt, pages=taken, complete=finished and nxt == self.next_token, remaining=rest
         )
         return result, freed
-
-    def _sizes(self, skip: int, n: int) -> tuple[int, ...]:
-        """Sizes of up to ``n`` held pages after the first ``skip`` (read on every request: kept in C)."""
-        return tuple(map(len, islice(self._pages, skip, skip + n)))
 
     def _result(
         self,
@@ -326,7 +358,7 @@ class OutputBuffer:
         *,
         pages: tuple[bytes, ...] = (),
         complete: bool = False,
-        remaining: tuple[int, ...] = (),
+        remaining: bytes = b"",
     ) -> PageResult:
         return PageResult(
             task_id=self.key[0],
@@ -336,7 +368,7 @@ class OutputBuffer:
             next_token=nxt,
             pages=pages,
             complete=complete,
-            remaining_bytes=remaining,
+            remaining=remaining,
         )
 
     # ------------------------------------------------------------ long-poll waiters

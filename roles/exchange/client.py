@@ -57,7 +57,7 @@ from sparkbus.bus.contract import (
 )
 from sparkbus.codecs import MiB
 from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
-from sparkbus.roles.exchange.messages import BinReply, BinRequest, ReplyStatus, RequestType
+from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
 
 #: Name of the role on a node.
 CLIENT_ROLE = "binx.client"
@@ -228,11 +228,15 @@ class Source:
         return f"binx source task {self.task_id} buffer {self.buffer_id} at peer {self.peer}"
 
 
+#: ``RequestType.DATA`` as a plain int: the codec sends an int as it is, an IntEnum through a conversion.
+_DATA = int(RequestType.DATA)
+
+
 def _control(src: Source, kind: RequestType, sequence: int) -> BinRequest:
     """An ACK (of everything before the source's token) or a DELETE of the source's buffer."""
     return BinRequest(
         sequence=sequence,
-        requestType=kind,
+        requestType=int(kind),
         getDataSize=False,
         maxSizeOctets=0,
         maxWaitMicroSeconds=0,
@@ -463,7 +467,7 @@ class BinxClient:
             room = max(1, self.max_queued_bytes - src.queued_bytes)
             req = BinRequest(
                 sequence=seq,
-                requestType=RequestType.DATA,
+                requestType=_DATA,
                 getDataSize=False,
                 maxSizeOctets=min(self.max_request_bytes, room),
                 maxWaitMicroSeconds=int(self.max_wait * 1e6),
@@ -614,7 +618,7 @@ class BinxClient:
     # ------------------------------------------------------------ replies
 
     def _on_reply(self, peer: str, reply: BinReply, now: float, out: list[Action]) -> None:
-        if reply.replyType is RequestType.ACK:
+        if reply.replyType == RequestType.ACK:
             return  # acknowledgements are best-effort; their replies are ignored (RFC-0009)
         sid = self._requests.get(reply.sequence)
         src = self._by_sid.get(sid) if sid is not None else None
@@ -640,11 +644,13 @@ class BinxClient:
     def _classify(self, src: Source, reply: BinReply) -> SourceEvent:
         """Check a reply against the request it answers and turn it into a source event."""
         expected = RequestType.DELETE if src.state is SourceState.DELETING else RequestType.DATA
-        if reply.replyType is not expected:
-            return self._violation(src, f"a {reply.replyType.name} reply to a {expected.name} request")
-        if reply.status is ReplyStatus.SERVER_ERROR:
-            src.last_error = f"{reply.errorCode.name}: {reply.errorMessage}"
-            if reply.errorCode.retryable:
+        if reply.replyType != expected:
+            got = RequestType(reply.replyType).name
+            return self._violation(src, f"a {got} reply to a {expected.name} request")
+        if reply.status == ReplyStatus.SERVER_ERROR:
+            code = ErrorCode(reply.errorCode)
+            src.last_error = f"{code.name}: {reply.errorMessage}"
+            if code.retryable:
                 return SourceEvent.RETRYABLE_ERROR
             src.last_error = f"ExchangeFailed: {src.label}: {src.last_error}"
             return SourceEvent.FATAL_ERROR
@@ -661,16 +667,17 @@ class BinxClient:
                 src, f"pageToken {reply.pageToken} answers a request for token {src.token}"
             )
         src.instance_id = src.instance_id or reply.instanceId
-        if len(reply.pageSizes) == 1 and type(reply.data) is bytes:
+        n_pages = reply.pageNextToken - reply.pageToken
+        if n_pages == 1 and type(reply.data) is bytes:
             src.queue.append(reply.data)  # one chunk per reply, already bytes (the bus copied it): no copy
-        else:
+        elif n_pages:
             src.queue.extend(bytes(p) for p in reply.pages())
         src.queued_bytes += len(reply.data)
         src.token = reply.pageNextToken
         if reply.bufferComplete:
             src.complete = True
             return SourceEvent.COMPLETE
-        return SourceEvent.PAGES if reply.pageSizes else SourceEvent.EMPTY
+        return SourceEvent.PAGES if n_pages else SourceEvent.EMPTY
 
     def _violation(self, src: Source, what: str) -> SourceEvent:
         src.last_error = f"RemoteProtocolError: {src.label}: {what}"

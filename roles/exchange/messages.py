@@ -6,13 +6,20 @@ an explicit request sequence number (the RFC's client dispatcher keys its promis
 the task instance id and a structured error. Page data travels as one blob frame: the pages of a reply
 concatenated, split again by ``pageSizes``. The field names are camelCase on purpose: they *are* the wire
 names of the RFC.
+
+The coded fields (``requestType``, ``replyType``, ``status``, ``errorCode``) are typed ``int`` and checked
+against their enum's values by the constructor, and the size lists are packed u64s (``pack_sizes``):
+enum members and tuples would be converted field by field by the envelope codec on every PDU, which was
+about a sixth of the whole per-request cost of a small-page exchange (docs/EXCHANGE.md section 6). The
+enums below name the codes; an ``IntEnum`` compares equal to its value, so ``reply.status ==
+ReplyStatus.OK`` reads as before (``is`` does not: a decoded field holds a plain int).
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sparkbus.codecs import blob, message
@@ -40,8 +47,12 @@ def pack_sizes(sizes: Iterable[int]) -> bytes:
 
 
 def unpack_sizes(packed: bytes) -> tuple[int, ...]:
-    """The page sizes of a packed ``remainingBytes`` (``pack_sizes`` reversed)."""
+    """The page sizes of a packed ``remainingBytes`` or ``pageSizes`` (``pack_sizes`` reversed)."""
     return struct.unpack(f"<{len(packed) // SIZE_BYTES}Q", packed)
+
+
+#: ``pageSizes`` of a reply carrying one page, by size: replies carry one page each in the common case.
+_ONE_SIZE = struct.Struct("<Q")
 
 
 class RequestType(enum.IntEnum):
@@ -88,6 +99,11 @@ class ErrorCode(enum.IntEnum):
         return self in (ErrorCode.UNKNOWN_BUFFER, ErrorCode.OVERLOADED)
 
 
+_REQUEST_TYPES = frozenset(int(t) for t in RequestType)
+_STATUSES = frozenset(int(t) for t in ReplyStatus)
+_ERROR_CODES = frozenset(int(t) for t in ErrorCode)
+
+
 def _check_u64(owner: str, **values: int) -> None:
     for name, value in values.items():
         if not 0 <= value <= U64_MAX:
@@ -101,7 +117,7 @@ class BinRequest:
 
     Attributes:
         sequence: the client's request sequence number; the reply carries it back.
-        requestType: DATA, ACK or DELETE.
+        requestType: DATA, ACK or DELETE (a ``RequestType`` value).
         getDataSize: DATA only: ask for the sizes of the available pages instead of the pages.
         maxSizeOctets: DATA only: the most page bytes wanted (the first page is sent even if larger).
         maxWaitMicroSeconds: DATA only: how long the server may hold the request when no page is ready.
@@ -112,7 +128,7 @@ class BinRequest:
     """
 
     sequence: int
-    requestType: RequestType
+    requestType: int
     getDataSize: bool
     maxSizeOctets: int
     maxWaitMicroSeconds: int
@@ -138,16 +154,20 @@ class BinRequest:
             )
         if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH:
             raise ValueError(f"BinRequest.taskId must have 1..{MAX_TASK_ID_LENGTH} characters")
-        if self.requestType is RequestType.DATA:
+        if self.requestType == RequestType.DATA:
             if not self.getDataSize and self.maxSizeOctets == 0:
                 raise ValueError(
                     "BinRequest.maxSizeOctets must be > 0 for a DATA request (or set getDataSize)"
                 )
+        elif self.requestType not in _REQUEST_TYPES:
+            raise ValueError(
+                f"BinRequest.requestType must be one of {sorted(_REQUEST_TYPES)}, got {self.requestType}"
+            )
         elif self.getDataSize or self.maxSizeOctets or self.maxWaitMicroSeconds:
             # The RFC: ACK and DELETE set getDataSize false and both limits 0.
             raise ValueError(
                 f"BinRequest.getDataSize/maxSizeOctets/maxWaitMicroSeconds must be false/0 "
-                f"for {self.requestType.name}"
+                f"for {RequestType(self.requestType).name}"
             )
 
 
@@ -158,8 +178,8 @@ class BinReply:
 
     Attributes:
         sequence: the ``sequence`` of the request this answers.
-        replyType: the request's type.
-        status: OK, NODATA, SERVER_ERROR or TIMEOUT.
+        replyType: the request's type (a ``RequestType`` value).
+        status: OK, NODATA, SERVER_ERROR or TIMEOUT (a ``ReplyStatus`` value).
         bufferComplete: every page of the buffer has now been sent (no page follows ``pageNextToken``).
         pageToken: the token of the first page in the reply (the requested token).
         pageNextToken: the token to ask for next (``pageToken`` plus the number of pages sent).
@@ -167,23 +187,24 @@ class BinReply:
             ``pageToken``), at most ``MAX_REMAINING_ENTRIES`` of them, packed as little-endian u64s
             (``pack_sizes``; ``remaining()`` unpacks them). One msgpack bin instead of an array: a full
             128-page buffer lists 127 sizes on every reply, and this keeps that cost flat.
-        pageSizes: the size of each page in ``data``, in order (ours: splits the blob).
+        pageSizes: the size of each page in ``data``, in order, packed like ``remainingBytes`` (ours:
+            splits the blob; ``page_sizes()`` unpacks them, ``page_sizes_of`` packs a reply's pages).
         instanceId: the incarnation of the producing task; a change means the tokens restarted.
-        errorCode: why a SERVER_ERROR happened (NONE otherwise).
+        errorCode: why a SERVER_ERROR happened, an ``ErrorCode`` value (NONE otherwise).
         errorMessage: a human-readable reason naming the task and buffer ("" unless SERVER_ERROR).
         data: the pages, concatenated (one blob frame).
     """
 
     sequence: int
-    replyType: RequestType
-    status: ReplyStatus
+    replyType: int
+    status: int
     bufferComplete: bool
     pageToken: int
     pageNextToken: int
     remainingBytes: bytes
-    pageSizes: tuple[int, ...]
+    pageSizes: bytes
     instanceId: str
-    errorCode: ErrorCode = ErrorCode.NONE
+    errorCode: int = ErrorCode.NONE
     errorMessage: str = ""
     data: bytes = blob(default=b"")
 
@@ -196,36 +217,70 @@ class BinReply:
             raise ValueError(
                 f"BinReply.pageNextToken {self.pageNextToken} is below pageToken {self.pageToken}"
             )
-        if self.pageNextToken - self.pageToken != len(self.pageSizes):
+        if self.replyType not in _REQUEST_TYPES:
             raise ValueError(
-                f"BinReply.pageSizes lists {len(self.pageSizes)} pages but the tokens span "
+                f"BinReply.replyType must be one of {sorted(_REQUEST_TYPES)}, got {self.replyType}"
+            )
+        if self.status not in _STATUSES:
+            raise ValueError(f"BinReply.status must be one of {sorted(_STATUSES)}, got {self.status}")
+        if self.errorCode not in _ERROR_CODES:
+            raise ValueError(
+                f"BinReply.errorCode must be one of {sorted(_ERROR_CODES)}, got {self.errorCode}"
+            )
+        sizes = self.pageSizes
+        n_sizes = len(sizes)
+        if n_sizes % SIZE_BYTES:
+            raise ValueError(f"BinReply.pageSizes must be packed u64 sizes, got {n_sizes} bytes")
+        n_pages = n_sizes // SIZE_BYTES
+        if self.pageNextToken - self.pageToken != n_pages:
+            raise ValueError(
+                f"BinReply.pageSizes lists {n_pages} pages but the tokens span "
                 f"{self.pageNextToken - self.pageToken}"
             )
-        if sum(self.pageSizes) != len(self.data) or (self.pageSizes and min(self.pageSizes) < 0):
-            raise ValueError(f"BinReply.pageSizes must be >= 0 and sum to len(data) = {len(self.data)}")
+        total = _ONE_SIZE.unpack(sizes)[0] if n_pages == 1 else sum(unpack_sizes(sizes))
+        if total != len(self.data):
+            raise ValueError(f"BinReply.pageSizes must sum to len(data) = {len(self.data)}, got {total}")
         n_bytes = len(self.remainingBytes)
         if n_bytes % SIZE_BYTES or n_bytes > MAX_REMAINING_ENTRIES * SIZE_BYTES:
             raise ValueError(
                 f"BinReply.remainingBytes must be at most {MAX_REMAINING_ENTRIES} packed u64 sizes "
                 f"({SIZE_BYTES} bytes each), got {n_bytes} bytes"
             )
-        if (self.status is ReplyStatus.SERVER_ERROR) != (self.errorCode is not ErrorCode.NONE):
+        if (self.status == ReplyStatus.SERVER_ERROR) != (self.errorCode != ErrorCode.NONE):
             raise ValueError("BinReply.errorCode must be set exactly when status is SERVER_ERROR")
-        if self.pageSizes and self.status is not ReplyStatus.OK:
-            raise ValueError(f"BinReply.status must be OK when pages are sent, got {self.status.name}")
-        if self.pageSizes and self.replyType is not RequestType.DATA:
-            raise ValueError(f"BinReply.pageSizes must be empty for a {self.replyType.name} reply")
+        if n_pages and self.status != ReplyStatus.OK:
+            raise ValueError(
+                f"BinReply.status must be OK when pages are sent, got {ReplyStatus(self.status).name}"
+            )
+        if n_pages and self.replyType != RequestType.DATA:
+            raise ValueError(
+                f"BinReply.pageSizes must be empty for a {RequestType(self.replyType).name} reply"
+            )
 
     def remaining(self) -> tuple[int, ...]:
         """The sizes in ``remainingBytes``, unpacked."""
         return unpack_sizes(self.remainingBytes)
+
+    def page_sizes(self) -> tuple[int, ...]:
+        """The sizes in ``pageSizes``, unpacked."""
+        return unpack_sizes(self.pageSizes)
+
+    @property
+    def page_count(self) -> int:
+        """How many pages ``data`` holds."""
+        return len(self.pageSizes) // SIZE_BYTES
 
     def pages(self) -> list[memoryview]:
         """The pages of ``data``, as views (no copy)."""
         view = memoryview(self.data)
         out: list[memoryview] = []
         at = 0
-        for size in self.pageSizes:
+        for size in self.page_sizes():
             out.append(view[at : at + size])
             at += size
         return out
+
+
+def page_sizes_of(pages: Sequence[bytes]) -> bytes:
+    """``pageSizes`` for ``pages`` (one page, the common case, without building a tuple)."""
+    return _ONE_SIZE.pack(len(pages[0])) if len(pages) == 1 else pack_sizes(map(len, pages))

@@ -38,11 +38,21 @@ from sparkbus.roles.exchange.messages import (
     ErrorCode,
     ReplyStatus,
     RequestType,
-    pack_sizes,
+    page_sizes_of,
 )
 
 #: Name of the role on a node.
 SERVER_ROLE = "binx.server"
+
+
+# The coded fields as plain ints: the codec sends an int as it is, an IntEnum through a conversion.
+_DATA = int(RequestType.DATA)
+_OK, _NODATA, _SERVER_ERROR, _TIMEOUT = (
+    int(ReplyStatus.OK),
+    int(ReplyStatus.NODATA),
+    int(ReplyStatus.SERVER_ERROR),
+    int(ReplyStatus.TIMEOUT),
+)
 
 
 def reply_for(request: BinRequest, result: PageResult, *, timed_out: bool = False) -> BinReply:
@@ -51,27 +61,29 @@ def reply_for(request: BinRequest, result: PageResult, *, timed_out: bool = Fals
     Status: SERVER_ERROR for an error; OK with pages (or with sizes, for a size probe); otherwise TIMEOUT
     when a long-poll expired, else NODATA (nothing to wait for: complete, or no wait was asked).
     """
-    if result.error_code is not ErrorCode.NONE:
-        status = ReplyStatus.SERVER_ERROR
-    elif result.pages or (request.getDataSize and result.remaining_bytes):
-        status = ReplyStatus.OK
+    pages = result.pages
+    code = result.error_code
+    if code is not ErrorCode.NONE:
+        status = _SERVER_ERROR
+    elif pages or (request.getDataSize and result.remaining):
+        status = _OK
     elif timed_out:
-        status = ReplyStatus.TIMEOUT
+        status = _TIMEOUT
     else:
-        status = ReplyStatus.NODATA
+        status = _NODATA
     return BinReply(
         sequence=request.sequence,
-        replyType=RequestType.DATA,
+        replyType=_DATA,
         status=status,
         bufferComplete=result.complete,
         pageToken=result.token,
         pageNextToken=result.next_token,
-        remainingBytes=pack_sizes(result.remaining_bytes),
-        pageSizes=tuple(map(len, result.pages)),
+        remainingBytes=result.remaining,
+        pageSizes=page_sizes_of(pages) if pages else b"",
         instanceId=result.instance_id,
-        errorCode=result.error_code,
+        errorCode=int(code),
         errorMessage=result.error_message,
-        data=b"".join(result.pages),
+        data=pages[0] if len(pages) == 1 else b"".join(pages),
     )
 
 
@@ -80,15 +92,15 @@ def _simple_reply(
 ) -> BinReply:
     return BinReply(
         sequence=request.sequence,
-        replyType=request.requestType,
-        status=ReplyStatus.OK if code is ErrorCode.NONE else ReplyStatus.SERVER_ERROR,
-        bufferComplete=request.requestType is RequestType.DELETE,
+        replyType=int(request.requestType),
+        status=_OK if code is ErrorCode.NONE else _SERVER_ERROR,
+        bufferComplete=request.requestType == RequestType.DELETE,
         pageToken=request.pageToken,
         pageNextToken=request.pageToken,
         remainingBytes=b"",
-        pageSizes=(),
+        pageSizes=b"",
         instanceId=instance_id,
-        errorCode=code,
+        errorCode=int(code),
         errorMessage=text,
     )
 
@@ -184,13 +196,14 @@ class BinxServer:
     def _on_request(self, peer: str, req: BinRequest, now: float) -> list[Action]:
         self.counters["requests"] += 1
         key = (req.taskId, req.bufferId)
-        if req.requestType is RequestType.ACK:
+        kind = req.requestType
+        if kind == RequestType.ACK:
             code = self.buffers.acknowledge(req.taskId, req.bufferId, req.pageToken)
             text = (
                 "" if code is ErrorCode.NONE else f"task {req.taskId} buffer {req.bufferId}: ack past the end"
             )
             return [Send(peer=peer, message=_simple_reply(req, self._instance(key), code, text))]
-        if req.requestType is RequestType.DELETE:
+        if kind == RequestType.DELETE:
             instance = self._instance(key)
             self.buffers.delete(req.taskId, req.bufferId)
             return [*self._answer_ready(key, now), Send(peer=peer, message=_simple_reply(req, instance))]

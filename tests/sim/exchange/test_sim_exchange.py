@@ -137,7 +137,7 @@ def _data_requests_in_flight(sim: SimBus) -> list[str]:
             msg = codec.decode(d.frames).message
         except DecodeError:
             continue
-        if isinstance(msg, BinRequest) and msg.requestType is RequestType.DATA:
+        if isinstance(msg, BinRequest) and msg.requestType == RequestType.DATA:
             tasks.append(msg.taskId)
     return tasks
 

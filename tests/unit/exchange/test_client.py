@@ -22,6 +22,7 @@ from sparkbus.roles.exchange import (
     RetryState,
     SourceEvent,
     SourceState,
+    pack_sizes,
 )
 from sparkbus.roles.exchange.client import _TRANSITIONS
 
@@ -48,7 +49,7 @@ def produce(pair: Pair, pages: list[bytes], *, finish: bool = True, buffer_id: i
 
 
 def requests_sent(pair: Pair, kind: RequestType | None = None) -> list[BinRequest]:
-    return [m for _, m in pair.sent if isinstance(m, BinRequest) and (kind is None or m.requestType is kind)]
+    return [m for _, m in pair.sent if isinstance(m, BinRequest) and (kind is None or m.requestType == kind)]
 
 
 def test_full_transfer_then_delete() -> None:
@@ -90,7 +91,7 @@ def test_long_poll_delivers_pages_produced_later() -> None:
     pair.flush()
     assert pair.result(cid) == {"pages": [b"late"], "token": 0, "complete": False}
     pair.advance(5.0)  # long-polls expire with TIMEOUT and are simply asked again
-    timeouts = [m for _, m in pair.sent if isinstance(m, BinReply) and m.status is ReplyStatus.TIMEOUT]
+    timeouts = [m for _, m in pair.sent if isinstance(m, BinReply) and m.status == ReplyStatus.TIMEOUT]
     assert len(timeouts) >= 3
     produce(pair, [b"end"])
     assert pair.fetch_all(T, B) == [b"end"]
@@ -357,7 +358,7 @@ def test_reply_breaking_the_rules_fails_the_source() -> None:
         pageToken=5,
         pageNextToken=6,
         remainingBytes=b"",
-        pageSizes=(1,),
+        pageSizes=pack_sizes((1,)),
         instanceId="i",
         data=b"x",
     )
@@ -511,7 +512,7 @@ def test_a_single_page_reply_is_queued_without_a_copy() -> None:
         pageToken=0,
         pageNextToken=1,
         remainingBytes=b"",
-        pageSizes=(len(page),),
+        pageSizes=pack_sizes((len(page),)),
         instanceId="i",
         data=page,
     )

@@ -15,6 +15,7 @@ from sparkbus.roles.exchange import (
     ReplyStatus,
     RequestType,
     pack_sizes,
+    page_sizes_of,
     unpack_sizes,
 )
 from sparkbus.roles.exchange.messages import MAX_REMAINING_ENTRIES, U64_MAX
@@ -46,7 +47,7 @@ def reply(**kw: object) -> BinReply:
         "pageToken": 7,
         "pageNextToken": 9,
         "remainingBytes": pack_sizes((5,)),
-        "pageSizes": (3, 2),
+        "pageSizes": pack_sizes((3, 2)),
         "instanceId": "i1",
         "data": b"abcde",
     }
@@ -80,6 +81,21 @@ def test_reply_pages_travel_as_one_blob_frame() -> None:
     assert msgpack.unpackb(frames[0])[1] == 0x0201
 
 
+def test_coded_fields_and_sizes_are_plain_on_the_wire() -> None:
+    body = msgpack.unpackb(codec.encode(reply(pageSizes=pack_sizes((3, 2))))[1])
+    # pageSizes is one msgpack bin of little-endian u64s, like remainingBytes; the codes are plain uints
+    assert body["pageSizes"] == bytes([3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0])
+    assert (body["replyType"], body["status"], body["errorCode"]) == (0, 0, 0)
+    decoded = codec.decode(codec.encode(reply())).message
+    assert type(decoded.status) is int and decoded.status == ReplyStatus.OK
+    assert decoded.replyType == RequestType.DATA and decoded.errorCode == ErrorCode.NONE
+
+
+def test_one_page_sizes_are_packed_like_any_other() -> None:
+    assert page_sizes_of([b"abc"]) == pack_sizes((3,))
+    assert page_sizes_of([b"abc", b"", b"de"]) == pack_sizes((3, 0, 2))
+
+
 def test_reply_decodes_zero_copy() -> None:
     frames = codec.encode(reply())
     view = [frames[0], frames[1], memoryview(frames[2])]
@@ -95,6 +111,7 @@ def test_reply_decodes_zero_copy() -> None:
         ({"taskId": ""}, "taskId"),
         ({"maxSizeOctets": 0}, "maxSizeOctets"),
         ({"requestType": RequestType.ACK}, "getDataSize"),
+        ({"requestType": 3}, "requestType"),
         ({"requestType": RequestType.DELETE, "maxSizeOctets": 0, "maxWaitMicroSeconds": 5}, "getDataSize"),
     ],
 )
@@ -119,9 +136,13 @@ def test_size_probe_needs_no_max_size() -> None:
 @pytest.mark.parametrize(
     ("kw", "text"),
     [
-        ({"pageNextToken": 6, "pageSizes": (), "data": b""}, "below pageToken"),
-        ({"pageSizes": (3,)}, "pageSizes lists 1"),
-        ({"pageSizes": (3, 3)}, "sum to len"),
+        ({"pageNextToken": 6, "pageSizes": b"", "data": b""}, "below pageToken"),
+        ({"pageSizes": pack_sizes((3,))}, "pageSizes lists 1"),
+        ({"pageSizes": pack_sizes((3, 3))}, "sum to len"),
+        ({"pageSizes": b"\x03\x00"}, "packed u64"),
+        ({"replyType": 3}, "replyType must be one of"),
+        ({"status": 4}, "status must be one of"),
+        ({"status": ReplyStatus.SERVER_ERROR, "errorCode": 7}, "errorCode must be one of"),
         ({"remainingBytes": pack_sizes((1,) * (MAX_REMAINING_ENTRIES + 1))}, "remainingBytes"),
         ({"remainingBytes": b"\x01\x00\x00"}, "remainingBytes"),
         ({"status": ReplyStatus.SERVER_ERROR}, "errorCode"),
@@ -170,13 +191,14 @@ def test_reply_round_trip(pages: list[bytes], token: int, complete: bool, remain
         pageToken=token,
         pageNextToken=token + len(pages),
         remainingBytes=pack_sizes(remaining),
-        pageSizes=tuple(len(p) for p in pages),
+        pageSizes=pack_sizes(len(p) for p in pages),
         instanceId="x",
         data=b"".join(pages),
     )
     back = codec.decode(codec.encode(msg)).message
     assert back == msg
     assert [bytes(p) for p in back.pages()] == pages
+    assert back.page_sizes() == tuple(map(len, pages)) and back.page_count == len(pages)
     assert back.remaining() == tuple(remaining)
 
 

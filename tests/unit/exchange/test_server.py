@@ -69,14 +69,14 @@ def test_data_ok() -> None:
     srv = server_with(b"ab", b"c")
     req = request()
     rep = only_reply(send(srv, req))
-    assert rep.sequence == req.sequence and rep.status is ReplyStatus.OK and rep.replyType is RequestType.DATA
+    assert rep.sequence == req.sequence and rep.status == ReplyStatus.OK and rep.replyType == RequestType.DATA
     assert [bytes(p) for p in rep.pages()] == [b"ab", b"c"]
     assert (rep.pageToken, rep.pageNextToken, rep.instanceId) == (0, 2, "i7")
 
 
 def test_data_nodata_without_wait() -> None:
     rep = only_reply(send(server_with(), request()))
-    assert rep.status is ReplyStatus.NODATA and not rep.bufferComplete
+    assert rep.status == ReplyStatus.NODATA and not rep.bufferComplete
 
 
 def test_data_long_poll_expires_with_timeout() -> None:
@@ -86,7 +86,7 @@ def test_data_long_poll_expires_with_timeout() -> None:
     assert isinstance(timer, SetTimer) and timer.at == 1.5
     assert list(srv.handle(TimerFired(key="wait/999/nobody"), 1.5)) == []
     rep = only_reply(list(srv.handle(TimerFired(key=timer.key), 1.5)))
-    assert rep.status is ReplyStatus.TIMEOUT and rep.pageNextToken == 0
+    assert rep.status == ReplyStatus.TIMEOUT and rep.pageNextToken == 0
     assert srv.counters["timeouts"] == 1
 
 
@@ -96,14 +96,14 @@ def test_long_poll_is_answered_by_new_pages() -> None:
     actions = srv.add_pages(T, B, [b"late"], now=0.3)
     assert CancelTimer(key=timer.key) in actions
     rep = only_reply(actions)
-    assert rep.status is ReplyStatus.OK and bytes(rep.data) == b"late"
+    assert rep.status == ReplyStatus.OK and bytes(rep.data) == b"late"
 
 
 def test_long_poll_is_answered_by_completion() -> None:
     srv = server_with()
     send(srv, request(wait_us=2_000_000))
     rep = only_reply(srv.no_more_pages(T, B, now=0.1))
-    assert rep.status is ReplyStatus.NODATA and rep.bufferComplete
+    assert rep.status == ReplyStatus.NODATA and rep.bufferComplete
 
 
 def test_max_wait_is_capped_by_the_server() -> None:
@@ -117,23 +117,23 @@ def test_size_probe_long_polls_then_reports_sizes() -> None:
     probe = request(getDataSize=True, maxSizeOctets=0, wait_us=1_000_000)
     assert isinstance(send(srv, probe)[0], SetTimer)
     rep = only_reply(srv.add_pages(T, B, [b"xyz", b"q"], now=0.2))
-    assert rep.status is ReplyStatus.OK and rep.remaining() == (3, 1) and rep.data == b""
+    assert rep.status == ReplyStatus.OK and rep.remaining() == (3, 1) and rep.data == b""
     assert rep.pageNextToken == rep.pageToken == 0
 
 
 def test_size_probe_timeout_and_nodata() -> None:
     srv = server_with()
     probe = request(getDataSize=True, maxSizeOctets=0)
-    assert only_reply(send(srv, probe)).status is ReplyStatus.NODATA
+    assert only_reply(send(srv, probe)).status == ReplyStatus.NODATA
 
 
 def test_ack_frees_and_is_answered_ok() -> None:
     srv = server_with(b"a", b"b")
     rep = only_reply(send(srv, request(RequestType.ACK, token=1)))
-    assert rep.replyType is RequestType.ACK and rep.status is ReplyStatus.OK
+    assert rep.replyType == RequestType.ACK and rep.status == ReplyStatus.OK
     assert srv.buffers.bytes_held == 1
     bad = only_reply(send(srv, request(RequestType.ACK, token=9)))
-    assert bad.status is ReplyStatus.SERVER_ERROR and bad.errorCode is ErrorCode.TOKEN_AHEAD
+    assert bad.status == ReplyStatus.SERVER_ERROR and bad.errorCode == ErrorCode.TOKEN_AHEAD
 
 
 def test_delete_is_acknowledged_idempotent_and_answers_waiters() -> None:
@@ -143,41 +143,41 @@ def test_delete_is_acknowledged_idempotent_and_answers_waiters() -> None:
     replies = [a.message for a in actions if isinstance(a, Send)]
     by_peer = {a.peer: a.message for a in actions if isinstance(a, Send)}
     assert len(replies) == 2
-    assert by_peer["other"].bufferComplete and by_peer["other"].status is ReplyStatus.NODATA
-    assert by_peer[P].replyType is RequestType.DELETE and by_peer[P].status is ReplyStatus.OK
+    assert by_peer["other"].bufferComplete and by_peer["other"].status == ReplyStatus.NODATA
+    assert by_peer[P].replyType == RequestType.DELETE and by_peer[P].status == ReplyStatus.OK
     assert srv.buffers.bytes_held == 0
     again = only_reply(send(srv, request(RequestType.DELETE)))
-    assert again.status is ReplyStatus.OK
+    assert again.status == ReplyStatus.OK
     after = only_reply(send(srv, request()))
-    assert after.status is ReplyStatus.NODATA and after.bufferComplete
+    assert after.status == ReplyStatus.NODATA and after.bufferComplete
 
 
 def test_server_error_codes() -> None:
     srv = server_with(b"a", b"b")
     send(srv, request(token=2))
     gone = only_reply(send(srv, request(token=0)))
-    assert gone.status is ReplyStatus.SERVER_ERROR and gone.errorCode is ErrorCode.TOKEN_GONE
+    assert gone.status == ReplyStatus.SERVER_ERROR and gone.errorCode == ErrorCode.TOKEN_GONE
     ahead = only_reply(send(srv, request(token=7)))
-    assert ahead.errorCode is ErrorCode.TOKEN_AHEAD
+    assert ahead.errorCode == ErrorCode.TOKEN_AHEAD
     unknown = only_reply(send(srv, request(taskId="ghost")))
-    assert unknown.errorCode is ErrorCode.UNKNOWN_BUFFER and "ghost" in unknown.errorMessage
+    assert unknown.errorCode == ErrorCode.UNKNOWN_BUFFER and "ghost" in unknown.errorMessage
     srv.abort_buffer(T, B, "out of memory", now=0.0)
     aborted = only_reply(send(srv, request(token=2)))
-    assert aborted.errorCode is ErrorCode.ABORTED and "out of memory" in aborted.errorMessage
+    assert aborted.errorCode == ErrorCode.ABORTED and "out of memory" in aborted.errorMessage
 
 
 def test_abort_answers_parked_requests() -> None:
     srv = server_with()
     send(srv, request(wait_us=1_000_000))
     rep = only_reply(srv.abort_buffer(T, B, "killed", now=0.1))
-    assert rep.status is ReplyStatus.SERVER_ERROR and rep.errorCode is ErrorCode.ABORTED
+    assert rep.status == ReplyStatus.SERVER_ERROR and rep.errorCode == ErrorCode.ABORTED
 
 
 def test_parked_requests_are_bounded() -> None:
     srv = server_with(max_waiters=1)
     send(srv, request(wait_us=1_000_000))
     rep = only_reply(send(srv, request(wait_us=1_000_000)))
-    assert rep.errorCode is ErrorCode.OVERLOADED and rep.errorCode.retryable
+    assert rep.errorCode == ErrorCode.OVERLOADED and ErrorCode(rep.errorCode).retryable
 
 
 def test_duplicate_pending_sequence_is_a_bad_request() -> None:
@@ -185,7 +185,7 @@ def test_duplicate_pending_sequence_is_a_bad_request() -> None:
     req = request(wait_us=1_000_000)
     send(srv, req)
     rep = only_reply(send(srv, req))
-    assert rep.errorCode is ErrorCode.BAD_REQUEST and not rep.errorCode.retryable
+    assert rep.errorCode == ErrorCode.BAD_REQUEST and not ErrorCode(rep.errorCode).retryable
 
 
 def test_peer_lost_drops_its_parked_requests() -> None:
@@ -195,7 +195,7 @@ def test_peer_lost_drops_its_parked_requests() -> None:
     actions = list(srv.handle(PeerLost(peer=P, reason="gone"), 0.1))
     assert actions == [CancelTimer(key=timer.key)]
     rep = only_reply(srv.add_pages(T, B, [b"x"], now=0.2))
-    assert srv.counters["dropped_waiters"] == 1 and rep.status is ReplyStatus.OK
+    assert srv.counters["dropped_waiters"] == 1 and rep.status == ReplyStatus.OK
 
 
 def test_local_calls_drive_the_producer_api() -> None:
