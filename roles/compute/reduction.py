@@ -468,7 +468,6 @@ class Reduction:
             changed |= b != a
         old_ext, new_ext = self._extremes(delta, slots, touched, changed)
         retract, insert = old_live & changed, new_live & changed
-        self._live += int(np.count_nonzero(new_live)) - int(np.count_nonzero(old_live))
         retracted, inserted = int(np.count_nonzero(retract)), int(np.count_nonzero(insert))
         if retracted == inserted == touched.size:
             # Every touched group changed, and existed before and after (the common case): no selection.
@@ -476,6 +475,7 @@ class Reduction:
             values = [np.concatenate([b, a]) for b, a in zip(before, after, strict=True)]
             extremes = [pa.concat_arrays([o, n]) for o, n in zip(old_ext, new_ext, strict=True)]
         else:
+            self._live += int(np.count_nonzero(new_live)) - int(np.count_nonzero(old_live))
             out_slots = np.concatenate([touched[retract], touched[insert]])
             values = [np.concatenate([b[retract], a[insert]]) for b, a in zip(before, after, strict=True)]
             extremes = [_pick(o, retract, n, insert) for o, n in zip(old_ext, new_ext, strict=True)]
@@ -590,9 +590,11 @@ class Reduction:
                 columns.append(pa.array(counts[slot.count], pa.int64()))
             else:
                 count, total = counts[slot.count], totals[slot.total]
+                # An array built with a mask costs more than checking whether it needs one. A count that is
+                # the row count is 0 only for the row of a global aggregate over no rows.
                 zero = count == 0
-                # An array built with a mask costs more than checking whether it needs one.
-                none = zero if zero.any() else None
+                maybe = self._counts[slot.count] is not None or self.global_agg
+                none = zero if maybe and zero.any() else None
                 if slot.agg.func == "sum":
                     columns.append(pa.array(total, slot.total_type, mask=none))
                 elif none is None:

@@ -3,6 +3,7 @@ reclaiming of vanished groups' slots all give what a recomputation from scratch 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -155,6 +156,43 @@ def test_a_group_retracted_to_zero_vanishes_and_comes_back_fresh() -> None:
     # It comes back with a sum from zero, not from the residue.
     out.append(flow.feed(table([((1, "p", 0, 0.7), 2, 1)])), 3)
     assert read(out, 2) == [(1, 0.7, 1)]
+
+
+def test_a_column_whose_first_null_comes_late_counts_its_values_from_then_on() -> None:
+    """A column's non-null count is the row count until its first null (no accumulator of its own); from
+    that batch on it is counted apart, and a global aggregate over no rows still has null sums."""
+    aggs = (
+        Aggregate(func="count", column=None, name="n"),
+        Aggregate(func="count", column="v", name="nv"),
+        Aggregate(func="sum", column="v", name="s"),
+        Aggregate(func="avg", column="v", name="m"),
+    )
+    late_nulls = [
+        [((1, "p", 4, 0.0), 1), ((2, "p", 6, 0.0), 1)],
+        [((1, "p", None, 0.0), 1), ((2, "p", 6, 0.0), -1)],
+        [((2, "q", None, 0.0), 1), ((1, "p", 4, 0.0), -1)],
+        [((1, "p", None, 0.0), -1), ((2, "q", None, 0.0), -1)],
+    ]
+    no_nulls = [[((1, "p", 4, 0.0), 1)], [((1, "p", 4, 0.0), -1)]]
+    views = (ViewDef(source="t", group_by=("a",), aggregates=aggs), ViewDef(source="t", aggregates=aggs))
+    for view, history in itertools.product(views, (late_nulls, no_nulls)):
+        flow = Dataflow(view, SCHEMA, 0, "v")
+        out = index_arrangement(view, flow.schema, since=0, upper=0)
+        present: Counter[Row] = Counter()
+        for t, batch in enumerate(history):
+            for row, d in batch:
+                present[row] += d
+            present += Counter()
+            changes = flow.feed(table([(row, t, d) for row, d in batch]))
+            out.append(changes, t + 1, flow.steps_of(changes))
+            if view.group_by:
+                expected = oracle(view, present)
+            else:
+                values = [(r[2], m) for r, m in present.items() if r[2] is not None]
+                nv = sum(m for _, m in values)
+                s = sum(v * m for v, m in values) if values else None
+                expected = [(sum(present.values()), nv, s, s / nv if s is not None else None)]
+            assert read(out, t) == expected, f"{view.group_by} at time {t}"
 
 
 def test_null_nan_and_signed_zero_keys_group_as_arrow_groups_them() -> None:
