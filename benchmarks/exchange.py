@@ -300,9 +300,9 @@ def _size(n: int) -> str:
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
-    p.add_argument("--repeat", type=int, default=None, help="runs per cell (median kept); 3 quick, 1 full")
+    p.add_argument("--repeat", type=int, default=None, help="runs per cell (median kept); 5 quick, 1 full")
     args = p.parse_args()
-    repeat = args.repeat or (3 if args.quick else 1)
+    repeat = args.repeat or (5 if args.quick else 1)
     if args.quick:
         sizes, parallel, chunks, cap = [32, 256 * KiB, 1 * MiB], [1, 4], 128, 64 * MiB
     else:

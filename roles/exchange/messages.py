@@ -102,6 +102,7 @@ class ErrorCode(enum.IntEnum):
 _REQUEST_TYPES = frozenset(int(t) for t in RequestType)
 _STATUSES = frozenset(int(t) for t in ReplyStatus)
 _ERROR_CODES = frozenset(int(t) for t in ErrorCode)
+_MAX_REMAINING_BYTES = MAX_REMAINING_ENTRIES * SIZE_BYTES
 
 
 def _check_u64(owner: str, **values: int) -> None:
@@ -209,6 +210,32 @@ class BinReply:
     data: bytes = blob(default=b"")
 
     def __post_init__(self) -> None:
+        n_pages = self.pageNextToken - self.pageToken
+        if (
+            0 <= self.sequence <= U64_MAX
+            and 0 <= self.pageToken <= self.pageNextToken <= U64_MAX
+            and self.status in _STATUSES
+            and self.replyType in _REQUEST_TYPES
+            and len(self.remainingBytes) % SIZE_BYTES == 0
+            and len(self.remainingBytes) <= _MAX_REMAINING_BYTES
+            and (self.status == ReplyStatus.SERVER_ERROR) is (self.errorCode != ErrorCode.NONE)
+            and self.errorCode in _ERROR_CODES
+        ):
+            # The hot path: a reply with no page, or one page (what every small-page request gets back).
+            if n_pages == 0 and not self.pageSizes and not self.data:
+                return
+            if (
+                n_pages == 1
+                and len(self.pageSizes) == SIZE_BYTES
+                and self.status == ReplyStatus.OK
+                and self.replyType == RequestType.DATA
+                and _ONE_SIZE.unpack(self.pageSizes)[0] == len(self.data)
+            ):
+                return
+        self._check()
+
+    def _check(self) -> None:
+        """Every rule, each failure named (the slow path of ``__post_init__``)."""
         if not (0 <= self.sequence <= U64_MAX and 0 <= self.pageToken <= self.pageNextToken <= U64_MAX):
             _check_u64(
                 "BinReply", sequence=self.sequence, pageToken=self.pageToken, pageNextToken=self.pageNextToken
@@ -237,11 +264,11 @@ class BinReply:
                 f"BinReply.pageSizes lists {n_pages} pages but the tokens span "
                 f"{self.pageNextToken - self.pageToken}"
             )
-        total = _ONE_SIZE.unpack(sizes)[0] if n_pages == 1 else sum(unpack_sizes(sizes))
+        total = sum(unpack_sizes(sizes))
         if total != len(self.data):
             raise ValueError(f"BinReply.pageSizes must sum to len(data) = {len(self.data)}, got {total}")
         n_bytes = len(self.remainingBytes)
-        if n_bytes % SIZE_BYTES or n_bytes > MAX_REMAINING_ENTRIES * SIZE_BYTES:
+        if n_bytes % SIZE_BYTES or n_bytes > _MAX_REMAINING_BYTES:
             raise ValueError(
                 f"BinReply.remainingBytes must be at most {MAX_REMAINING_ENTRIES} packed u64 sizes "
                 f"({SIZE_BYTES} bytes each), got {n_bytes} bytes"
