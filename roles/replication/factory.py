@@ -153,8 +153,9 @@ class ServingReplication(ReplicationRole):
         self.loading: deque[tuple[str, pa.Table]] = deque()
         self.loaded: dict[str, int] = {}
         self.load_error: str | None = None
-        self._load_prepared = not local_data
         self._served: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
+        # Split before the node starts: done in the first loop turn, it held up the node's handshakes.
+        self._prepare_load()
         if catalog is not None:
             for table in keys:
                 catalog.publish(table, lambda table=table: self.serve(table))
@@ -180,9 +181,6 @@ class ServingReplication(ReplicationRole):
 
     def handle(self, event: Event, now: float) -> list[Action]:
         out = list(super().handle(event, now))
-        if not self._load_prepared:
-            self._load_prepared = True
-            self._prepare_load()
         if self.loading:
             self._actions = out
             self._load_step(now)
