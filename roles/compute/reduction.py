@@ -437,18 +437,19 @@ class Reduction:
             touched: Ints = np.zeros(1 if self.global_agg else min(rows, 1), np.int64)
         else:
             slots = self._map.slots(keyed) if rows else np.zeros(0, np.int64)
-            self._reserve(len(self._map))
+            if len(self._map) > self._n.size:
+                self._reserve(len(self._map))
             self._flags[slots] = True
             touched = np.flatnonzero(self._flags)
             self._flags[touched] = False
         if touched.size == 0:
             return self.update_schema.empty_table()
-        before = [a[touched] for a in self._accumulators()]
-        for acc, add in zip(self._accumulators(), adds, strict=True):
+        accs = self._accumulators()
+        before = [a[touched] for a in accs]
+        for acc, add in zip(accs, adds, strict=True):
             np.add.at(acc, slots, add)
         # A group whose row count returns to zero is gone: its other accumulators restart from zero too
         # (a float sum may keep a residue of rounding otherwise).
-        accs = self._accumulators()
         after = [a[touched] for a in accs]
         empty = after[0] == 0
         if empty.any():
@@ -592,15 +593,16 @@ class Reduction:
                 count, total = counts[slot.count], totals[slot.total]
                 # An array built with a mask costs more than checking whether it needs one. A count that is
                 # the row count is 0 only for the row of a global aggregate over no rows.
-                zero = count == 0
-                maybe = self._counts[slot.count] is not None or self.global_agg
-                none = zero if maybe and zero.any() else None
+                none = None
+                if self._counts[slot.count] is not None or self.global_agg:
+                    zero = count == 0
+                    none = zero if zero.any() else None
                 if slot.agg.func == "sum":
                     columns.append(pa.array(total, slot.total_type, mask=none))
                 elif none is None:
                     columns.append(pa.array(np.true_divide(total, count), pa.float64()))
                 else:
-                    mean = np.divide(total, count, out=np.zeros(len(count)), where=~zero)
+                    mean = np.divide(total, count, out=np.zeros(len(count)), where=~none)
                     columns.append(pa.array(mean, pa.float64(), mask=none))
         rows = len(slots)
         columns.append(pa.array(np.full(rows, time, np.int64)))
