@@ -13,6 +13,11 @@ group-by state does) and keeps:
 
 Applying a batch interns its keys, moves the positions of the touched slots (retractions, then insertions)
 and appends the batch to the store: no hashing of whole rows and nothing proportional to the collection.
+A batch that comes with the reduction steps it is made of (``Dataflow.steps_of``, as a replica passes
+them) is not interned: each step carries the reduction's slot of every row, translated to this
+arrangement's slots through a table kept per reduction slot map (rebuilt when either side renumbers its
+slots), and its shape (one retraction per old row, then one insertion per new row) needs no duplicate
+checks. Only inserted rows are stored either way (nothing reads a retraction's row).
 A read at time ``t`` takes the current rows, with the slots changed after ``t`` set back to the old
 position of their first change after ``t``. Rows no longer referenced by ``_cur`` or the log are dropped,
 and slots of vanished keys reclaimed, once they outnumber the referenced ones.

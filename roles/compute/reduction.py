@@ -10,7 +10,9 @@ aggregation (an Acero plan costs about 90 us however small its input) nor per-gr
   -0.0 and 0.0 differ);
 * the accumulators are NumPy arrays indexed by slot: the row count (sum of diffs) and, per aggregate, the
   count of non-null values and the sum of ``value * diff``. A step adds the update batch into them with
-  ``np.add.at`` (exact for integers, which wrap on overflow like Arrow's unchecked arithmetic);
+  ``np.add.at`` (exact for integers, which wrap on overflow like Arrow's unchecked arithmetic). A column's
+  count of non-null values is the row count until the column's first null, so it gets an accumulator of
+  its own only then (one ``np.add.at`` fewer per aggregate and per step in the common case);
 * min and max keep the multiplicity of every (slot, value) in an Arrow table (values of any orderable type),
   re-aggregated for the touched slots only.
 
