@@ -135,7 +135,7 @@ class Receiving:
         check = TrailerCheck(stream)
         tapped = not rep.store.storage.exists(name)
         if tapped:
-            writer = rep.store.storage.create_in_place(name, tap=check.feed)
+            writer = rep.store.storage.create_in_place(name, tap=check.feed, size=offer.size)
         else:
             name = f"in-{offer.segment_id}"
             writer = rep.store.storage.create(name)

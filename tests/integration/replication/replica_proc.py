@@ -78,8 +78,8 @@ class SlowIncomingDisk(DiskStorage):
         writer = super().create(name)
         return _SlowWriter(writer) if name.startswith("in-") else writer
 
-    def create_in_place(self, name: str, tap: Tap | None = None) -> FileWriter:
-        return _SlowWriter(super().create_in_place(name, tap))
+    def create_in_place(self, name: str, tap: Tap | None = None, size: int = 0) -> FileWriter:
+        return _SlowWriter(super().create_in_place(name, tap, size))
 
 
 def rows(keys: list[int]) -> bytes:

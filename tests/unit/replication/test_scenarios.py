@@ -11,7 +11,7 @@ import pytest
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.role import ReplicationConfig
 from sparkbus.roles.replication.storage import FileWriter, Tap
-from sparkbus.roles.replication.store import StoreConfig
+from sparkbus.roles.replication.store import StoreConfig, segment_file
 
 from .harness import Cluster
 
@@ -57,6 +57,26 @@ def test_followers_fast_forward_in_steady_state(seed: int) -> None:
         assert counters.get("fast_forwards", 0) > 0
         assert counters.get("merges", 0) == 0
     assert c.status("a")["counters"].get("merges", 0) == 0
+
+
+def test_the_receiver_announces_the_offered_size_to_its_storage() -> None:
+    c = Cluster(NODES, [spec(*NODES)], config())
+    announced: list[tuple[str, int]] = []
+    for n in "bc":
+        st = c.storages[n, P]
+        create = st.create_in_place
+
+        def spy(name: str, tap: Tap | None = None, size: int = 0, create: Any = create) -> FileWriter:
+            announced.append((name, size))
+            return create(name, tap, size)
+
+        st.create_in_place = spy  # type: ignore[method-assign]
+    keys = write_keys(c, "a", range(12))
+    c.settle(20)
+    assert_identical(c, NODES, keys)
+    sizes = {segment_file(e.segment_id): e.size for e in c.role("a").local[P].store.entries}
+    assert announced and all(size == sizes[name] > 0 for name, size in announced if name in sizes)
+    assert {name for name, _ in announced} >= set(sizes), "every segment of the leader was received"
 
 
 def test_a_write_to_a_follower_is_refused_with_the_leaders_name() -> None:
@@ -260,8 +280,8 @@ def test_a_receiver_crashing_between_the_segment_file_and_its_manifest_takes_not
     committed: list[str] = []
     create = st.create_in_place
 
-    def create_then_crash(name: str, tap: Tap | None = None) -> FileWriter:
-        writer = create(name, tap)
+    def create_then_crash(name: str, tap: Tap | None = None, size: int = 0) -> FileWriter:
+        writer = create(name, tap, size)
         commit = writer.commit
 
         def commit_then_arm() -> None:

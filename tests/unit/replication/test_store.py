@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -321,6 +322,29 @@ def test_an_in_place_disk_writer_writes_and_taps_every_chunk_in_order(tmp_path: 
     aborted.append(memoryview(b"partial"))
     aborted.abort()
     assert disk.names() == ["seg-3.1"]
+
+
+def test_an_in_place_disk_writer_reserves_the_announced_size_and_keeps_only_what_was_appended(
+    tmp_path: Path,
+) -> None:
+    disk = DiskStorage(tmp_path)
+    data = bytes(range(256)) * 40
+    whole = disk.create_in_place("seg-5.1", size=len(data))
+    half = disk.create_in_place("seg-5.2", size=len(data))
+    # On a file system that can allocate (ext4, xfs, tmpfs), the reservation is the file's length at once,
+    # before a byte is appended: a partial file can look whole by its size (only the manifest tells).
+    if os.stat(tmp_path / "seg-5.1").st_size:
+        assert os.stat(tmp_path / "seg-5.2").st_size == len(data)
+    whole.append(data[:5000])
+    whole.append(memoryview(data)[5000:])
+    half.append(data[:3000])
+    whole.commit()
+    half.commit()  # fewer bytes came than announced: the reserved zeros are cut off
+    assert disk.read("seg-5.1") == data and disk.size("seg-5.1") == len(data)
+    assert disk.read("seg-5.2") == data[:3000] and disk.size("seg-5.2") == 3000
+    gone = disk.create_in_place("seg-5.3", size=1 << 20)
+    gone.abort()
+    assert disk.names() == ["seg-5.1", "seg-5.2"]
 
 
 def test_an_in_place_disk_writer_raises_a_failed_tap_from_append(tmp_path: Path) -> None:
