@@ -18,17 +18,19 @@ per address where the address can still be read (see ``Node._on_server_monitor``
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
 import secrets
+import select
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -135,6 +137,8 @@ class Node:
         self.drops: dict[str, int] = {}
         # Peers whose DEALER refused a message since its last ZMTP handshake (IMMEDIATE: not connected yet).
         self._ctl_refused: set[str] = set()
+        # Sockets the loop sent on this turn, whose ZMQ_EVENTS it reads before it sleeps (see ``_run``).
+        self._touched: set[zmq.Socket[bytes]] = set()
         self._keys: security.KeyPair | None = None
         self._zap_domain: str | None = None
         # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
@@ -334,28 +338,55 @@ class Node:
 
     def _run(self) -> None:
         assert self._router is not None and self._pull is not None and self._wake_rx is not None
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._pull, zmq.POLLIN)
-        poller.register(self._wake_rx, zmq.POLLIN)
-        dealer_peer = {sock: peer for peer, sock in self._dealers.items()}
-        for sock in self._dealers.values():
-            poller.register(sock, zmq.POLLIN)
-        for mon in [*self._monitors, *self._server_monitors]:
-            poller.register(mon, zmq.POLLIN)
-        core = self.core
+        router, pull, core, clock = self._router, self._pull, self.core, self.clock
+        # What to read when a socket may have input, in the order a turn serves them.
+        handlers: dict[zmq.Socket[bytes], Callable[[], bool]] = {
+            self._wake_rx: self._on_wake,
+            router: lambda: self._drain(router, lambda m: core.on_control(m[0], m[1:], clock())),
+            pull: lambda: self._drain(pull, lambda m: core.on_data(m, clock()), copy=False),
+        }
+        for peer, sock in self._dealers.items():
+            handlers[sock] = functools.partial(self._drain, sock, functools.partial(self._on_reply, peer))
+        for mon, peer in self._monitors.items():
+            handlers[mon] = functools.partial(self._on_monitor, mon, peer)
+        for mon, name in self._server_monitors.items():
+            handlers[mon] = functools.partial(self._on_server_monitor, mon, name)
+        rank = {sock: i for i, sock in enumerate(handlers)}
+        # The loop sleeps in poll(2) on the sockets' ZMQ_FDs rather than in zmq_poll, which asks every
+        # socket for its ZMQ_EVENTS (a poll(2) of its own each) before and after sleeping: twelve system
+        # calls per wake-up over five sockets. A ZMQ_FD is readable while the socket has commands to
+        # process, such as "a pipe has messages again"; any operation on the socket may process them and
+        # leave the FD quiet with messages waiting. So a socket the loop sent on, or stopped reading
+        # before it was empty, is asked for ZMQ_EVENTS (or read again) before the loop sleeps.
+        by_fd: dict[int, zmq.Socket[bytes]] = {}
+        fds = select.poll()
+        for sock in handlers:
+            fd = int(sock.getsockopt(zmq.FD))
+            by_fd[fd] = sock
+            fds.register(fd, select.POLLIN)
+        self._touched.clear()
+        more: set[zmq.Socket[bytes]] = set(handlers)  # not known to be empty: read without waiting
         try:
             wait_ms = 0
             while not self._stopping.is_set():
-                events = dict(poller.poll(wait_ms))
-                started = self.clock()
-                self._handle(events, dealer_peer)
-                now = self.clock()
+                touched = self._touched
+                if touched:
+                    for sock in touched:
+                        if cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                            more.add(sock)
+                    touched.clear()
+                ready = more
+                more = set()
+                for fd, _ in fds.poll(0 if ready else wait_ms):
+                    ready.add(by_fd[fd])
+                started = clock()
+                self._serve(ready, handlers, rank, more)
+                now = clock()
                 if now - started > self.config.heartbeat_interval:
                     # We were busy long enough for peers' heartbeats to queue up unread: read them before
                     # judging anyone silent, or our own stall would be blamed on the peers.
-                    self._handle(dict(poller.poll(0)), dealer_peer)
-                    now = self.clock()
+                    self._serve(set(handlers), handlers, rank, more)
+                    now = clock()
                 deadline = core.next_deadline()
                 if deadline is not None and deadline <= now:
                     core.tick(now)
@@ -376,60 +407,61 @@ class Node:
                     fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
             self._close()
 
-    def _handle(self, events: dict[Any, int], dealer_peer: dict[zmq.Socket[bytes], str]) -> None:
-        if self._wake_rx in events:
-            self._drain_wake()
-            while not self._commands.empty():
-                self._commands.get_nowait()()
-        if self._router is not None and self._router in events:
-            self._drain(self._router, lambda m: self.core.on_control(m[0], m[1:], self.clock()))
-        if self._pull is not None and self._pull in events:
-            self._drain(self._pull, lambda m: self.core.on_data(m, self.clock()), copy=False)
-        for sock, peer in dealer_peer.items():
-            if sock in events:
-                self._drain(sock, lambda m, p=peer: self.core.on_reply(p, m, self.clock()))  # type: ignore[misc]
-        for mon, peer in self._monitors.items():
-            if mon in events:
-                self._on_monitor(mon, peer)
-        for mon, name in self._server_monitors.items():
-            if mon in events:
-                self._on_server_monitor(mon, name)
+    @staticmethod
+    def _serve(
+        ready: set[zmq.Socket[bytes]],
+        handlers: dict[zmq.Socket[bytes], Callable[[], bool]],
+        rank: dict[zmq.Socket[bytes], int],
+        more: set[zmq.Socket[bytes]],
+    ) -> None:
+        """Read the sockets in ``ready``; those that may still have input go into ``more``."""
+        for sock in sorted(ready, key=rank.__getitem__) if len(ready) > 1 else ready:
+            if handlers[sock]():
+                more.add(sock)
 
-    def _drain_wake(self) -> None:
+    def _on_reply(self, peer: str, frames: list[Any]) -> None:
+        self.core.on_reply(peer, frames, self.clock())
+
+    def _on_wake(self) -> bool:
         assert self._wake_rx is not None
         while True:
             try:
                 self._wake_rx.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
+        while not self._commands.empty():
+            self._commands.get_nowait()()
+        return False
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[list[Any]], None], *, copy: bool = True
-    ) -> None:
-        # Bounded per poll so one busy socket cannot starve the others or the timers. The answers leave
+    ) -> bool:
+        """Read and handle what ``sock`` has; True if it may have more (the budget ran out)."""
+        # Bounded per turn so one busy socket cannot starve the others or the timers. The answers leave
         # once per loop turn (``_flush``), not once per message.
         for i in range(_DRAIN_BUDGET):
             try:
                 parts = _recv_message(sock, zero_copy=not copy)
             except zmq.Again:
-                return
+                return False
             try:
                 handle(parts)
             except Exception:
                 # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
                 log.exception("node %s: error handling a message", self.node_id)
-            if i == 0 and not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if i == 0 and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                 # A lone message (a request, an answer): asking is cheaper than the failing recv that
                 # would say so. Under load, the failing recv ends the drain once.
-                return
+                return False
+        return True
 
-    def _on_monitor(self, mon: zmq.Socket[bytes], peer: str) -> None:
+    def _on_monitor(self, mon: zmq.Socket[bytes], peer: str) -> bool:
         while True:
             try:
                 msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return
+                return False
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.on_transport_down(peer, self.clock(), "socket disconnected")
             elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and peer in self._ctl_refused:
@@ -454,7 +486,7 @@ class Node:
         if first:
             log.warning("node %s: %s", self.node_id, what)
 
-    def _on_server_monitor(self, mon: zmq.Socket[bytes], name: str) -> None:
+    def _on_server_monitor(self, mon: zmq.Socket[bytes], name: str) -> bool:
         """Handshake failures on our CURVE server sockets, which never reach the ZAP handler.
 
         libzmq 4.3's monitor does not name the peer of a failed handshake (the v2 monitor that does is a
@@ -469,7 +501,7 @@ class Node:
             try:
                 msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return
+                return False
             event, value = msg["event"], int(msg["value"])
             if event == zmq.EVENT_ACCEPTED:
                 if len(self._accepted) < _MAX_TRACKED:
@@ -527,6 +559,9 @@ class Node:
         if sock is None:
             self._drop(f"{out.channel}_no_socket")
             return
+        if out.channel != "data":
+            # A send may process the socket's commands, and so leave its ZMQ_FD quiet with input waiting.
+            self._touched.add(sock)
         threshold = self.config.zero_copy_threshold
         last = len(frames) - 1
         try:
@@ -535,12 +570,7 @@ class Node:
             # ZeroMQ queues a message's frames atomically: with NOBLOCK the first frame is refused whole,
             # never a part of a message.
             for i, frame in enumerate(frames):
-                sock.send(
-                    frame,
-                    _MORE if i < last else zmq.NOBLOCK,
-                    copy=len(frame) < threshold,
-                    track=False,
-                )
+                sock.send(frame, _MORE if i < last else _NOBLOCK, copy=len(frame) < threshold, track=False)
         except zmq.Again:
             self._drop(f"{out.channel}_would_block")
             if out.channel == "ctl":
@@ -584,22 +614,25 @@ class Node:
 
 _WAKE_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
-_MORE = zmq.SNDMORE | zmq.NOBLOCK
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:
     """One whole message from ``sock`` (raises ``zmq.Again`` when there is none).
 
-    With ``zero_copy``, frames after the first two (the envelope's header and body, small) are received
-    without a copy, as memoryviews on ZeroMQ's buffers.
+    Frames are taken as ``zmq.Frame``s, whose ``more`` flag ends the message: asking the socket for
+    ZMQ_RCVMORE costs pyzmq more than the frame object (it converts the option to an enum on every call).
+    With ``zero_copy``, frames after the first two (the envelope's header and body, small) are kept as
+    memoryviews on ZeroMQ's buffers; the others are copied out as bytes.
     """
-    first = sock.recv(zmq.NOBLOCK)
-    parts: list[Any] = [first]
-    while sock.getsockopt(zmq.RCVMORE):
-        if zero_copy and len(parts) >= 2:
-            parts.append(sock.recv(zmq.NOBLOCK, copy=False).buffer)
-        else:
-            parts.append(sock.recv(zmq.NOBLOCK))
+    frame = sock.recv(_NOBLOCK, copy=False)
+    parts: list[Any] = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        parts.append(frame.buffer if zero_copy and len(parts) >= 2 else frame.bytes)
     return parts
 
 
