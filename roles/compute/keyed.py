@@ -177,10 +177,10 @@ class KeyedArrangement(Arrangement):
     # ---------------------------------------------------------------- keyed state
 
     def _rows(self) -> pa.Table:
-        if self._store_parts:
-            self._store = pa.concat_tables([self._store, *self._store_parts]).combine_chunks()
-            self._store_parts = []
-        return self._store
+        """The store as one table (chunked: parts stay apart, so that dead ones can still be dropped)."""
+        if not self._store_parts:
+            return self._store
+        return pa.concat_tables([self._store, *self._store_parts])
 
     def _positions_at(self, t: int) -> Ints:
         """Per slot, the store position of its row at time ``t`` (-1 if none)."""
@@ -230,8 +230,7 @@ class KeyedArrangement(Arrangement):
         self._stored += data.num_rows
         self._max_time = max(self._max_time, hi)
         self._latest = None
-        if self._stored > max(_GC_FLOOR, 4 * (self._live + 2 * self._logged)):
-            self._collect()
+        self._tidy()
         return True
 
     def _apply_step(self, step: KeyedStep) -> bool:
@@ -274,8 +273,7 @@ class KeyedArrangement(Arrangement):
         self._stored += inserted
         self._max_time = max(self._max_time, time)
         self._latest = None
-        if self._stored > max(_GC_FLOOR, 4 * (self._live + 2 * self._logged)):
-            self._collect()
+        self._tidy()
         return True
 
     def _own_slots(self, step: KeyedStep) -> Ints:
@@ -335,16 +333,66 @@ class KeyedArrangement(Arrangement):
             time, np.concatenate([gone, come]), np.concatenate([was, none_c]), np.concatenate([none_g, at])
         )
 
-    def _collect(self) -> None:
-        """Drop the store rows nothing references, and the slots of keys that have no row and no change."""
-        # Marking the referenced positions is cheaper than sorting them (-1, no row, marks the last cell).
+    def _tidy(self) -> None:
+        """Once the store outgrows the referenced rows, drop its dead parts, and copy the live rows out of
+        the rest only if that was not enough."""
+        limit = max(_GC_FLOOR, 4 * (self._live + 2 * self._logged))
+        if self._stored <= limit:
+            return
+        self._drop_dead_parts()
+        if self._stored > limit // 2:
+            self._collect()
+
+    def _drop_dead_parts(self) -> None:
+        """Drop the store parts (and the merged store) that no position references, shifting positions down.
+
+        A group-by view's rows are replaced as their groups change, so most parts die within a few writes
+        while a few rows of groups left untouched stay live in older parts: dropping the dead parts is a
+        few NumPy calls over the referenced positions, where ``_collect`` copies every live row.
+        """
+        blocks = [self._store, *self._store_parts]
+        sizes = [b.num_rows for b in blocks]
+        ends = np.cumsum(sizes)
+        referenced = np.concatenate([self._cur, *(c.old for c in self._log), *(c.new for c in self._log)])
+        referenced = referenced[referenced >= 0]
+        live = np.bincount(np.searchsorted(ends, referenced, side="right"), minlength=len(blocks))
+        dead = [size > 0 and not n for size, n in zip(sizes, live.tolist(), strict=True)]
+        if not any(dead):
+            return
+        shift, dropped = [], 0
+        for size, gone in zip(sizes, dead, strict=True):
+            shift.append(dropped)
+            dropped += size if gone else 0
+        shifts = np.array([*shift, 0], np.int64)  # the block after the last one: position -1 (no row)
+
+        def moved(positions: Ints) -> Ints:
+            block = np.searchsorted(ends, positions, side="right")
+            block[positions < 0] = len(blocks)
+            out: Ints = positions - shifts[block]
+            return out
+
+        self._cur = moved(self._cur)
+        for change in self._log:
+            change.old = moved(change.old)
+            change.new = moved(change.new)
+        self._store = self.schema.empty_table() if dead[0] else self._store
+        self._store_parts = [b for b, gone in zip(blocks[1:], dead[1:], strict=True) if not gone]
+        self._stored -= dropped
+
+    def _marks(self) -> npt.NDArray[np.bool_]:
+        """Per store position, whether ``_cur`` or the log references it (one more cell, for -1, unset)."""
         marks = np.zeros(self._stored + 1, np.bool_)
         marks[self._cur] = True
         for change in self._log:
             marks[change.old] = True
             marks[change.new] = True
         marks[-1] = False
-        live_pos = np.flatnonzero(marks)
+        return marks
+
+    def _collect(self) -> None:
+        """Drop the store rows nothing references, and the slots of keys that have no row and no change."""
+        # Marking the referenced positions is cheaper than sorting them.
+        live_pos = np.flatnonzero(self._marks())
         # Taking from the chunks and combining what is kept copies less than combining everything first.
         store = pa.concat_tables([self._store, *self._store_parts]).take(pa.array(live_pos)).combine_chunks()
         repos = np.full(self._stored + 1, -1, np.int64)  # index -1 (no row) maps to -1 through the last cell

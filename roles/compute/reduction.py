@@ -69,12 +69,18 @@ def _np(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
     return array
 
 
+#: Integer keys within +-this are looked up in a direct table (see ``_Interner``).
+_DIRECT_BOUND = 1 << 62
+
+
 class _Interner:
     """Dense codes 0, 1, 2, ... for the distinct values of one Arrow type, in order of first appearance.
 
     ``index_in`` hashes the values seen so far on every call (Arrow keeps no hash table), about 30 us for
     1,000 of them. Integer values spanning a small range are looked up in a direct table instead
-    (``_lut[value - _base]``, -1 for unseen values), a gather of a few microseconds.
+    (``_lut[value - _base]``, -1 for unseen values), a gather of a few microseconds. The table has a -1 at
+    either end and the gather clips, so a value outside the range finds -1 like an unseen one: one check.
+    Tables are only built for values within +-2**62, so that the padded base cannot wrap around.
     """
 
     def __init__(self, tp: pa.DataType) -> None:
@@ -105,10 +111,7 @@ class _Interner:
     def _lookup(self, values: Ints) -> Ints | None:
         """The codes of ``values`` from the direct table; None if one is outside it or unseen."""
         assert self._lut is not None
-        at = values - self._base
-        if at.view(np.uint64).max() >= self._lut.size:  # a negative offset wraps to a huge one
-            return None
-        found: Ints = self._lut[at]
+        found: Ints = np.take(self._lut, values - self._base, mode="clip")
         return found if found.min() >= 0 else None
 
     def _index(self) -> None:
@@ -122,11 +125,11 @@ class _Interner:
             return
         known = _np(self.values.filter(valid)).astype(np.int64, copy=False)
         lo, hi = int(known.min()), int(known.max())
-        if hi - lo >= max(4096, 8 * known.size):
+        if hi - lo >= max(4096, 8 * known.size) or lo < -_DIRECT_BOUND or hi > _DIRECT_BOUND:
             return
-        lut = np.full(hi - lo + 1, -1, np.int64)
-        lut[known - lo] = codes
-        self._lut, self._base = lut, lo
+        lut = np.full(hi - lo + 3, -1, np.int64)
+        lut[known - lo + 1] = codes
+        self._lut, self._base = lut, lo - 1
 
 
 class _SlotMap:

@@ -263,7 +263,8 @@ def test_keyed_index_reads_what_a_recomputation_gives_at_every_readable_time(
     or takes the slots from the reduction's steps (as a replica's index does), across the renumbering of
     either side's slots."""
     with pytest.MonkeyPatch.context() as patch:
-        # A floor of 0 collects the store (and reclaims key slots) as soon as garbage outnumbers live rows.
+        # A floor of 0 drops dead store parts, or collects the store (and reclaims key slots), as soon as
+        # garbage outnumbers live rows.
         patch.setattr(keyed_module, "_GC_FLOOR", 0 if collect else 4096)
         patch.setattr(reduction_module, "_RECLAIM_FLOOR", 0 if reclaim else 1024)
         flow = Dataflow(view, SCHEMA, 0, "v")
@@ -346,6 +347,44 @@ def test_a_keyed_index_forgets_rows_and_keys_that_compaction_left_behind() -> No
     assert read(out, 31) == [(-1, 1)]
 
 
+def test_a_keyed_index_drops_dead_store_parts_without_copying_the_live_rows() -> None:
+    """Groups that stay untouched keep their rows in the oldest part while the touched ones are replaced
+    each write: once the store outgrows the live rows the dead parts are dropped (the old part stays, no
+    row is copied), and reads at every time from the since on still match a generic arrangement."""
+    view = ViewDef(source="t", group_by=("a",), aggregates=AGGS[:4])
+    flow = Dataflow(view, SCHEMA, 0, "v")
+    out = index_arrangement(view, flow.schema, since=0, upper=0)
+    generic = Arrangement(flow.schema)
+    assert isinstance(out, KeyedArrangement)
+    copies: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(keyed_module, "_GC_FLOOR", 0)
+        patch.setattr(KeyedArrangement, "_collect", lambda self: copies.append(self._stored))
+        first = flow.feed(table([((a, "p", a, 0.0), 0, 1) for a in range(20)]))
+        out.append(first, 1, flow.steps_of(first))
+        generic.append(first, 1)
+        held = []
+        for t in range(1, 150):
+            # Groups 0-4 change at every write (a row out, another in); groups 5-19 never do.
+            batch = [((a, "p", a + t - 1, 0.0), t, -1) for a in range(5)]
+            batch += [((a, "p", a + t, 0.0), t, 1) for a in range(5)]
+            changes = flow.feed(table(batch))
+            out.append(changes, t + 1, flow.steps_of(changes))
+            generic.append(changes, t + 1)
+            if t > 2:
+                out.compact((t - 2,))
+                generic.compact((t - 2,))
+            if t % 7 == 0:
+                for u in range(out.since[0], t + 1):
+                    assert read(out, u) == read(generic, u), f"at time {u}"
+            held.append(out._stored)
+    assert copies == []
+    # The store grows by 5 rows a write and shrinks back to the first part's 20 rows and the live ones.
+    assert max(held) <= 4 * (20 + 2 * 3 * 10) + 5
+    assert any(after < before for before, after in itertools.pairwise(held))
+    assert canonical(out.updates) == canonical(generic.updates)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     batches=st.lists(
@@ -364,6 +403,18 @@ def test_the_interner_codes_values_by_first_appearance_whichever_lookup_it_uses(
             seen.setdefault(value, len(seen))
         codes = interner.codes(pa.array(batch, pa.int64()))
         assert codes.tolist() == [seen[v] for v in batch]
+
+
+@pytest.mark.parametrize("top", [2**62, 2**63 - 1])
+def test_the_interner_tells_extreme_values_from_known_ones_near_the_other_end(top: int) -> None:
+    """Known values at the top of the int64 range and a lookup of values at the bottom: ``value - base``
+    wraps around, and must not land on a known value's code."""
+    interner = reduction_module._Interner(pa.int64())
+    known = list(range(top - 9, top + 1))
+    assert interner.codes(pa.array(known, pa.int64())).tolist() == list(range(10))
+    assert interner.codes(pa.array(known[::-1], pa.int64())).tolist() == list(range(10))[::-1]
+    bottom = [-(2**63), -(2**63) + 3, -(2**62), top - 4]
+    assert interner.codes(pa.array(bottom, pa.int64())).tolist() == [10, 11, 12, 5]
 
 
 def test_peeks_through_a_replica_read_a_keyed_index_at_past_timestamps_and_refuse_below_its_since() -> None:
