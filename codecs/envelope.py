@@ -122,7 +122,7 @@ message = REGISTRY.register
 class _Shape:
     """What encoding and decoding one message class needs, compiled once per class (the hot path)."""
 
-    __slots__ = ("blob_fields", "cls", "code", "fields", "keys", "map_fields", "n_frames", "name")
+    __slots__ = ("blob_fields", "cls", "code", "exact", "fields", "keys", "map_fields", "n_frames", "name")
 
     def __init__(self, cls: type, code: int) -> None:
         schema = schema_of(cls)
@@ -137,6 +137,13 @@ class _Shape:
         # (name, exact type or None, converter): a value of the exact type needs no conversion.
         self.fields: tuple[tuple[str, type | None, Converter], ...] = tuple(
             (n, hints[n] if hints[n] in _EXACT else None, schema.converters[n]) for n in schema.map_fields
+        )
+        # A message of plain fields only (no blob, no conversion): its body map, once every value has its
+        # field's exact type, is the constructor's keywords as they are (most control messages).
+        self.exact: tuple[tuple[str, type], ...] | None = (
+            tuple((n, t) for n, t, _ in self.fields if t is not None)
+            if not self.blob_fields and all(t is not None for _, t, _ in self.fields)
+            else None
         )
 
 
@@ -305,6 +312,16 @@ class EnvelopeCodec:
         else:
             payload = list(frames[1:])
         plain = _unpack(payload[0], name, "<body>")
+        plain_fields = shape.exact
+        if plain_fields is not None and type(plain) is dict and len(plain) == len(plain_fields):
+            for n, t in plain_fields:
+                if type(plain.get(n)) is not t:
+                    break
+            else:
+                try:
+                    return shape.cls(**plain)
+                except (TypeError, ValueError):
+                    pass  # from_plain raises the DecodeError that names the field
         blobs: dict[str, Any] = {}
         for n, frame in zip(shape.blob_fields, payload[1:], strict=True):
             blobs[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame

@@ -48,3 +48,14 @@ class Ping:
     def __post_init__(self) -> None:
         if self.nonce < 0:
             raise ValueError(f"nonce must be >= 0, got {self.nonce}")
+
+
+@TEST_REGISTRY.register(0x7003)
+@dataclass(frozen=True, kw_only=True)
+class Plain:
+    """Only fields whose wire value is the field value (the decoder's shortest path)."""
+
+    count: int
+    label: str
+    raw: bytes
+    flag: bool

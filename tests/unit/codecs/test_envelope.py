@@ -9,7 +9,7 @@ import pytest
 
 from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
 
-from .messages import TEST_REGISTRY, Color, Everything, Inner, Ping
+from .messages import TEST_REGISTRY, Color, Everything, Inner, Ping, Plain
 
 codec = EnvelopeCodec(TEST_REGISTRY)
 
@@ -82,6 +82,32 @@ def test_wrong_field_is_named(mutate: object, field: str, reason: str) -> None:
     assert err.value.field == field
     assert reason in err.value.reason
     assert err.value.message_type.startswith("Everything")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "reason"),
+    [
+        (lambda b: b.pop("count"), "count", "missing field"),
+        (lambda b: b.update(bogus=1), "bogus", "unexpected field"),
+        (lambda b: (b.pop("count"), b.update(bogus=1)), "bogus", "unexpected field"),
+        (lambda b: b.update(count="3"), "count", "expected int"),
+        (lambda b: b.update(count=True), "count", "expected int"),
+        (lambda b: b.update(flag=1), "flag", "expected bool"),
+        (lambda b: b.update(label=b"x"), "label", "expected str"),
+        (lambda b: b.update(raw="r"), "raw", "expected bytes"),
+    ],
+)
+def test_a_message_of_plain_fields_is_checked_like_any_other(mutate: object, field: str, reason: str) -> None:
+    """Its body map goes to the constructor as it is, once every value has its field's exact type;
+    anything else takes the field-by-field path, which names the field."""
+    frames = codec.encode(Plain(count=3, label="x", raw=b"r", flag=False))
+    assert codec.decode(frames).message == Plain(count=3, label="x", raw=b"r", flag=False)
+    body = body_of(frames)
+    mutate(body)  # type: ignore[operator]
+    with pytest.raises(DecodeError) as err:
+        codec.decode(with_body(frames, body))
+    assert (err.value.message_type, err.value.field) == ("Plain", field)
+    assert reason in err.value.reason
 
 
 def test_constructor_validation_applies_to_decoded_messages() -> None:
