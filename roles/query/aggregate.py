@@ -14,7 +14,6 @@ aggregation over the group number computes every state; NULL is a group of its o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -414,7 +413,6 @@ class _Binned:
     def __init__(self, size: int) -> None:
         self.size = size
         self.entries: dict[tuple[Any, ...], tuple[pa.Array, Any]] = {}
-        self.lock = threading.Lock()
 
     @staticmethod
     def _key(col: pa.Array) -> tuple[Any, ...] | None:
@@ -427,21 +425,25 @@ class _Binned:
             key += [arr.offset, len(arr), *(b.address if b is not None else 0 for b in buffers)]
         return tuple(key)
 
+    # Nodes that run in threads of one process share the entries: every step below is one dict operation
+    # (atomic), and an eviction that loses a race with another thread's is simply left to the next put.
+
     def get(self, col: pa.Array) -> Any:
         key = self._key(col)
-        with self.lock:
-            entry = self.entries.get(key) if key is not None else None
+        entry = self.entries.get(key) if key is not None else None
         return None if entry is None else entry[1]
 
     def put(self, col: pa.Array, value: Any) -> None:
         key = self._key(col)
         if key is None:
             return
-        with self.lock:
-            self.entries.pop(key, None)
-            while len(self.entries) >= self.size:
-                del self.entries[next(iter(self.entries))]  # the oldest
-            self.entries[key] = (col, value)
+        entries = self.entries
+        entries[key] = (col, value)
+        while len(entries) > self.size:
+            try:
+                del entries[next(iter(entries))]  # the oldest
+            except (KeyError, RuntimeError, StopIteration):
+                return
 
 
 _BINNED = _Binned(8)
