@@ -389,7 +389,7 @@ def _apply_dense(
             np.subtract(ids, offset, out=ids)
         if raw.null_count:
             ids[np.asarray(pc.is_null(raw))] = bins - 1
-        if ordered or key.num_chunks != 1 or len(raw) < _BINNED_MIN_ROWS:
+        if ordered or key.num_chunks != 1 or len(raw) < _BINNED_MIN_ROWS or not _BINNED.seen_before(raw):
             return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=ordered)
         rows = np.bincount(ids, minlength=bins)
         _BINNED.put(raw, (ids.copy(), bins, keys_of, rows))
@@ -413,6 +413,9 @@ class _Binned:
     def __init__(self, size: int) -> None:
         self.size = size
         self.entries: dict[tuple[Any, ...], tuple[pa.Array, Any]] = {}
+        #: the keys of columns grouped once (nothing kept): a column is kept the second time it is grouped,
+        #: so the filtered columns of one query (new memory each time) cost no copy
+        self.seen: dict[tuple[Any, ...], None] = {}
 
     @staticmethod
     def _key(col: pa.Array) -> tuple[Any, ...] | None:
@@ -432,6 +435,22 @@ class _Binned:
         key = self._key(col)
         entry = self.entries.get(key) if key is not None else None
         return None if entry is None else entry[1]
+
+    def seen_before(self, col: pa.Array) -> bool:
+        """Whether a column with this key was grouped before (and note that it was now)."""
+        key = self._key(col)
+        if key is None:
+            return False
+        if key in self.seen:
+            return True
+        seen = self.seen
+        seen[key] = None
+        while len(seen) > 8 * self.size:
+            try:
+                del seen[next(iter(seen))]
+            except (KeyError, RuntimeError, StopIteration):
+                break
+        return False
 
     def put(self, col: pa.Array, value: Any) -> None:
         key = self._key(col)
