@@ -377,7 +377,8 @@ def _apply_dense(
             return None
     key = _column(table, keys[0])
     raw = key.chunk(0) if key.num_chunks == 1 else key.combine_chunks()
-    if not ordered and (kept := _BINNED.get(raw)) is not None:
+    memory = _BINNED.key(raw) if key.num_chunks == 1 and len(raw) >= _BINNED_MIN_ROWS else None
+    if not ordered and memory is not None and (kept := _BINNED.get(memory)) is not None:
         ids, bins, keys_of, rows = kept
         return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=False, rows=rows)
     numbering = _dense_keys(raw)
@@ -389,10 +390,10 @@ def _apply_dense(
             np.subtract(ids, offset, out=ids)
         if raw.null_count:
             ids[np.asarray(pc.is_null(raw))] = bins - 1
-        if ordered or key.num_chunks != 1 or len(raw) < _BINNED_MIN_ROWS or not _BINNED.seen_before(raw):
+        if ordered or memory is None or not _BINNED.seen_before(memory):
             return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=ordered)
         rows = np.bincount(ids, minlength=bins)
-        _BINNED.put(raw, (ids.copy(), bins, keys_of, rows))
+        _BINNED.put(memory, raw, (ids.copy(), bins, keys_of, rows))
         return _dense_states(table, keys[0], specs, ids, bins, keys_of, ordered=False, rows=rows)
 
 
@@ -418,7 +419,9 @@ class _Binned:
         self.seen: dict[tuple[Any, ...], None] = {}
 
     @staticmethod
-    def _key(col: pa.Array) -> tuple[Any, ...] | None:
+    def key(col: pa.Array) -> tuple[Any, ...] | None:
+        """What finds ``col``: its type and, for each array (indices and dictionary of a dictionary
+        column), offset, length and buffer addresses; None for a column without data buffer."""
         arrays = [col.indices, col.dictionary] if pa.types.is_dictionary(col.type) else [col]
         key: list[Any] = [str(col.type)]
         for arr in arrays:
@@ -431,38 +434,30 @@ class _Binned:
     # Nodes that run in threads of one process share the entries: every step below is one dict operation
     # (atomic), and an eviction that loses a race with another thread's is simply left to the next put.
 
-    def get(self, col: pa.Array) -> Any:
-        key = self._key(col)
-        entry = self.entries.get(key) if key is not None else None
+    def get(self, key: tuple[Any, ...]) -> Any:
+        entry = self.entries.get(key)
         return None if entry is None else entry[1]
 
-    def seen_before(self, col: pa.Array) -> bool:
+    def seen_before(self, key: tuple[Any, ...]) -> bool:
         """Whether a column with this key was grouped before (and note that it was now)."""
-        key = self._key(col)
-        if key is None:
-            return False
         if key in self.seen:
             return True
-        seen = self.seen
-        seen[key] = None
-        while len(seen) > 8 * self.size:
-            try:
-                del seen[next(iter(seen))]
-            except (KeyError, RuntimeError, StopIteration):
-                break
+        self.seen[key] = None
+        _trim(self.seen, 8 * self.size)
         return False
 
-    def put(self, col: pa.Array, value: Any) -> None:
-        key = self._key(col)
-        if key is None:
+    def put(self, key: tuple[Any, ...], col: pa.Array, value: Any) -> None:
+        self.entries[key] = (col, value)
+        _trim(self.entries, self.size)
+
+
+def _trim(kept: dict[Any, Any], size: int) -> None:
+    """Drop the oldest items of ``kept`` beyond ``size`` (another thread's concurrent trim may win)."""
+    while len(kept) > size:
+        try:
+            del kept[next(iter(kept))]
+        except (KeyError, RuntimeError, StopIteration):
             return
-        entries = self.entries
-        entries[key] = (col, value)
-        while len(entries) > self.size:
-            try:
-                del entries[next(iter(entries))]  # the oldest
-            except (KeyError, RuntimeError, StopIteration):
-                return
 
 
 _BINNED = _Binned(8)
