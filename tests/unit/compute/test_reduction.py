@@ -116,22 +116,29 @@ def test_maintained_equals_recomputed(
         check(batches, view)
 
 
+def updates_at(
+    batch: list[tuple[bool, Row, int]], t: int, present: Counter[Row]
+) -> list[tuple[Row, int, int]]:
+    """A drawn batch as updates at time ``t``: inserts, and retractions of rows ``present`` holds (updated)."""
+    rows: list[tuple[Row, int, int]] = []
+    for insert, row, pick in batch:
+        if insert or not present:
+            rows.append((row, t, 1))
+            present[row] += 1
+        else:
+            victim = sorted(present.elements(), key=repr)[pick % sum(present.values())]
+            rows.append((victim, t, -1))
+            present[victim] -= 1
+            present += Counter()  # drop zero counts
+    return rows
+
+
 def check(batches: list[list[tuple[bool, Row, int]]], view: ViewDef) -> None:
     flow = Dataflow(view, SCHEMA, 0, "v")
     out = Arrangement(flow.schema)
     present: Counter[Row] = Counter()
     for t, batch in enumerate(batches):
-        rows: list[tuple[Row, int, int]] = []
-        for insert, row, pick in batch:
-            if insert or not present:
-                rows.append((row, t, 1))
-                present[row] += 1
-            else:
-                victim = sorted(present.elements(), key=repr)[pick % sum(present.values())]
-                rows.append((victim, t, -1))
-                present[victim] -= 1
-                present += Counter()
-        out.append(flow.feed(table(rows)), t + 1)
+        out.append(flow.feed(table(updates_at(batch, t, present))), t + 1)
         assert read(out, t) == oracle(view, present), f"at time {t}"
 
 
@@ -276,17 +283,7 @@ def test_keyed_index_reads_what_a_recomputation_gives_at_every_readable_time(
         t = 0
         for batch, gap, lag in writes:
             t += gap
-            rows: list[tuple[Row, int, int]] = []
-            for insert, row, pick in batch:
-                if insert or not present:
-                    rows.append((row, t, 1))
-                    present[row] += 1
-                else:
-                    victim = sorted(present.elements(), key=repr)[pick % sum(present.values())]
-                    rows.append((victim, t, -1))
-                    present[victim] -= 1
-                    present += Counter()
-            changes = flow.feed(table(rows))
+            changes = flow.feed(table(updates_at(batch, t, present)))
             keyed.append(changes, t + 1, flow.steps_of(changes) if steps else None)
             generic.append(changes, t + 1, flow.steps_of(changes))
             for u in range(max(states, default=-1) + 1, t + 1):
