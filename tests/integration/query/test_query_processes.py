@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +13,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus.node import Endpoints, Node
 from sparkbus.roles.query import ErrorCode, QueryError, QueryRole, sql
 
+from ...childproc import Proc
 from .participant_proc import generate
 
 pytestmark = pytest.mark.integration
@@ -23,52 +21,23 @@ PROC = Path(__file__).with_name("participant_proc.py")
 ROWS, SEED = 20_000, 11
 
 
-class Participant:
-    def __init__(self, node_id: str, index: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PROC), node_id, str(ROWS), str(SEED), str(index), "2"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.endpoints = Endpoints.from_json(json.loads(self.readline()))
-
-    def readline(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"participant exited early (status {self.proc.poll()})"
-        return line
-
-    def give_peers(self, peers: dict[str, Endpoints]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({k: v.to_json() for k, v in peers.items()}) + "\n")
-        self.proc.stdin.flush()
-
-    def reap(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+def participant(node_id: str, index: int) -> Proc:
+    return Proc(node_id, [str(PROC), node_id, str(ROWS), str(SEED), str(index), "2"])
 
 
 @pytest.fixture(scope="module")
 def initiator() -> Iterator[Node]:
-    procs: list[Participant] = []
+    procs: list[Proc] = []
     node: Node | None = None
     try:
-        procs = [Participant("p1", 0), Participant("p2", 1)]
+        procs = [participant("p1", 0), participant("p2", 1)]
         node = Node("i", BusConfig(cluster_tag="query-it"), [QueryRole("i")])
-        peers = {"i": node.bind(), "p1": procs[0].endpoints, "p2": procs[1].endpoints}
+        peers = {"i": node.bind(), **{p.name: Endpoints.from_json(p.receive()) for p in procs}}
         for p in procs:
-            p.give_peers(peers)
+            p.send({k: v.to_json() for k, v in peers.items()})
         node.start(peers)
         node.wait_ready(timeout=15)
-        loaded = [json.loads(p.readline())["loaded"] for p in procs]
+        loaded = [p.receive()["loaded"] for p in procs]
         assert sum(loaded) == ROWS
         yield node
     finally:
