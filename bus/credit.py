@@ -11,6 +11,15 @@ sent after that batch, which were in flight when the grant was made. So the byte
 hold for a stream never exceed what it granted: memory per stream is bounded by its credit exactly.
 (Mustang sets the credit to the receiver's free memory and ignores bytes in flight; it counts rows times an
 estimated width, so its bound was approximate anyway.)
+
+The grant policy is Mustang's 40 % low watermark, applied to the sender's credit as the receiver reckons it
+(``CreditReceiver.remote``). Before the receiver's first grant that is the ``remaining`` the latest batch
+reported. After it, it is the latest grant less the bytes that arrived since: the grant in flight is
+counted as applied. A batch's ``remaining`` cannot say more, since the batches sent before the sender
+applied a grant carry the older, lower credit; taken at its word, each of them looked like a sender at or
+below the mark, and from the first grant on the receiver granted once per batch. The reckoning is exact
+when nothing is in flight (the sender then has applied every grant and the receiver has every batch), so a
+sender out of credit is always granted again once the receiver has room.
 """
 
 from __future__ import annotations
@@ -105,8 +114,11 @@ class CreditReceiver:
     """The receiving side of a stream, with Mustang's grant policy (``SimpleFlowControl``).
 
     ``local`` is the memory the receiver still has free for the stream, ``remote`` the sender's credit as
-    last reported in a batch. When the sender is low (``remote/max <= lwm``) and the receiver has room
-    (``local/max > lwm``), the receiver grants ``local``.
+    the receiver reckons it: the ``remaining`` of the latest batch until the first grant, then the latest
+    grant less the bytes received since (see the module's docstring). When the sender is low
+    (``remote/max <= lwm``) and the receiver has room (``local/max > lwm``), the receiver grants ``local``.
+    From one grant to the next at least ``local - lwm*max`` bytes arrive, so a receiver that consumes what
+    it receives at once grants about once per ``(1 - lwm)`` of the window.
     """
 
     __slots__ = (
@@ -160,7 +172,9 @@ class CreditReceiver:
             raise RemoteProtocolError(f"stream {self.stream}: remaining credit {remaining} out of range")
         self.expected_ordinal += 1
         self.local -= size
-        self.remote = remaining
+        # Every batch after a grant was received after the grant was made (its ``acked`` was the last one
+        # received then), so it counts against the grant whether or not the sender had applied it.
+        self.remote = remaining if self.next_grant == 0 else max(0, self.remote - size)
         self.done = last
 
     def consumed(self, size: int) -> None:

@@ -95,7 +95,14 @@ def test_invalid_when_views_of_the_leader_differ(seed: int) -> None:
     c.assert_clean()
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+# Whether a's stale minor reaches b before a learns of c's major depends on the schedule: with seeds 2, 3, 7
+# and 18 of 1 to 20 a learns first and never offers it (the cluster converges all the same). These seeds
+# reach the decline under the current bus; a change in the number of control messages (the credit grant
+# rule) moves every schedule, and may call for others.
+OUT_OF_ORDER_SEEDS = [1, 4, 5]
+
+
+@pytest.mark.parametrize("seed", OUT_OF_ORDER_SEEDS)
 def test_out_of_order_for_a_stale_minor(seed: int) -> None:
     # b holds c's major (c led while a was cut off); a's next minor is based on a segment b dropped.
     c = Cluster([spec("a", "c", "b")], seed=seed)

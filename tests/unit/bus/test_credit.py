@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+from collections import deque
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbus.bus import CreditReceiver, CreditSender, LocalProtocolError, RemoteProtocolError
@@ -111,6 +114,94 @@ def test_random_schedules_never_exceed_the_credit(ops: list[tuple[str, int]]) ->
             sender.grant(*grants.pop(n % len(grants)))
         assert sum(held) + sum(s for _, s, _ in wire) <= MAX
         assert receiver.local >= 0
+        # A grant leaves the sender above the mark in the receiver's reckoning: only a batch received
+        # since can bring it low again, so there is never more than one grant per batch received.
+        assert receiver.next_grant <= receiver.expected_ordinal
+
+
+def test_batches_sent_before_a_grant_was_applied_do_not_call_for_another() -> None:
+    """They carry the sender's older, lower credit; the receiver counts the grant in flight as applied."""
+    sender, receiver = CreditSender("s", MAX), CreditReceiver("s", MAX, lwm=0.4)
+    for _ in range(3):
+        _, remaining = sender.spend(300, last=False)
+    assert remaining == 100
+    receiver.received(0, 300, 700, last=False)
+    receiver.consumed(300)
+    receiver.received(1, 300, 400, last=False)
+    receiver.consumed(300)
+    grant = receiver.take_grant()
+    assert grant == (0, MAX, 1)  # the sender reported 40 %: at the mark
+    receiver.received(2, 300, 100, last=False)  # sent before the grant arrived: 10 % left, it says
+    receiver.consumed(300)
+    assert receiver.take_grant() is None
+    assert receiver.remote == 700  # the grant less the 300 bytes received after batch 1
+    assert sender.grant(*grant)
+    assert sender.credit == 700  # exact: nothing is in flight any more
+
+
+def test_a_sender_out_of_credit_is_granted_again() -> None:
+    """With nothing in flight the reckoning is exact: a sender that spent its grant is granted again."""
+    sender, receiver = CreditSender("s", MAX), CreditReceiver("s", MAX, lwm=0.4)
+    for _ in range(5):  # five windows, each spent to the last byte before the grant arrives
+        while sender.credit:
+            size = min(300, sender.credit)
+            ordinal, remaining = sender.spend(size, last=False)
+            receiver.received(ordinal, size, remaining, last=False)
+        assert receiver.remote == 0 and receiver.local == 0
+        receiver.consumed(MAX)
+        grant = receiver.take_grant()
+        assert grant is not None and grant[1] == MAX
+        assert receiver.remote == MAX
+        assert sender.grant(*grant) and sender.credit == MAX
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window_batches=st.integers(1, 16),
+    batch=st.integers(1, 64),
+    lwm=st.sampled_from([0.1, 0.25, 0.4, 0.5, 0.75]),
+    n=st.integers(1, 300),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_a_stream_ends_with_a_bounded_number_of_grants(
+    window_batches: int, batch: int, lwm: float, n: int, rnd: random.Random
+) -> None:
+    """A sender that sends what its credit allows (a short batch when less is left, like the replication
+    sender) and a receiver that consumes each batch on arrival, with batches and grants each in order but
+    delayed against each other at random. The stream always ends; the receiver never has to hold more than
+    its credit; and it grants at most once per ``(1 - lwm)`` of the window received, plus once: the grants
+    in flight no longer make it grant once per batch."""
+    window = window_batches * batch
+    sender, receiver = CreditSender("s", window), CreditReceiver("s", window, lwm=lwm)
+    total = n * batch
+    sent = 0
+    wire: deque[tuple[int, int, int, bool]] = deque()  # batches in flight (ordinal, size, remaining, last)
+    grants: deque[tuple[int, int, int]] = deque()  # flow control in flight
+    received = 0
+    while not receiver.done:
+        can_send = sent < total and sender.credit > 0
+        moves = [m for m, ok in (("send", can_send), ("deliver", wire), ("flow", grants)) if ok]
+        assert moves, "the stream stalled: nothing in flight and the sender has no credit"
+        move = rnd.choice(moves)
+        if move == "send":
+            size = min(batch, sender.credit, total - sent)
+            sent += size
+            ordinal, remaining = sender.spend(size, last=sent == total)
+            wire.append((ordinal, size, remaining, sent == total))
+        elif move == "deliver":
+            ordinal, size, remaining, last = wire.popleft()
+            receiver.received(ordinal, size, remaining, last)
+            received += size
+            receiver.consumed(size)
+            grant = receiver.take_grant()
+            if grant is not None:
+                grants.append(grant)
+        else:
+            sender.grant(*grants.popleft())
+        assert sum(size for _, size, _, _ in wire) + (window - receiver.local) <= window
+    assert received == total
+    per_grant = window - lwm * window  # bytes received from one grant to the next, at least
+    assert receiver.next_grant <= total / per_grant + 1
 
 
 @pytest.mark.parametrize("credit", [MAX + 1, 2**32, 2**64 - 1])
