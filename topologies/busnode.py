@@ -10,8 +10,8 @@ naming the node and every such role, unless ``skip_unavailable`` asks to run onl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,16 +107,6 @@ class BusNodeFactory:
     def __call__(self, request: NodeRequest) -> NodeHandle:
         return BusNodeHandle(request, skip_unavailable=self.skip_unavailable, registry=self.registry)
 
-    def prepare(self, topology: Topology, node_id: str) -> None:
-        """Import the code of ``node_id``'s roles ahead of building it (the Spark runtime does this while a
-        task's rows arrive). What cannot be imported is left for the build to report."""
-        from sparkbus.roles.query.catalog import TableCatalog  # noqa: F401, PLC0415
-
-        spec = topology.spec_of(node_id)
-        for name in (*spec.roles, *spec.services):
-            with suppress(RegistryError):
-                self.registry.resolve(name)
-
 
 class BusNodeHandle:
     """A ``sparkbus.bus.node.Node`` driven as a runtime ``NodeHandle``."""
@@ -138,6 +128,7 @@ class BusNodeHandle:
             ipc_dir=topo.bus.ipc_dir,
         )
         self._peers: dict[str, BusEndpoints] = {}
+        self._feeds: list[Future[Any]] = []
         self._started = False
         self._stopped = False
 
@@ -164,6 +155,24 @@ class BusNodeHandle:
         if not self._peers:
             return
         self.node.wait_ready(timeout)
+
+    def feed(self, batches: Sequence[Any], *, last: bool, timeout: float = 60.0) -> None:
+        """Hand the batches to every role that takes local rows after the start (``local_rows_call``);
+        with ``last``, wait until each has taken all of them. Raises ``RuntimeError`` with a role's refusal
+        (the first one seen, also on a later call than the one refused)."""
+        for role in self.roles:
+            name = getattr(role, "local_rows_call", None)
+            if name is not None:
+                self._feeds.append(
+                    self.node.call_async(role.name, name, {"batches": tuple(batches), "last": last})
+                )
+        pending = []
+        for fut in self._feeds:
+            if last or fut.done():
+                fut.result(timeout=timeout)  # raises the role's refusal
+            else:
+                pending.append(fut)
+        self._feeds = pending
 
     def failure(self) -> str | None:
         err = self.node.error

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,11 @@ class ProbeNode:
                 raise TimeoutError(
                     f"probe {self.node_id}: no handshake with {', '.join(silent)} within {timeout:g}s"
                 )
+
+    def feed(self, batches: Sequence[Any], *, last: bool) -> None:
+        """Count the rows (a probe loads nothing)."""
+        with self._lock:
+            self._rows += sum(int(getattr(b, "num_rows", 0)) for b in batches)
 
     def failure(self) -> str | None:
         return self._failure

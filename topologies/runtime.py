@@ -9,7 +9,7 @@ talk (a connectivity probe, and the stand-in until the bus node is wired in).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,7 +51,9 @@ class NodeRequest:
         topology: the validated topology.
         advertise_host: the address peers should use to reach this node (the bind host, or this
             machine's address when the topology binds every interface).
-        local_data: Arrow record batches this node loads (a Spark task's input partition).
+        local_data: Arrow record batches this node loads, when they are all known before it is built
+            (the Spark runtime instead builds and starts the node first and hands it its task's input
+            with ``NodeHandle.feed`` as it arrives).
     """
 
     node_id: str
@@ -88,6 +90,13 @@ class NodeHandle(Protocol):
 
     def wait_ready(self, timeout: float) -> None:
         """Return once every link has completed its handshake; raise TimeoutError naming the missing peers."""
+        ...
+
+    def feed(self, batches: Sequence[Any], *, last: bool) -> None:
+        """Hand the started node more of its local data (Arrow record batches), as a runtime receives it;
+        ``last`` on the final call (possibly with no batches). Returns without waiting for the rows to be
+        written, except with ``last``, when it returns once the node has taken every row; raises if the
+        node refused some (the cause named)."""
         ...
 
     def failure(self) -> str | None:

@@ -4,14 +4,16 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
 
 1. The driver binds a small runtime channel (a ZeroMQ ROUTER on an ephemeral port) and the driver-placed
    nodes, then launches one barrier stage with one task per executor-placed node
-   (``DataFrame.mapInArrow(..., barrier=True)``) from a background thread, in its own job group. The
-   task's input partition reaches its node as Arrow record batches; with a route column the tasks first
-   hand each other the rows that belong to another task (``_RowExchange``).
-2. Each task, after the fork, builds its node through the ``NodeFactory``, binds ephemeral ports, and
-   tells the driver ``bound`` with its endpoints (or ``failed`` with the cause: the driver raises it
-   naming the node). Once every task is bound, the driver sends each the peer table (``peers``).
-3. The task starts its node, waits for its links, tells the driver it is ready, then serves until the
-   driver says stop or the node dies. It yields one result row.
+   (``DataFrame.mapInArrow(..., barrier=True)``) from a background thread, in its own job group.
+2. Each task, after the fork, builds its node through the ``NodeFactory`` (without rows), binds ephemeral
+   ports, and tells the driver ``bound`` with its endpoints (or ``failed`` with the cause: the driver
+   raises it naming the node). Once every task is bound, the driver sends each the peer table
+   (``peers``).
+3. The task starts its node, then reads its input partition (Arrow record batches) and hands it to the
+   running node in pieces (``NodeHandle.feed``, ``FEED_ROWS`` rows each), so the node's handshakes and
+   first writes overlap Spark sending the rows; with a route column the tasks first hand each other the
+   rows that belong to another task (``_RowExchange``). It then waits for its links, tells the driver it
+   is ready, and serves until the driver says stop or the node dies. It yields one result row.
 4. The driver builds and binds its own nodes while Spark starts the stage, starts them as it sends the
    peer table and returns from ``start`` when every node
    is ready. ``stop`` tells each task to stop and collects the result rows.
@@ -32,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,8 @@ _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (?P<task>\d+)\)")
 _CRASHED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
 _SPARK_TASK = re.compile(r"Task (?P<task>\d+) in stage \S+ failed")
 _POLL_MS = 100
+#: rows a barrier task gathers before it hands them to its running node (one local call each)
+FEED_ROWS = 65_536
 #: when this module was imported: in a Python worker, when the first barrier task unpickled its plan
 _IMPORTED_AT = time.time()
 
@@ -207,6 +211,10 @@ class _Task:
             self.node.set_peers({k: Endpoints.from_json(v) for k, v in peers.items() if k != self.node_id})
             self.node.start()
             self.marks["node_started"] = time.time()
+            # The rows come after the start, so the node's handshakes (and, for a node that loads them, its
+            # first writes) overlap Spark sending them.
+            self._feed(advertise_host(self.plan.topology.bus.host, self._machine()))
+            self.marks["data_received"] = time.time()
             self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
             self.marks["links_ready"] = time.time()
             self._tell("ready", {"marks": self.marks, "pid": os.getpid()})
@@ -228,41 +236,41 @@ class _Task:
             "counters": json.dumps(counters),
         }
 
-    def _build(self) -> Endpoints:
-        """The task's rows, then its node, built and bound."""
+    def _machine(self) -> str:
         infos = self.ctx.getTaskInfos()
-        machine = infos[self.task].address.rsplit(":", 1)[0]
-        host = advertise_host(self.plan.topology.bus.host, machine)
-        # The node's code is imported while the rows arrive (the import would otherwise follow them).
-        prepare = getattr(self.plan.factory, "prepare", None)
-        warm = threading.Thread(
-            target=prepare, args=(self.plan.topology, self.node_id), name="sparkbus-prepare", daemon=True
-        )
-        if prepare is not None:
-            warm.start()
-        local_data = self._rows(host)
-        self.marks["data_received"] = time.time()
-        if warm.is_alive():
-            warm.join()
-        request = NodeRequest(
-            node_id=self.node_id, topology=self.plan.topology, advertise_host=host, local_data=local_data
-        )
+        machine: str = infos[self.task].address.rsplit(":", 1)[0]
+        return machine
+
+    def _build(self) -> Endpoints:
+        """The task's node, built (without rows: ``_feed`` hands them over once it runs) and bound."""
+        host = advertise_host(self.plan.topology.bus.host, self._machine())
+        request = NodeRequest(node_id=self.node_id, topology=self.plan.topology, advertise_host=host)
         self.node = self.plan.factory(request)
         self.marks["node_built"] = time.time()
         endpoints = self.node.bind()
         self.marks["node_bound"] = time.time()
         return endpoints
 
-    def _rows(self, host: str) -> tuple[pa.RecordBatch, ...]:
-        """This node's rows: Spark's Arrow batches as they are (maxRecordsPerBatch rows each), or, when the
-        plan routes rows, those of every task's input whose route names this task."""
+    def _feed(self, host: str) -> None:
+        """This node's rows, handed to the running node in pieces of about ``FEED_ROWS``: Spark's Arrow
+        batches as they are (maxRecordsPerBatch rows each), or, when the plan routes rows, those of every
+        task's input whose route names this task. Raises if the node refused rows."""
+        assert self.node is not None
         if not self.plan.with_data:
             for _ in self.batches:
                 pass
-            return ()
+            self.node.feed((), last=True)
+            return
+        feeder = _Feeder(self.node)
         if self.plan.route is None:
-            return tuple(b for b in self.batches if b.num_rows)
-        return _RowExchange(self, host).run()
+            for batch in self.batches:
+                if batch.num_rows:
+                    self.marks.setdefault("first_rows", time.time())
+                    feeder.add(batch)
+            self.marks["input_read"] = time.time()
+        else:
+            _RowExchange(self, host, feeder.add).run()
+        feeder.close()
 
     def _tell(self, event: str, body: dict[str, Any]) -> None:
         self.channel.send_multipart([event.encode(), json.dumps(body).encode()])
@@ -307,18 +315,18 @@ class _RowExchange:
     This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it back).
     """
 
-    def __init__(self, task: _Task, host: str) -> None:
+    def __init__(self, task: _Task, host: str, sink: Callable[[pa.RecordBatch], None]) -> None:
         self.task = task
+        self.sink = sink
         bind = task.plan.topology.bus.host
         self.pull = task.zctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)
         port = self.pull.bind_to_random_port(f"tcp://{'0.0.0.0' if bind in ('*', '') else bind}")
         self.endpoint = f"tcp://{host}:{port}"
-        self.mine: list[pa.RecordBatch] = []
         self.done = 0
 
-    def run(self) -> tuple[pa.RecordBatch, ...]:
+    def run(self) -> None:
         task = self.task
         route = task.plan.route
         assert route is not None
@@ -345,7 +353,7 @@ class _RowExchange:
                     if not part.num_rows:
                         continue
                     if i == task.task:
-                        self.mine.append(part)
+                        self.sink(part)
                     else:
                         pushes[i].send(_ipc(part), copy=False)
                 self._drain(0)
@@ -363,7 +371,6 @@ class _RowExchange:
             for push in pushes.values():
                 push.close()
             self.pull.close()
-        return tuple(self.mine)
 
     def _drain(self, timeout_ms: int) -> bool:
         """Receive what has arrived (waiting up to ``timeout_ms`` for the first message); False if none."""
@@ -378,7 +385,29 @@ class _RowExchange:
                 self.done += 1
                 continue
             with pa.ipc.open_stream(pa.py_buffer(frame.buffer)) as reader:
-                self.mine.extend(b for b in reader if b.num_rows)
+                for batch in reader:
+                    if batch.num_rows:
+                        self.sink(batch)
+
+
+class _Feeder:
+    """Batches gathered into pieces of at least ``FEED_ROWS`` rows, each handed to the node at once."""
+
+    def __init__(self, node: NodeHandle) -> None:
+        self.node = node
+        self.batches: list[pa.RecordBatch] = []
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+        if self.rows >= FEED_ROWS:
+            self.node.feed(self.batches, last=False)
+            self.batches, self.rows = [], 0
+
+    def close(self) -> None:
+        self.node.feed(self.batches, last=True)
+        self.batches, self.rows = [], 0
 
 
 def _ipc(batch: pa.RecordBatch) -> pa.Buffer:

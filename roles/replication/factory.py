@@ -13,11 +13,15 @@
 ``make_role`` builds a ``ServingReplication``: the replication role plus two duties of a node that
 serves a table:
 
-* it loads the node's local data (``RoleContext.local_data``, a Spark task's input partition). Each row
-  must carry ``_sb_partition``, the name of the partition it belongs to (``"events/3"``), and the node
-  must be that partition's designated leader: Spark routes rows so (``sparkbus run``). The
-  rows are written as leader writes (logged, then flushed into segments), a chunk per loop turn so the
-  node keeps answering its peers, and replication sends the segments to the followers;
+* it loads the node's local data: given whole when the role is built (``RoleContext.local_data``), or
+  as it arrives once the node runs, with the local call ``local_rows`` (``LOCAL_ROWS``: args ``batches``,
+  record batches, and ``last``, true on the call after which no more rows come). The Spark runtime uses
+  the call: it starts the node first and hands it the task's input while Spark still sends it, so the
+  node's handshakes and its first writes overlap the transfer. Each row must carry ``_sb_partition``,
+  the name of the partition it belongs to (``"events/3"``), and the node must be that partition's
+  designated leader: Spark routes rows so (``sparkbus run``). Rows gather per partition into chunks of
+  ``LOAD_CHUNK_ROWS``; each chunk is a leader write (logged, then flushed into a segment), one per loop
+  turn so the node keeps answering its peers, and replication sends the segments to the followers;
 * it publishes, in the node's catalog, each table (the rows of the partitions this node currently
   leads, so that a query over all nodes sees every row exactly once) and ``sparkbus_replicas``, one row
   per local replica (rows, loaded, pending, replicated, error), which the driver queries to follow a
@@ -38,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.bus.contract import Action, Event, SetTimer
+from sparkbus.bus.contract import Action, Event, LocalCall, Reply, SetTimer
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.role import ReplicationRole
@@ -51,6 +55,8 @@ PARTITION_COLUMN = "_sb_partition"
 REPLICAS_TABLE = "sparkbus_replicas"
 #: rows written per loop turn while loading local data
 LOAD_CHUNK_ROWS = 65_536
+#: the local call that hands the role more of its local data once the node runs (module docstring)
+LOCAL_ROWS = "local_rows"
 LOAD_TIMER = "replication/load"
 DATA_DIR_ENV = "SPARKBUS_DATA_DIR"
 
@@ -151,6 +157,11 @@ class ServingReplication(ReplicationRole):
         self.keys = keys
         self.local_data = local_data
         self.loading: deque[tuple[str, pa.Table]] = deque()
+        #: rows handed over with ``local_rows`` that do not make a whole chunk yet, per partition
+        self.gathering: dict[str, list[pa.Table]] = {}
+        #: true between the first ``local_rows`` call and the one with ``last``: a partition's chunk
+        #: written while more rows may come is not its last, so it is flushed only at the threshold
+        self.feeding = False
         self.loaded: dict[str, int] = {}
         self.load_error: str | None = None
         self._served: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
@@ -179,6 +190,9 @@ class ServingReplication(ReplicationRole):
 
     # ------------------------------------------------------------ loading local data
 
+    #: the local call a runtime uses to hand this role rows after the node started (``BusNodeHandle.feed``)
+    local_rows_call = LOCAL_ROWS
+
     def handle(self, event: Event, now: float) -> list[Action]:
         out = list(super().handle(event, now))
         if self.loading:
@@ -189,27 +203,65 @@ class ServingReplication(ReplicationRole):
         return out
 
     def _prepare_load(self) -> None:
+        if self.local_data:
+            self._take(self.local_data, last=True)
+        self.local_data = ()
+
+    def _on_call(self, call: LocalCall) -> None:
+        if call.name == LOCAL_ROWS:
+            self._emit(self._on_local_rows(call))
+        else:
+            super()._on_call(call)
+
+    def _on_local_rows(self, call: LocalCall) -> Reply:
+        if self.load_error is not None:
+            return Reply(call_id=call.call_id, error=self.load_error)
         try:
-            rows = pa.Table.from_batches(list(self.local_data)) if self.local_data else None
-            if rows is None or rows.num_rows == 0:
-                return
-            for partition, part in split_by_partition(rows):
-                spec = self.layout.partitions.get(partition)
-                if spec is None:
-                    raise ValueError(f"local rows for {partition}, which the layout does not have")
-                if spec.replicas[0].node != self.node:
-                    raise ValueError(
-                        f"local rows for {partition}, whose designated leader is {spec.replicas[0].node}, "
-                        f"not {self.node}: the rows were not routed by partition"
-                    )
+            batches = tuple(call.args["batches"])
+            last = bool(call.args.get("last", False))
+        except (KeyError, TypeError) as exc:
+            return Reply(call_id=call.call_id, error=f"{LOCAL_ROWS}: needs batches and last: {exc}")
+        self.feeding = not last
+        refused = self._take(batches, last=last)
+        if refused is not None:
+            return Reply(call_id=call.call_id, error=refused)
+        return Reply(call_id=call.call_id, result={"rows": sum(b.num_rows for b in batches)})
+
+    def _take(self, batches: tuple[Any, ...], *, last: bool) -> str | None:
+        """Gather ``batches`` per partition; queue every whole chunk, and with ``last`` what remains.
+        Returns the load error, if the rows were refused."""
+        try:
+            rows = pa.Table.from_batches(list(batches)) if batches else None
+            if rows is not None and rows.num_rows:
+                for partition, part in split_by_partition(rows):
+                    spec = self.layout.partitions.get(partition)
+                    if spec is None:
+                        raise ValueError(f"local rows for {partition}, which the layout does not have")
+                    if spec.replicas[0].node != self.node:
+                        raise ValueError(
+                            f"local rows for {partition}, whose designated leader is "
+                            f"{spec.replicas[0].node}, not {self.node}: the rows were not routed by partition"
+                        )
+                    self.gathering.setdefault(partition, []).append(part)
+            for partition in sorted(self.gathering):
+                parts = self.gathering[partition]
+                gathered = sum(p.num_rows for p in parts)
+                if not last and gathered < LOAD_CHUNK_ROWS:
+                    continue
                 # Spark hands the rows over in small Arrow batches (maxRecordsPerBatch, 10,000 rows): write
                 # them in chunks of LOAD_CHUNK_ROWS, so each durable (fsync'd) log append carries many.
-                for chunk in part.combine_chunks().to_batches(max_chunksize=LOAD_CHUNK_ROWS):
+                chunks = pa.concat_tables(parts).combine_chunks().to_batches(max_chunksize=LOAD_CHUNK_ROWS)
+                if not last and chunks[-1].num_rows < LOAD_CHUNK_ROWS:
+                    self.gathering[partition] = [pa.Table.from_batches([chunks.pop()])]
+                else:
+                    del self.gathering[partition]
+                for chunk in chunks:
                     self.loading.append((partition, pa.Table.from_batches([chunk])))
         except (ValueError, pa.ArrowInvalid) as exc:
             self.load_error = f"{self.node}: cannot load local data: {exc}"
             self.loading.clear()
-        self.local_data = ()
+            self.gathering.clear()
+        return self.load_error
 
     def _load_step(self, now: float) -> None:
         partition, rows = self.loading.popleft()
@@ -221,9 +273,11 @@ class ServingReplication(ReplicationRole):
         except Exception as exc:  # a refused write stops the load and is reported in sparkbus_replicas
             self.load_error = f"{self.node}: writing to {partition} failed: {exc}"
             self.loading.clear()
+            self.gathering.clear()
             return
         self.loaded[partition] = self.loaded.get(partition, 0) + rows.num_rows
-        if rep.store.should_flush(now) or not any(p == partition for p, _ in self.loading):
+        last_chunk = not self.feeding and not any(p == partition for p, _ in self.loading)
+        if rep.store.should_flush(now) or last_chunk:
             # The partition's last chunk: flush now, so replication starts without waiting for flush_age.
             self._flush(rep)
         self._run_all()
@@ -262,6 +316,8 @@ class ServingReplication(ReplicationRole):
         pending: dict[str, int] = {}
         for partition, rows in self.loading:
             pending[partition] = pending.get(partition, 0) + rows.num_rows
+        for partition, parts in self.gathering.items():
+            pending[partition] = pending.get(partition, 0) + sum(p.num_rows for p in parts)
         rows_out: list[dict[str, Any]] = []
         for p, rep in sorted(self.local.items()):
             rows_out.append(
@@ -272,7 +328,7 @@ class ServingReplication(ReplicationRole):
                     "rows": sum(e.rows for e in self._candidates(rep)) + rep.store.memtable_rows,
                     "loaded": self.loaded.get(p, 0),
                     "pending": pending.get(p, 0),
-                    "replicated": int(rep.leads and self._replicated(rep)),
+                    "replicated": int(rep.leads and not pending.get(p) and self._replicated(rep)),
                     "error": self.load_error or "",
                 }
             )

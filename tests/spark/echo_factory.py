@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,9 @@ class ExercisingNode:
                 timeout=15,
             )
             self.results[peer] = {"ping": ping["payload"] == b"hi", "stream_bytes": sent["bytes"]}
+
+    def feed(self, batches: Sequence[Any], *, last: bool) -> None:
+        self.inner.feed(batches, last=last)
 
     def failure(self) -> str | None:
         return self.inner.failure()

@@ -15,6 +15,7 @@ from sparkbus.roles.replication import (
     REPLICAS_TABLE,
     MemoryStorage,
     ServingReplication,
+    factory,
     layout_for,
     split_by_partition,
 )
@@ -148,3 +149,64 @@ def test_a_published_table_cannot_be_overwritten_by_load(tmp_path: Path) -> None
     with pytest.raises(ExecutionError, match="already in this node's catalog"):
         catalog.publish("a", lambda: None)
     assert catalog.get("a") is None and catalog.get("zzz") is None
+
+
+def feed(sim: SimBus, node: str, rows: pa.Table | None, *, last: bool) -> object:
+    batches = tuple(rows.to_batches()) if rows is not None else ()
+    return sim.result(sim.call(node, "replication", "local_rows", {"batches": batches, "last": last}))
+
+
+def replicas(sim: SimBus) -> dict[str, dict[str, object]]:
+    status = sql(Target(sim, "s-0"), f"SELECT * FROM {REPLICAS_TABLE} WHERE leader = 1").to_pylist()
+    return {r["partition"]: r for r in status}
+
+
+def test_rows_handed_over_after_the_start_are_gathered_into_whole_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(factory, "LOAD_CHUNK_ROWS", 4)
+    sim, roles = cluster({})
+    sim.run_for(1.0)
+    assert feed(sim, "s-0", rows_for([0, 4, 8]), last=False) == {"rows": 3}
+    sim.run_for(1.0)
+    # three rows of a/0 make no chunk yet: nothing written, the partition is not done
+    a0 = replicas(sim)["a/0"]
+    assert (a0["loaded"], a0["pending"], a0["replicated"]) == (0, 3, 0)
+    feed(sim, "s-0", rows_for([12, 16, 3]), last=False)
+    sim.run_for(1.0)
+    a0, a3 = replicas(sim)["a/0"], replicas(sim)["a/3"]
+    # a/0 has five rows: one chunk of four is written (not flushed: more may come), one row waits
+    assert (a0["loaded"], a0["pending"], a0["replicated"]) == (4, 1, 0)
+    assert roles["s-0"].local["a/0"].store.memtable_rows == 4
+    assert (a3["loaded"], a3["pending"]) == (0, 1)
+    feed(sim, "s-0", None, last=True)
+    sim.run_until(lambda: all(r["replicated"] == 1 for p, r in replicas(sim).items() if p in ("a/0", "a/3")))
+    a0, a3 = replicas(sim)["a/0"], replicas(sim)["a/3"]
+    assert (a0["loaded"], a0["pending"], a3["loaded"], a3["pending"]) == (5, 0, 1, 0)
+    # the followers got the segments; queries see each row once
+    assert roles["s-1"].local["a/0"].store.rows().num_rows == 5
+    assert sql(Target(sim, "s-0"), "SELECT COUNT(*) AS n FROM a").to_pylist() == [{"n": 6}]
+
+
+def test_rows_handed_over_for_a_partition_led_elsewhere_are_refused_and_so_is_the_rest() -> None:
+    sim, _ = cluster({})
+    sim.run_for(1.0)
+    with pytest.raises(RuntimeError, match="whose designated leader is s-0, not s-1"):
+        feed(sim, "s-1", rows_for([0]), last=False)
+    with pytest.raises(RuntimeError, match="whose designated leader is s-0, not s-1"):
+        feed(sim, "s-1", rows_for([1]), last=True)  # a/1 is s-1's, but the load has failed already
+    status = sql(Target(sim, "s-0"), f"SELECT error FROM {REPLICAS_TABLE} WHERE node = 's-1'").to_pylist()
+    assert all("not s-1" in r["error"] for r in status)
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [({}, "needs batches and last"), ({"batches": 3, "last": True}, "needs batches and last")],
+)
+def test_a_malformed_local_rows_call_is_answered_with_an_error(args: dict[str, object], problem: str) -> None:
+    sim, _ = cluster({})
+    sim.run_for(1.0)
+    with pytest.raises(RuntimeError, match=problem):
+        sim.result(sim.call("s-0", "replication", "local_rows", args))
+    with pytest.raises(RuntimeError, match="no _sb_partition column"):
+        feed(sim, "s-2", pa.table({"id": [2]}), last=True)

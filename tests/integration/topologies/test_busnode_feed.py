@@ -1,0 +1,72 @@
+"""``BusNodeHandle.feed``: rows handed to a running node reach the roles that take them, refusals surface."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.codecs import decode_batch
+from sparkbus.roles.replication import PARTITION_COLUMN
+from sparkbus.topologies.busnode import BusNodeHandle
+from sparkbus.topologies.runtime import NodeRequest
+from sparkbus.topologies.schema import loads
+
+pytestmark = pytest.mark.integration
+
+TOPO = """
+[cluster]
+name = "feed"
+[bus]
+host = "127.0.0.1"
+[[nodes]]
+name = "s"
+placement = "host"
+host = "127.0.0.1"
+roles = ["replication", "query"]
+[tables.t]
+partitions = 2
+replication = 1
+key = "id"
+"""
+
+
+@pytest.fixture
+def node() -> Iterator[BusNodeHandle]:
+    handle = BusNodeHandle(NodeRequest(node_id="s", topology=loads(TOPO), advertise_host="127.0.0.1"))
+    handle.bind()
+    handle.set_peers({})
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def rows(ids: list[int], partition: str | None = None) -> list[pa.RecordBatch]:
+    names = [partition or f"t/{i % 2}" for i in ids]
+    return pa.table({"id": ids, "v": [i * 0.5 for i in ids], PARTITION_COLUMN: names}).to_batches()
+
+
+def held(node: BusNodeHandle, partition: str) -> list[int]:
+    batch = decode_batch(node.call("replication", "read", {"partition": partition}, timeout=10))
+    return sorted(batch.column("id").to_pylist())
+
+
+def test_fed_rows_are_written_to_the_partitions_the_node_leads(node: BusNodeHandle) -> None:
+    node.feed(rows([0, 1, 2]), last=False)
+    node.feed(rows([3, 4]), last=False)
+    node.feed((), last=True)  # returns once the role has taken every row (it writes a chunk per turn)
+    deadline = time.monotonic() + 10
+    while held(node, "t/1") != [1, 3] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held(node, "t/0") == [0, 2, 4]
+    assert held(node, "t/1") == [1, 3]
+
+
+def test_a_refusal_is_raised_by_the_last_feed_at_the_latest(node: BusNodeHandle) -> None:
+    node.feed(rows([7], partition="nosuch/0"), last=False)  # may return before the role answers
+    with pytest.raises(RuntimeError, match="nosuch/0, which the layout does not have"):
+        node.feed(rows([1]), last=True)
