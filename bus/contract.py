@@ -257,6 +257,71 @@ Action = (
 )
 
 
+# ---------------------------------------------------------------- HTTP exchange (role <-> driver)
+
+#: The role whose fetches the node driver carries out over HTTP (``sparkbus.roles.exchange.HttpClient``).
+HTTP_CLIENT = "http.client"
+#: The role whose output buffers the node driver serves over HTTP (``sparkbus.roles.exchange.BinxServer``).
+HTTP_BUFFERS = "binx.server"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HttpFetch:
+    """One HTTP exchange request the driver makes for the ``http.client`` role (docs/EXCHANGE.md section 5).
+
+    Roles do no I/O, and the core carries out only the actions above, so these travel on the ``Call``
+    contract instead of as an action: the driver keeps one ``LocalCall`` "jobs" open on the role, which
+    answers it with a tuple of ``HttpFetch`` when it has any; the driver runs them (the node on worker
+    threads with ``HttpExchangeClient``, the simulator against its nodes' buffers in memory) and hands each
+    answer back as ``LocalCall`` "fetched" ``{"result": HttpFetched}``.
+
+    Attributes:
+        job: the role's id of this request, repeated in the answer.
+        peer: the node whose buffers are read; the driver knows its HTTP address (``Endpoints.http``).
+        task_id: the producing task.
+        buffer_id: the buffer within the task.
+        token: DATA: the first page wanted (acknowledging every page before it).
+        max_bytes: DATA: the most page bytes wanted (the first page comes whole).
+        max_wait: DATA: long-poll seconds.
+        delete: a DELETE of the buffer instead of a DATA request.
+    """
+
+    job: int
+    peer: str
+    task_id: str
+    buffer_id: int
+    token: int = 0
+    max_bytes: int = 1 << 20
+    max_wait: float = 0.0
+    delete: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HttpFetched:
+    """The answer to an ``HttpFetch``.
+
+    Attributes:
+        job: the request's ``job``.
+        pages: the pages from ``token`` (none for a DELETE, an error, or an expired long-poll).
+        token: the first page's token.
+        next_token: the token to ask for next.
+        complete: no page follows ``next_token``.
+        instance_id: the producing buffer's incarnation ("" if unknown).
+        error: None on success, else why the request failed (naming the peer, task and buffer).
+        code: the BinX error code of a server's refusal (``UNKNOWN_BUFFER`` 1 and ``OVERLOADED`` 6 are
+            worth retrying), or 0 when the server could not be reached or answered nonsense.
+    """
+
+    job: int
+    pages: tuple[bytes, ...] = ()
+    token: int = 0
+    next_token: int = 0
+    complete: bool = False
+    instance_id: str = ""
+    error: str | None = None
+    code: int = 0
+
+
 @runtime_checkable
 class Role(Protocol):
     """What a role offers the bus.

@@ -25,6 +25,12 @@ malformed request, 500 aborted, 503 overloaded.
 The buffers are pure and not thread-safe: every access from this module holds one ``threading.Condition``.
 Producers sharing the buffers must change them inside ``HttpExchangeServer.producer()``, which also
 wakes the long-polls. This module imports no role: the buffers only have to satisfy ``BufferSource``.
+
+A source that also has ``read_wait`` (``WaitingSource``; the node's, which forwards every access to the
+loop thread that owns the ``binx.server`` role's buffers) long-polls by itself: the server then calls it
+once per GET, without its lock, and answers 503 when it raises ``SourceUnavailable`` (the node is
+stopping). ``fetch`` runs one ``HttpFetch`` of the ``http.client`` role with a client and returns its
+``HttpFetched`` (docs/EXCHANGE.md section 5).
 """
 
 from __future__ import annotations
@@ -35,12 +41,15 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import quote, unquote
+
+from sparkbus.bus.contract import HttpFetch, HttpFetched
 
 PAGES_CONTENT_TYPE = "application/X-presto-pages"
 _LENGTH = struct.Struct("<I")
@@ -86,6 +95,25 @@ class BufferSource(Protocol):
     def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int: ...
 
     def delete(self, task_id: str, buffer_id: int) -> None: ...
+
+
+class WaitingSource(BufferSource, Protocol):
+    """A ``BufferSource`` that long-polls by itself (the server takes no lock around it)."""
+
+    def read_wait(
+        self,
+        task_id: str,
+        buffer_id: int,
+        token: int,
+        max_bytes: int,
+        wait: float,
+        *,
+        size_only: bool = False,
+    ) -> BufferRead: ...
+
+
+class SourceUnavailable(Exception):
+    """The source cannot answer now (its node is stopping); the server answers 503."""
 
 
 def parse_data_size(text: str) -> int:
@@ -167,8 +195,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(405, 5, "GET needs a token: /v1/task/{taskId}/results/{bufferId}/{token}")
             return
         if ack:
-            with self.server.cond:
-                self.server.source.acknowledge(task_id, buffer_id, token)
+            try:
+                with self.server.lock_for_source():
+                    self.server.source.acknowledge(task_id, buffer_id, token)
+            except SourceUnavailable as exc:
+                self._send_error(503, 6, str(exc))
+                return
             self._send_empty(204)
             return
         self._results(task_id, buffer_id, token, size_only=False)
@@ -191,9 +223,14 @@ class _Handler(BaseHTTPRequestHandler):
         if token is not None:
             self._send_error(405, 5, "DELETE takes no token: /v1/task/{taskId}/results/{bufferId}")
             return
-        with self.server.cond:
-            self.server.source.delete(task_id, buffer_id)
-            self.server.cond.notify_all()
+        try:
+            with self.server.lock_for_source():
+                self.server.source.delete(task_id, buffer_id)
+                if self.server.read_wait is None:
+                    self.server.cond.notify_all()
+        except SourceUnavailable as exc:
+            self._send_error(503, 6, str(exc))
+            return
         self._send_empty(204)
 
     # -- results
@@ -206,7 +243,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(400, 5, str(exc))
             return
         max_bytes = max(1, min(max_bytes, self.server.max_reply_bytes))
-        deadline = time.monotonic() + min(wait, self.server.max_wait)
+        wait = min(wait, self.server.max_wait)
+        read_wait = self.server.read_wait
+        if read_wait is not None:
+            try:
+                result = read_wait(task_id, buffer_id, token, max_bytes, wait, size_only=size_only)
+            except SourceUnavailable as exc:
+                self._send_error(503, 6, str(exc))
+                return
+            self._answer(result, size_only)
+            return
+        deadline = time.monotonic() + wait
         with self.server.cond:
             while True:
                 result = self.server.source.read(task_id, buffer_id, token, max_bytes, size_only=size_only)
@@ -215,6 +262,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if ready or left <= 0 or self.server.closing:
                     break
                 self.server.cond.wait(left)
+        self._answer(result, size_only)
+
+    def _answer(self, result: BufferRead, size_only: bool) -> None:
         if result.error_code:
             self._send_error(
                 _ERROR_STATUS.get(result.error_code, 500), result.error_code, result.error_message
@@ -280,6 +330,7 @@ class HttpExchangeServer(ThreadingHTTPServer):
         handler = type("Handler", (_Handler,), {"timeout": idle_timeout})
         super().__init__((host, port), handler)
         self.source = source
+        self.read_wait = getattr(source, "read_wait", None)
         self.cond = threading.Condition()
         self.max_wait = max_wait
         self.max_reply_bytes = max_reply_bytes
@@ -298,6 +349,11 @@ class HttpExchangeServer(ThreadingHTTPServer):
         """Add one to a counter (thread-safe)."""
         with self._conn_lock:
             self.counters[name] = self.counters.get(name, 0) + 1
+
+    def lock_for_source(self) -> Any:
+        """The lock around a source access: the condition, or none for a ``WaitingSource`` (which
+        serialises on its own, and whose calls wait for another thread)."""
+        return self.cond if self.read_wait is None else nullcontext()
 
     @contextmanager
     def producer(self) -> Iterator[BufferSource]:
@@ -399,6 +455,15 @@ class HttpExchangeClient:
             self._conn.close()
             self._conn = None
 
+    def abort(self) -> None:
+        """Break off a request in progress from another thread: its socket is shut down, so the thread
+        blocked in it gets an ``OSError`` at once (used when a node stops)."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def __enter__(self) -> HttpExchangeClient:
         return self
 
@@ -488,3 +553,127 @@ class HttpExchangeClient:
             if res.complete:
                 self.delete(task_id, buffer_id)
                 return pages
+
+
+def where(job: HttpFetch, address: str) -> str:
+    """How an answer's error names the request's buffer and server."""
+    return f"task {job.task_id} buffer {job.buffer_id} at peer {job.peer} (http://{address})"
+
+
+def answer_of(job: HttpFetch, result: BufferRead, address: str) -> HttpFetched:
+    """The ``HttpFetched`` a server's read ``result`` makes once it crossed HTTP: what ``fetch`` returns for
+    the same answer (the simulator, which has no sockets, answers its ``HttpFetch`` requests with this)."""
+    if result.error_code:
+        status = _ERROR_STATUS.get(result.error_code, 500)
+        text = f"{where(job, address)}: HTTP {status}: {result.error_message}"
+        return HttpFetched(job=job.job, error=text, code=int(result.error_code))
+    return HttpFetched(
+        job=job.job,
+        pages=tuple(bytes(p) for p in result.pages),
+        token=result.token,
+        next_token=result.next_token,
+        complete=result.complete,
+        instance_id=result.instance_id,
+    )
+
+
+def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
+    """Run one ``HttpFetch`` with ``client`` (blocking): its ``HttpFetched``, errors included.
+
+    A server's refusal keeps its BinX error code (``X-Sparkbus-Error-Code``); a server that cannot be
+    reached, or answers what is not an HTTP exchange answer, gives code 0.
+    """
+    here = where(job, f"{client.host}:{client.port}")
+    try:
+        if job.delete:
+            client.delete(job.task_id, job.buffer_id)
+            return HttpFetched(job=job.job, token=job.token, next_token=job.token, complete=True)
+        res = client.get(
+            job.task_id, job.buffer_id, job.token, max_bytes=job.max_bytes, max_wait=job.max_wait
+        )
+    except HttpExchangeError as exc:
+        return HttpFetched(job=job.job, error=f"{here}: HTTP {exc.status}: {exc.message}", code=exc.code)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        client.close()
+        return HttpFetched(
+            job=job.job, error=f"{here}: cannot reach the HTTP exchange: {type(exc).__name__}: {exc}"
+        )
+    return HttpFetched(
+        job=job.job,
+        pages=res.pages,
+        token=res.token,
+        next_token=res.next_token,
+        complete=res.complete,
+        instance_id=res.instance_id,
+    )
+
+
+class HttpFetcher:
+    """Runs ``HttpFetch`` requests on worker threads for a node driver, and hands each answer to ``deliver``
+    (called on the worker thread). Each worker keeps its keep-alive connection per server for the next
+    request; ``close`` breaks off requests in progress and joins every worker.
+
+    Args:
+        deliver: takes each ``HttpFetched`` (it must not block; the node queues it for its loop).
+        workers: the most requests in progress at once (a long-poll holds a worker up to its wait).
+        timeout: socket timeout of every request, seconds, on top of its long-poll wait.
+        name: prefix of the worker threads' names.
+    """
+
+    def __init__(
+        self,
+        deliver: Callable[[HttpFetched], None],
+        *,
+        workers: int = 4,
+        timeout: float = 20.0,
+        name: str = "http-fetch",
+    ) -> None:
+        self._deliver = deliver
+        self._timeout = timeout
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, int], list[HttpExchangeClient]] = {}
+        self._busy: set[HttpExchangeClient] = set()
+        self._closed = False
+
+    def submit(self, job: HttpFetch, address: str) -> None:
+        """Run ``job`` against the server at ``address`` (``host:port``)."""
+        host, _, port = address.rpartition(":")
+        with self._lock:
+            if self._closed:
+                return
+            self._executor.submit(self._run, job, host, int(port))
+
+    def _run(self, job: HttpFetch, host: str, port: int) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            idle = self._idle.get((host, port))
+            client = idle.pop() if idle else HttpExchangeClient(host, port, timeout=self._timeout)
+            self._busy.add(client)
+        try:
+            answer = fetch(client, job)
+        finally:
+            with self._lock:
+                self._busy.discard(client)
+                keep = not self._closed
+                if keep:
+                    self._idle.setdefault((host, port), []).append(client)
+            if not keep:
+                client.close()
+        if keep:
+            self._deliver(answer)
+
+    def close(self) -> None:
+        """Break off the requests in progress, join the workers, close every connection."""
+        with self._lock:
+            self._closed = True
+            busy = list(self._busy)
+        for client in busy:
+            client.abort()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            idle = [client for clients in self._idle.values() for client in clients]
+            self._idle.clear()
+        for client in idle:
+            client.close()

@@ -13,6 +13,14 @@ refusal is logged with its address and counted (``refusals["curve_denied"]`` in 
 whose handshake fails before ZAP is asked (a plain client, another mechanism, a broken handshake) is seen
 by the server sockets' monitors and counted as ``refusals["curve_handshake_failed"]``, and logged once
 per address where the address can still be read (see ``Node._on_server_monitor``).
+
+The HTTP exchange (docs/EXCHANGE.md section 5): a node that runs ``binx.server`` also serves that role's
+output buffers over HTTP (``HttpExchangeServer`` bound on the node's host, an ephemeral port, advertised
+as ``Endpoints.http``); every access is forwarded to the loop as a ``LocalCall`` of the role (``read``,
+``acknowledge``, ``delete``), and a long-poll parks in the role. A node that runs ``http.client`` makes
+that role's ``HttpFetch`` requests on worker threads (``HttpFetcher``), to the address each peer
+advertised in the endpoints given to ``start``, and hands the answers back to the role on the loop. Both
+stop with the node; every thread they started is joined.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -39,6 +47,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus import security
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
+from sparkbus.bus.http_exchange import BufferRead, HttpExchangeServer, HttpFetcher, SourceUnavailable
 from sparkbus.bus.state import Completed, Transmit
 
 log = logging.getLogger("sparkbus.bus")
@@ -61,17 +70,21 @@ def context() -> zmq.Context[zmq.Socket[bytes]]:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where a node listens."""
+    """Where a node listens: ``http`` is its HTTP exchange server's ``host:port``, "" when it has none."""
 
     control: str
     data: str
+    http: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {"control": self.control, "data": self.data}
+        raw = {"control": self.control, "data": self.data}
+        if self.http:
+            raw["http"] = self.http
+        return raw
 
     @classmethod
     def from_json(cls, raw: dict[str, str]) -> Endpoints:
-        return cls(control=raw["control"], data=raw["data"])
+        return cls(control=raw["control"], data=raw["data"], http=raw.get("http", ""))
 
 
 class Node:
@@ -92,6 +105,7 @@ class Node:
         roles: the roles to run.
         host: interface to bind (tests and the local runtime use 127.0.0.1).
         transport: ``"tcp"`` or ``"ipc"`` (``ipc_dir`` then holds the socket files).
+        http_workers: threads making the ``http.client`` role's requests (if the node runs it).
     """
 
     def __init__(
@@ -104,6 +118,7 @@ class Node:
         transport: str = "tcp",
         ipc_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        http_workers: int = 4,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -146,6 +161,14 @@ class Node:
         self._security_refusals: dict[str, int] = {}
         self._refused_by_peer: dict[str, str] = {}
         self._denied_addresses: set[str] = set()
+        # The HTTP exchange (module docstring): server and its source, fetcher, the peers' addresses.
+        self._http_workers = http_workers
+        self._http_server: HttpExchangeServer | None = None
+        self._http_source: _LoopBuffers | None = None
+        self._http_fetcher: HttpFetcher | None = None
+        self._peer_http: dict[str, str] = {}
+        self._jobs_call: int | None = None  # the open "jobs" call on the http.client role
+        self._jobs_again = False
 
     # ------------------------------------------------------------------ setup (caller's thread)
 
@@ -174,7 +197,12 @@ class Node:
             pull.bind(f"tcp://{self.host}:0")
             control = router.getsockopt_string(zmq.LAST_ENDPOINT)
             data = pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.endpoints = Endpoints(control=control, data=data)
+        http = ""
+        if c.HTTP_BUFFERS in self.core.roles and self._http_server is None:
+            self._http_source = _LoopBuffers(self)
+            self._http_server = HttpExchangeServer(self._http_source, host=self.host, port=0)
+            http = f"{self.host}:{self._http_server.port}"
+        self.endpoints = Endpoints(control=control, data=data, http=http)
         return self.endpoints
 
     def _secure_servers(
@@ -224,6 +252,13 @@ class Node:
         for peer in peers:
             if peer != self.node_id:
                 self.core.add_peer(peer, now)
+        self._peer_http = {p: ep.http for p, ep in peers.items() if ep.http}
+        if self._http_server is not None:
+            self._http_server.start()
+        if c.HTTP_CLIENT in self.core.roles:
+            self._http_fetcher = HttpFetcher(
+                self._on_fetched, workers=self._http_workers, name=f"sparkbus-http-{self.node_id}"
+            )
         self._thread = threading.Thread(target=self._run, name=f"sparkbus-node-{self.node_id}", daemon=True)
         self._thread.start()
 
@@ -304,7 +339,20 @@ class Node:
         return fut.result(timeout=timeout)
 
     def stop(self, *, timeout: float = 5.0) -> None:
-        """Say goodbye to the peers, stop the loop, close every socket."""
+        """Say goodbye to the peers, stop the loop, close every socket; stop the HTTP exchange."""
+        if self._http_source is not None:
+            self._http_source.close()  # HTTP requests waiting for the loop are answered 503
+        try:
+            self._stop_loop(timeout)
+        finally:
+            if self._http_server is not None:
+                self._http_server.close()
+                self._http_server = None
+            if self._http_fetcher is not None:
+                self._http_fetcher.close()
+                self._http_fetcher = None
+
+    def _stop_loop(self, timeout: float) -> None:
         if self._thread is None:
             self._close()
             return
@@ -367,6 +415,9 @@ class Node:
         self._touched.clear()
         more: set[zmq.Socket[bytes]] = set(handlers)  # not known to be empty: read without waiting
         try:
+            if self._http_fetcher is not None:
+                self._ask_jobs()
+                self._flush()
             wait_ms = 0
             while not self._stopping.is_set():
                 touched = self._touched
@@ -538,6 +589,9 @@ class Node:
     def _flush(self) -> None:
         for out in self.core.take():
             if isinstance(out, Completed):
+                if out.call_id == self._jobs_call:
+                    self._run_jobs(out.result)
+                    continue
                 fut = self._calls.pop(out.call_id, None)
                 if fut is not None and not fut.done():
                     if out.error is None:
@@ -547,6 +601,42 @@ class Node:
                 continue
             assert isinstance(out, Transmit)
             self._transmit(out)
+        if self._jobs_again:  # the answers of the jobs just started, or the next "jobs" call's answer
+            self._jobs_again = False
+            self._flush()
+
+    # ------------------------------------------------------------------ HTTP exchange client (loop thread)
+
+    def _ask_jobs(self) -> None:
+        self._jobs_call = self.core.call(c.HTTP_CLIENT, "jobs", {}, self.clock())
+        self._jobs_again = True
+
+    def _run_jobs(self, jobs: Any) -> None:
+        """The http.client role's requests: each to a worker, or answered here if the peer has no address."""
+        fetcher = self._http_fetcher
+        for job in jobs or ():
+            address = self._peer_http.get(job.peer)
+            if fetcher is not None and address is not None:
+                fetcher.submit(job, address)
+                continue
+            text = (
+                f"task {job.task_id} buffer {job.buffer_id} at peer {job.peer}: the peer advertises no HTTP "
+                "exchange (it runs no binx.server, or its endpoints reached this node without 'http')"
+            )
+            self.core.call(
+                c.HTTP_CLIENT, "fetched", {"result": c.HttpFetched(job=job.job, error=text)}, self.clock()
+            )
+        self._ask_jobs()
+
+    def _on_fetched(self, answer: c.HttpFetched) -> None:
+        """An answer from a worker thread: hand it to the role on the loop (dropped once the node stopped)."""
+
+        def run() -> None:
+            self.core.call(c.HTTP_CLIENT, "fetched", {"result": answer}, self.clock())
+            self._flush()
+
+        with contextlib.suppress(RuntimeError):
+            self._submit(run)
 
     def _transmit(self, out: Transmit) -> None:
         frames: list[Any] = out.frames
@@ -612,6 +702,72 @@ class Node:
             self._zap_domain = None
 
 
+class _LoopBuffers:
+    """The ``binx.server`` role's buffers as the HTTP server's threads see them: every access is a
+    ``LocalCall`` run on the loop thread, and a long-poll waits in the role, not here."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._stopped: Future[None] = Future()
+
+    def close(self) -> None:
+        """Answer every access still waiting, and every later one, with ``SourceUnavailable``."""
+        with contextlib.suppress(Exception):
+            self._stopped.set_result(None)
+
+    def _call(self, name: str, args: dict[str, Any], timeout: float) -> Any:
+        node = self._node.node_id
+        if self._stopped.done():
+            raise SourceUnavailable(f"node {node} is stopping")
+        try:
+            fut = self._node.call_async(c.HTTP_BUFFERS, name, args)
+        except RuntimeError as exc:
+            raise SourceUnavailable(str(exc)) from None
+        done, _ = wait([fut, self._stopped], timeout=timeout, return_when=FIRST_COMPLETED)
+        if fut not in done:
+            raise SourceUnavailable(
+                f"node {node} is stopping" if self._stopped.done() else f"node {node} is busy"
+            )
+        try:
+            return fut.result()
+        except RuntimeError as exc:
+            raise SourceUnavailable(str(exc)) from None
+
+    def read_wait(
+        self,
+        task_id: str,
+        buffer_id: int,
+        token: int,
+        max_bytes: int,
+        wait: float,
+        *,
+        size_only: bool = False,
+    ) -> BufferRead:
+        args = {
+            "task_id": task_id,
+            "buffer_id": buffer_id,
+            "token": token,
+            "max_bytes": max_bytes,
+            "wait": wait,
+            "size_only": size_only,
+        }
+        return cast(BufferRead, self._call("read", args, wait + _LOOP_ANSWER_TIMEOUT))
+
+    def read(
+        self, task_id: str, buffer_id: int, token: int, max_bytes: int, *, size_only: bool = False
+    ) -> BufferRead:
+        return self.read_wait(task_id, buffer_id, token, max_bytes, 0.0, size_only=size_only)
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int:
+        args = {"task_id": task_id, "buffer_id": buffer_id, "token": token}
+        return int(self._call("acknowledge", args, _LOOP_ANSWER_TIMEOUT))
+
+    def delete(self, task_id: str, buffer_id: int) -> None:
+        self._call("delete", {"task_id": task_id, "buffer_id": buffer_id}, _LOOP_ANSWER_TIMEOUT)
+
+
+#: How long an HTTP request waits for the loop's answer beyond its long-poll before it is answered 503.
+_LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)

@@ -4,10 +4,19 @@ Every node is a real ``NodeCore`` (the same sessions, sequence checks, liveness 
 production); only the sockets and the clock are simulated. Each ZeroMQ pipe (source, destination, channel)
 stays FIFO, as ZeroMQ keeps it; across pipes, the seed decides the order through random latencies. Links can
 be cut (with or without a disconnect notice), nodes crashed and restarted. Same seed, same run.
+
+The simulator is also the driver of the HTTP exchange (docs/EXCHANGE.md section 5), as ``bus/node.py`` is:
+it keeps a "jobs" call open on every node's ``http.client`` role and carries out each ``HttpFetch``
+against the peer's ``binx.server`` role in memory, through the same ``LocalCall`` ``read`` / ``delete``
+the node's HTTP server makes, each way after a seeded latency. A request to a node that is down or cut
+off fails as a refused connection would; a node that crashes or is cut off with requests in flight
+fails them as a reset would (at once with a notice, after ``HTTP_TIMEOUT`` without one, as a socket
+timeout would).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 from collections.abc import Callable, Sequence
@@ -17,11 +26,14 @@ from typing import Any
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
+from sparkbus.bus.http_exchange import BufferRead, answer_of
 from sparkbus.bus.messages import Heartbeat
 from sparkbus.bus.state import Completed, Transmit
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError
 
 _HEARTBEAT = REGISTRY.code_of(Heartbeat)
+#: Seconds until an HTTP request to a silently dead or cut-off peer fails (the client's socket timeout).
+HTTP_TIMEOUT = 20.0
 
 
 class SimTimeout(AssertionError):
@@ -48,6 +60,18 @@ class _Delivery:
     channel: str = field(compare=False)
     frames: list[Buffer] = field(compare=False)
     incarnation: tuple[int, int] = field(compare=False)
+    action: Callable[[], None] | None = field(default=None, compare=False)  # an HTTP exchange step
+
+
+@dataclass
+class _HttpJob:
+    """An ``HttpFetch`` in flight: from ``requester`` (incarnation ``inc``) to ``target``."""
+
+    requester: str
+    inc: int
+    target: str
+    target_inc: int
+    fetch: c.HttpFetch
 
 
 class SimBus:
@@ -81,6 +105,14 @@ class SimBus:
         self._pipe_clock: dict[tuple[str, str, str], float] = {}
         self._cut: set[frozenset[str]] = set()
         self._replies: dict[tuple[str, int], Completed] = {}
+        # The HTTP exchange: each node's open "jobs" call, the requests in flight, the server-side read
+        # calls answering them, and the driver's own calls whose answers nobody waits for.
+        self._jobs_calls: dict[str, int] = {}
+        self._http_jobs: dict[int, _HttpJob] = {}
+        self._http_reads: dict[tuple[str, int], int] = {}
+        self._driver_calls: set[tuple[str, int]] = set()
+        self._http_seq = 0
+        self.http_requests = 0
         self._started = False
         self.delivered = 0
         self.dropped = 0
@@ -110,6 +142,9 @@ class SimBus:
         core._next_call = self._incarnation[name] * 1_000_000 + 1
         node = SimNode(name, core)
         self._nodes[name] = node
+        self._jobs_calls.pop(name, None)
+        if c.HTTP_CLIENT in core.roles:
+            self._jobs_calls[name] = core.call(c.HTTP_CLIENT, "jobs", {}, self.now)
         return node
 
     def node(self, name: str) -> SimNode:
@@ -137,6 +172,9 @@ class SimBus:
         self._cut.add(frozenset((a, b)))
         self._queue = [d for d in self._queue if frozenset((d.src, d.dst)) != frozenset((a, b))]
         heapq.heapify(self._queue)
+        self._http_broken(
+            lambda j: frozenset((j.requester, j.target)) == frozenset((a, b)), "link cut", notify
+        )
         if notify:
             for x, y in ((a, b), (b, a)):
                 if self._nodes[x].alive:
@@ -168,6 +206,9 @@ class SimBus:
         node.alive = False
         self._queue = [d for d in self._queue if name not in (d.src, d.dst)]
         heapq.heapify(self._queue)
+        for jid in [j for j, job in self._http_jobs.items() if job.requester == name]:
+            del self._http_jobs[jid]  # nobody is left to answer; the server's parked read times out
+        self._http_broken(lambda j: j.target == name, "peer process died", notify)
         if notify:
             for other in self._nodes.values():
                 if other.alive:
@@ -233,6 +274,8 @@ class SimBus:
         self.run_until(self.idle, limit=limit)
 
     def idle(self) -> bool:
+        if self._http_jobs:
+            return False
         for d in self._queue:
             try:
                 if self._nodes[d.dst].core.codec.decode_header(d.frames).type != _HEARTBEAT:
@@ -268,6 +311,10 @@ class SimBus:
                     self._flush(n.name)
 
     def _deliver(self, d: _Delivery) -> None:
+        if d.action is not None:  # an HTTP exchange step: it checks who is still there itself
+            self.delivered += 1
+            d.action()
+            return
         node = self._nodes.get(d.dst)
         if (
             node is None
@@ -291,13 +338,129 @@ class SimBus:
 
     def _flush(self, name: str) -> None:
         node = self._nodes[name]
+        again = False
         for out in node.core.take():
             if isinstance(out, Completed):
-                self._replies[(name, out.call_id)] = out
+                key = (name, out.call_id)
+                if out.call_id == self._jobs_calls.get(name):
+                    self._http_start(name, out.result)
+                    again = True
+                elif key in self._http_reads:
+                    self._http_answered(self._http_reads.pop(key), out)
+                elif key in self._driver_calls:
+                    self._driver_calls.discard(key)
+                else:
+                    self._replies[key] = out
                 continue
             assert isinstance(out, Transmit)
             dst = out.to.decode() if isinstance(out.to, bytes) else out.to
             self.send_raw(name, dst, out.channel, out.frames)
+        if again:
+            self._flush(name)
+
+    # ------------------------------------------------------------------ the HTTP exchange (as a driver)
+
+    def _http_start(self, name: str, jobs: Any) -> None:
+        """Node ``name``'s http.client role handed out ``jobs``: send each; keep a "jobs" call open."""
+        node = self._nodes[name]
+        for fetch in jobs or ():
+            self._http_seq += 1
+            jid = self._http_seq
+            target = self._nodes.get(fetch.peer)
+            self._http_jobs[jid] = _HttpJob(
+                requester=name,
+                inc=self._incarnation[name],
+                target=fetch.peer,
+                target_inc=self._incarnation.get(fetch.peer, 0),
+                fetch=fetch,
+            )
+            self.http_requests += 1
+            if target is None or c.HTTP_BUFFERS not in target.core.roles:
+                self._http_fail(jid, "the peer advertises no HTTP exchange (it runs no binx.server)", 0.0)
+            else:
+                self._http_schedule(name, fetch.peer, functools.partial(self._http_arrive, jid))
+        self._jobs_calls[name] = node.core.call(c.HTTP_CLIENT, "jobs", {}, self.now)
+
+    def _http_schedule(
+        self, src: str, dst: str, action: Callable[[], None], delay: float | None = None
+    ) -> None:
+        lo, hi = self.latency
+        at = self.now + (self.rng.uniform(lo, hi) if delay is None else delay)
+        self._seq += 1
+        inc = (self._incarnation.get(src, 0), self._incarnation.get(dst, 0))
+        heapq.heappush(self._queue, _Delivery(at, self._seq, src, dst, "http", [], inc, action))
+
+    def _http_arrive(self, jid: int) -> None:
+        """The request reaches its server: a read (or delete) call on its binx.server role."""
+        job = self._http_jobs.get(jid)
+        if job is None:
+            return
+        target = self._nodes[job.target]
+        if not target.alive or self._incarnation[job.target] != job.target_inc:
+            self._http_fail(jid, "connection refused (the peer is down)", 0.0)
+            return
+        if frozenset((job.requester, job.target)) in self._cut:
+            self._http_fail(jid, "no route to the peer (link cut)", 0.0)
+            return
+        f = job.fetch
+        args: dict[str, Any] = {"task_id": f.task_id, "buffer_id": f.buffer_id}
+        if not f.delete:
+            args.update(token=f.token, max_bytes=f.max_bytes, wait=f.max_wait)
+        cid = target.core.call(c.HTTP_BUFFERS, "delete" if f.delete else "read", args, self.now)
+        self._http_reads[(job.target, cid)] = jid
+        self._flush(job.target)
+
+    def _http_answered(self, jid: int, done: Completed) -> None:
+        """The server's role answered: the HTTP answer travels back to the requester."""
+        job = self._http_jobs.get(jid)
+        if job is None:
+            return
+        f = job.fetch
+        if done.error is not None:
+            answer = c.HttpFetched(job=f.job, error=f"HTTP 500 from peer {job.target}: {done.error}")
+        elif f.delete:
+            answer = c.HttpFetched(job=f.job, complete=True)
+        else:
+            result: BufferRead = done.result
+            answer = answer_of(f, result, f"sim:{job.target}")
+        self._http_schedule(job.target, job.requester, functools.partial(self._http_done, jid, answer))
+
+    def _http_done(self, jid: int, answer: c.HttpFetched) -> None:
+        job = self._http_jobs.pop(jid, None)
+        if job is None:
+            return
+        node = self._nodes[job.requester]
+        if not node.alive or self._incarnation[job.requester] != job.inc:
+            return
+        cid = node.core.call(c.HTTP_CLIENT, "fetched", {"result": answer}, self.now)
+        self._driver_calls.add((job.requester, cid))
+        self._flush(job.requester)
+
+    def _http_fail(self, jid: int, why: str, delay: float | None) -> None:
+        """Fail a request as its client would see it (from the requester itself: no link is crossed)."""
+        job = self._http_jobs[jid]
+        f = job.fetch
+        text = (
+            f"task {f.task_id} buffer {f.buffer_id} at peer {job.target} (http://sim:{job.target}): "
+            f"cannot reach the HTTP exchange: {why}"
+        )
+        answer = c.HttpFetched(job=f.job, error=text)
+        self._http_schedule(
+            job.requester, job.requester, functools.partial(self._http_done, jid, answer), delay
+        )
+
+    def _http_broken(self, hit: Callable[[_HttpJob], bool], why: str, notify: bool) -> None:
+        """Requests in flight that ``hit`` selects lose their connection."""
+        for key, jid in list(self._http_reads.items()):
+            job = self._http_jobs.get(jid)
+            if job is not None and hit(job):
+                del self._http_reads[key]
+        for jid, job in list(self._http_jobs.items()):
+            if hit(job) and self._nodes[job.requester].alive:
+                # Requests and answers still on their way were dropped with the link's deliveries.
+                self._queue = [d for d in self._queue if not _is_step_of(d, jid)]
+                heapq.heapify(self._queue)
+                self._http_fail(jid, f"connection reset ({why})", None if notify else HTTP_TIMEOUT)
 
     def send_raw(self, src: str, dst: str, channel: str, frames: list[Buffer]) -> None:
         """Put frames on a pipe (also how a test plays a hostile peer)."""
@@ -313,3 +476,8 @@ class SimBus:
         heapq.heappush(
             self._queue, _Delivery(at, self._seq, src, dst, channel, [bytes(f) for f in frames], inc)
         )
+
+
+def _is_step_of(d: _Delivery, jid: int) -> bool:
+    action = d.action
+    return isinstance(action, functools.partial) and action.args[:1] == (jid,)

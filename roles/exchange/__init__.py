@@ -1,4 +1,5 @@
-"""Page exchange (Presto BinX): output buffers, BinX messages, the BinX server and client roles."""
+"""Page exchange (Presto BinX): output buffers, BinX messages, the BinX server and client roles, and the
+HTTP exchange client role (whose requests the node driver makes)."""
 
 from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
 from sparkbus.roles.exchange.buffers import (
@@ -11,7 +12,8 @@ from sparkbus.roles.exchange.buffers import (
     Waiter,
 )
 from sparkbus.roles.exchange.client import CLIENT_ROLE, BinxClient, Source, SourceEvent, SourceState
-from sparkbus.roles.exchange.factories import make_client, make_server
+from sparkbus.roles.exchange.factories import make_client, make_http_client, make_server
+from sparkbus.roles.exchange.http_client import HTTP_CLIENT_ROLE, HttpClient, HttpSource
 from sparkbus.roles.exchange.messages import (
     BinReply,
     BinRequest,
@@ -26,6 +28,7 @@ from sparkbus.roles.exchange.server import SERVER_ROLE, BinxServer, reply_for
 
 __all__ = [
     "CLIENT_ROLE",
+    "HTTP_CLIENT_ROLE",
     "SERVER_ROLE",
     "BackoffPolicy",
     "BinReply",
@@ -36,6 +39,8 @@ __all__ = [
     "BufferFullError",
     "BufferState",
     "ErrorCode",
+    "HttpClient",
+    "HttpSource",
     "OutputBuffer",
     "OutputBuffers",
     "PageResult",
@@ -47,6 +52,7 @@ __all__ = [
     "SourceState",
     "Waiter",
     "make_client",
+    "make_http_client",
     "make_server",
     "pack_sizes",
     "page_sizes_of",

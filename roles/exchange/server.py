@@ -10,6 +10,12 @@ Producers on the node use the methods ``create_buffer``, ``add_pages``, ``no_mor
 ``LocalCall`` names: ``create``, ``add_pages``, ``no_more_pages``, ``abort``, ``room``. ``publish``
 (``pages``, ``last``) does create, add and finish in one call, as another role of the node (the query
 role) uses it through the bus's ``Call``.
+
+The node driver's HTTP exchange server reads the same buffers through three more ``LocalCall`` names
+(the buffers live on the loop thread): ``read`` (``token``, ``max_bytes``, ``wait`` seconds,
+``size_only``) answers a ``PageResult``, long-polling like a DATA request (parked on the buffer with a
+timer; answered early by pages, completion, abort or DELETE); ``acknowledge`` (``token``) answers the
+error code as an int; ``delete`` answers None.
 """
 
 from __future__ import annotations
@@ -134,6 +140,9 @@ class BinxServer:
         self.max_waiters = max_waiters
         # (peer, sequence) -> (buffer key, request) for every parked request.
         self._parked: dict[tuple[str, int], tuple[BufferKey, BinRequest]] = {}
+        # call id -> buffer key for every parked ``read`` call (the HTTP exchange's long-polls); their
+        # waiters are keyed by the call id alone, an int, where BinX's are (peer, sequence) tuples.
+        self._reads: dict[int, BufferKey] = {}
         self.counters: dict[str, int] = {
             "requests": 0,
             "timeouts": 0,
@@ -219,7 +228,7 @@ class BinxServer:
         if result.answerable or result.error_code is not ErrorCode.NONE or wait <= 0:
             return [Send(peer=peer, message=reply_for(req, result))]
         buf = self.buffers.get(req.taskId, req.bufferId)
-        if buf is None or len(self._parked) >= self.max_waiters:
+        if buf is None or len(self._parked) + len(self._reads) >= self.max_waiters:
             text = f"task {req.taskId} buffer {req.bufferId}: server has {len(self._parked)} parked requests"
             return [
                 Send(peer=peer, message=_simple_reply(req, result.instance_id, ErrorCode.OVERLOADED, text))
@@ -244,6 +253,15 @@ class BinxServer:
     def _answer_ready(self, key: BufferKey, now: float) -> list[Action]:
         actions: list[Action] = []
         for waiter, result, timed_out in self.buffers.take_ready(key[0], key[1], now):
+            if type(waiter.key) is int:  # a ``read`` call of the HTTP exchange
+                if self._reads.pop(waiter.key, None) is None:
+                    continue
+                if timed_out:
+                    self.counters["timeouts"] += 1
+                else:
+                    actions.append(CancelTimer(key=f"read/{waiter.key}"))
+                actions.append(Reply(call_id=waiter.key, result=result))
+                continue
             assert isinstance(waiter.key, tuple)
             peer, sequence = waiter.key
             entry = self._parked.pop((peer, sequence), None)
@@ -257,6 +275,10 @@ class BinxServer:
         return actions
 
     def _on_timer(self, timer: str, now: float) -> list[Action]:
+        if timer.startswith("read/"):
+            number = timer[5:]
+            read = self._reads.get(int(number)) if number.isdigit() else None
+            return self._answer_ready(read, now) if read is not None else []
         parsed = _parse_timer_key(timer)
         entry = self._parked.get(parsed) if parsed is not None else None
         if entry is None:
@@ -294,11 +316,55 @@ class BinxServer:
                 actions = self.publish(task_id, buffer_id, list(args["pages"]), bool(args.get("last")), now)
             elif call.name == "room":
                 return [Reply(call_id=call.call_id, result=self.buffers.room(task_id, buffer_id))]
+            elif call.name == "read":
+                return self._read_call(call, task_id, buffer_id, now)
+            elif call.name == "acknowledge":
+                code = self.buffers.acknowledge(task_id, buffer_id, int(args["token"]))
+                return [Reply(call_id=call.call_id, result=int(code))]
+            elif call.name == "delete":
+                self.buffers.delete(task_id, buffer_id)
+                return [*self._answer_ready((task_id, buffer_id), now), Reply(call_id=call.call_id)]
             else:
                 raise LocalProtocolError(f"{SERVER_ROLE} has no call named {call.name!r}")
         except (LocalProtocolError, KeyError, TypeError, ValueError) as exc:
             return [Reply(call_id=call.call_id, error=f"{type(exc).__name__}: {exc}")]
         return [*actions, Reply(call_id=call.call_id, result=None)]
+
+    def _read_call(self, call: LocalCall, task_id: str, buffer_id: int, now: float) -> list[Action]:
+        """A read for the HTTP exchange: answered now, or parked like a DATA request until its wait ends."""
+        args = call.args
+        token, size_only = int(args["token"]), bool(args.get("size_only", False))
+        max_bytes = max(1, min(int(args["max_bytes"]), self.max_reply_bytes))
+        wait = min(float(args.get("wait", 0.0)), self.max_wait)
+        self.counters["requests"] += 1
+        result = self.buffers.read(task_id, buffer_id, token, max_bytes, size_only=size_only)
+        if result.answerable or wait <= 0:
+            return [Reply(call_id=call.call_id, result=result)]
+        buf = self.buffers.get(task_id, buffer_id)
+        if buf is None or len(self._parked) + len(self._reads) >= self.max_waiters:
+            code, text = (
+                ErrorCode.OVERLOADED,
+                f"server has {len(self._parked) + len(self._reads)} parked requests",
+            )
+            return [Reply(call_id=call.call_id, result=_error_result(result, code, text))]
+        deadline = now + wait
+        buf.wait(
+            Waiter(key=call.call_id, token=token, max_bytes=max_bytes, size_only=size_only, deadline=deadline)
+        )
+        self._reads[call.call_id] = (task_id, buffer_id)
+        return [SetTimer(key=f"read/{call.call_id}", at=deadline)]
+
+
+def _error_result(result: PageResult, code: ErrorCode, text: str) -> PageResult:
+    return PageResult(
+        task_id=result.task_id,
+        buffer_id=result.buffer_id,
+        instance_id=result.instance_id,
+        token=result.token,
+        next_token=result.token,
+        error_code=code,
+        error_message=f"task {result.task_id} buffer {result.buffer_id}: {text}",
+    )
 
 
 def _timer_key(peer: str, sequence: int) -> str:

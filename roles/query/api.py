@@ -67,8 +67,9 @@ class Query:
         timeout: seconds before the initiator cancels the query with ``TIMEOUT``; 0 for the role's default.
         repartition: give a grouped aggregate a hash-partitioned middle stage.
         exchange: how fragments hand rows on: ``push`` (credit streams), ``binx`` (pulled through the
-            nodes' BinX roles), or None for the initiator's default (``push`` unless configured). ``http``
-            is refused by the initiator (``docs/QUERY.md``, Exchanges).
+            nodes' BinX roles), ``http`` (pulled over Presto's HTTP exchange by the nodes' drivers for their
+            ``http.client`` roles), or None for the initiator's default (``push`` unless configured)
+            (``docs/QUERY.md``, Exchanges).
     """
 
     sql: str | None = None

@@ -10,8 +10,10 @@ A query runs with one exchange, chosen by the ``execute`` argument ``exchange`` 
   bus's role-to-role ``Call`` (``publish``); the receiver pulls them through its node's ``binx.client``
   role (``Call`` ``fetch``, again until complete). Both roles must run on every participant. Output to
   oneself never crosses the bus: it is folded at once, under every exchange but push.
-* ``http``: refused (``HTTP_REFUSAL``). Roles do no I/O; serving a query's buffers over HTTP needs the
-  node driver to run the HTTP exchange server and client for its roles, which it does not yet.
+* ``http``: pull as ``binx`` (the sender publishes into its ``binx.server`` the same way), but the
+  receiver pulls through its node's ``http.client`` role, whose requests the node driver makes over
+  Presto's HTTP exchange to the sender node's HTTP server, which serves the ``binx.server`` role's
+  buffers (docs/EXCHANGE.md section 5). Every participant must run ``binx.server`` and ``http.client``.
 
 The initiator tells participants which exchange a query uses with ``ExchangeChosen``, sent just before
 ``start`` on the same ordered link (``start`` itself keeps its form; a query without it is ``push``).
@@ -37,9 +39,13 @@ from sparkbus.roles.query.messages import QueryId
 
 PUSH, BINX, HTTP = "push", "binx", "http"
 EXCHANGES = (PUSH, BINX, HTTP)
-HTTP_REFUSAL = "exchange 'http' is not available inside a query yet; see docs/EXCHANGE.md"
+#: the exchanges whose receivers pull published pages (rather than receive pushed streams)
+PULLED = (BINX, HTTP)
 BINX_SERVER = "binx.server"
 BINX_CLIENT = "binx.client"
+HTTP_CLIENT = c.HTTP_CLIENT
+#: the node role a receiver pulls through, by exchange
+CLIENT_OF = {BINX: BINX_CLIENT, HTTP: HTTP_CLIENT}
 #: the tag of clean-up calls, whose answers nobody waits for
 CLEANUP_TAG = "exchange/cleanup"
 #: buffers remembered per consumer after their query completed here, to abort if the consumer is lost
@@ -50,12 +56,10 @@ def exchange_kind(value: Any) -> str:
     """The exchange ``value`` names, checked.
 
     Raises:
-        QueryError: ``PARSING`` for an unknown name, or for ``http`` (not available inside a query).
+        QueryError: ``PARSING`` for an unknown name.
     """
     if value not in EXCHANGES:
         raise QueryError(ErrorCode.PARSING, f"exchange must be one of {', '.join(EXCHANGES)}, got {value!r}")
-    if value == HTTP:
-        raise QueryError(ErrorCode.PARSING, HTTP_REFUSAL)
     return str(value)
 
 
@@ -68,8 +72,8 @@ class ExchangeChosen:
     exchange: str
 
     def __post_init__(self) -> None:
-        if self.exchange not in (BINX,):
-            raise ValueError(f"exchange: expected 'binx', got {self.exchange!r}")
+        if self.exchange not in PULLED:
+            raise ValueError(f"exchange: expected 'binx' or 'http', got {self.exchange!r}")
 
 
 def task_id(query_id: QueryId, edge: int) -> str:
@@ -116,12 +120,14 @@ def pages(table: pa.Table | None, target: int) -> list[bytes]:
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
-    """One BinX source a query pulls: what the receiver needs to fold its pages."""
+    """One source a query pulls (``binx`` or ``http``): what the receiver needs to fold its pages, and the
+    node role it pulls through (``binx.client`` or ``http.client``)."""
 
     query_id: QueryId
     edge: int
     peer: str
     buffer_id: int
+    client: str = BINX_CLIENT
 
     def args(self) -> dict[str, Any]:
         return {"peer": self.peer, "task_id": task_id(self.query_id, self.edge), "buffer_id": self.buffer_id}
@@ -140,8 +146,9 @@ class Publish:
 
 
 def fetch_call(tag: str, fetch: Fetch) -> c.Call:
-    """Ask the node's BinX client for the pages that arrived since the last call (parks until some do)."""
-    return c.Call(role=BINX_CLIENT, name="fetch", args=fetch.args(), tag=tag)
+    """Ask the node's BinX (or HTTP) client for the pages that arrived since the last call (parks until some
+    do)."""
+    return c.Call(role=fetch.client, name="fetch", args=fetch.args(), tag=tag)
 
 
 def publish_call(tag: str, publish: Publish, data: list[bytes]) -> c.Call:
@@ -158,7 +165,7 @@ def create_call(publish: Publish) -> c.Call:
 
 def abandon_call(fetch: Fetch) -> c.Call:
     """Stop pulling a source at once (the query ended without it)."""
-    return c.Call(role=BINX_CLIENT, name="abandon", args=fetch.args(), tag=CLEANUP_TAG)
+    return c.Call(role=fetch.client, name="abandon", args=fetch.args(), tag=CLEANUP_TAG)
 
 
 def abort_call(publish: Publish, reason: str) -> c.Call:

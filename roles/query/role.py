@@ -64,7 +64,7 @@ class QueryConfig:
         batch_bytes: the most bytes a batch carries (Hazelcast: 512 KiB).
         edge_credit: initial credit in bytes of every stream (Hazelcast: 1 MiB at low memory pressure).
         default_timeout: seconds before a query without its own timeout is cancelled; 0 for never.
-        exchange: the exchange of a query whose ``execute`` names none (``push`` or ``binx``).
+        exchange: the exchange of a query whose ``execute`` names none (``push``, ``binx`` or ``http``).
     """
 
     check_period: float = 1.0
@@ -81,8 +81,8 @@ class QueryConfig:
             or self.default_timeout < 0
         ):
             raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
-        if self.exchange not in (x.PUSH, x.BINX):
-            raise ValueError(f"QueryConfig.exchange: 'push' or 'binx', got {self.exchange!r}")
+        if self.exchange not in x.EXCHANGES:
+            raise ValueError(f"QueryConfig.exchange: one of {', '.join(x.EXCHANGES)}, got {self.exchange!r}")
 
 
 @dataclass(eq=False)
@@ -121,7 +121,7 @@ class _Query:
     outboxes: dict[tuple[str, str], _Outbox] = field(default_factory=dict)
     inbound: set[tuple[str, str]] = field(default_factory=set)
     exchange: str = x.PUSH
-    # binx: the sources pulled and the buffers being published, by call tag
+    # binx and http: the sources pulled and the buffers being published, by call tag
     sources: dict[str, x.Fetch] = field(default_factory=dict)
     publishing: dict[str, x.Publish] = field(default_factory=dict)
     published: list[tuple[str, x.Publish]] = field(default_factory=list)  # (consumer, buffer)
@@ -140,7 +140,7 @@ class QueryRole:
     Local calls:
         ``execute``: ``sql`` (str) or ``plan`` (a plain logical plan); optional ``parameters`` (list),
             ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool),
-            ``exchange`` (``push`` or ``binx``; ``docs/QUERY.md``, section Exchanges). Replies
+            ``exchange`` (``push``, ``binx`` or ``http``; ``docs/QUERY.md``, section Exchanges). Replies
             with the result as Arrow IPC stream bytes, or an error ``[code NAME] message (...)``.
         ``cancel``: ``query_id`` (str) or ``call_id`` (the execute call); replies True if it cancelled.
         ``load``: ``table`` (str), ``batches`` (list of Arrow IPC row batches), optional ``replace``;
@@ -180,7 +180,7 @@ class QueryRole:
         ] = {}
         self._check_at: float | None = None
         self._chosen: dict[QueryId, str] = {}  # ExchangeChosen received, start not yet
-        self._tags: dict[str, QueryId] = {}  # binx call tag -> its query
+        self._tags: dict[str, QueryId] = {}  # binx/http call tag -> its query
         self._next_tag = 0
         # Buffers published for each consumer peer by queries that completed here: aborted if that peer is
         # lost before it deleted them (bounded; an older entry is dropped, and its buffer waits for DELETE).
@@ -328,9 +328,10 @@ class QueryRole:
             if rec is not None:
                 waiting = set(by_edge[rec.edge].members)
                 for s in waiting:
-                    if q.exchange == x.BINX:
+                    if q.exchange in x.PULLED:
                         if s != self.member:  # output to oneself is handed over when it is made
-                            fetch = x.Fetch(q.id, rec.edge, s, f.members.index(self.member))
+                            index = f.members.index(self.member)
+                            fetch = x.Fetch(q.id, rec.edge, s, index, x.CLIENT_OF[q.exchange])
                             out.append(x.fetch_call(self._tag(q, q.sources, fetch), fetch))
                         continue
                     key = stream_key(q.id, rec.edge)
@@ -340,7 +341,7 @@ class QueryRole:
             q.runs[f.id] = _Run(
                 fragment=f, inbox=engine.Inbox(f.root) if rec is not None else None, waiting=waiting
             )
-            if q.exchange == x.BINX and f.send is not None:
+            if q.exchange in x.PULLED and f.send is not None:
                 self._create_buffers(q, f.send.edge, out)
         pending, q.pending = q.pending, []
         for batch in pending:
@@ -377,7 +378,7 @@ class QueryRole:
                 return
         else:
             parts = [table] * len(receivers)
-        if q.exchange == x.BINX:
+        if q.exchange in x.PULLED:
             self._publish(q, send.edge, receivers, parts, out)
             return
         key = stream_key(q.id, send.edge)
@@ -397,7 +398,7 @@ class QueryRole:
                 return
         self._maybe_complete(q, out)
 
-    # ------------------------------------------------------------------ binx exchange
+    # ------------------------------------------------------------------ pulled exchanges (binx, http)
 
     def _tag(self, q: _Query, registry: dict[str, Any], item: Any) -> str:
         self._next_tag += 1
@@ -476,7 +477,7 @@ class QueryRole:
         fetch = q.sources.pop(ev.tag, None)
         if fetch is not None:
             if ev.error is not None:
-                text = f"binx exchange from {fetch.peer} failed: {ev.error}"
+                text = f"{q.exchange} exchange from {fetch.peer} failed: {ev.error}"
                 self._fail(q, ErrorCode.GENERIC, text, self.member, out)
                 return
             complete = bool(ev.result["complete"])
@@ -492,7 +493,7 @@ class QueryRole:
         if pub is None:
             return
         if ev.error is not None:
-            text = f"binx output buffer {x.task_id(q.id, pub.edge)}/{pub.buffer_id}: {ev.error}"
+            text = f"{q.exchange} output buffer {x.task_id(q.id, pub.edge)}/{pub.buffer_id}: {ev.error}"
             self._fail(q, ErrorCode.DATA_EXCEPTION, text, self.member, out)
             return
         self._maybe_complete(q, out)
@@ -660,6 +661,8 @@ class QueryRole:
         q = self.queries.get(msg.query_id)
         if q is None:
             self.counters["cancel_unknown"] += 1
+            if peer == msg.query_id.member:
+                self._abort_handed(msg.query_id, out)
             return
         if q.initiator:
             self._fail(q, msg.code, msg.message, msg.origin, out, remote=True)
@@ -751,6 +754,18 @@ class QueryRole:
         q.publishing.clear()
         q.published.clear()
         self._chosen.pop(q.id, None)
+
+    def _abort_handed(self, qid: QueryId, out: list[c.Action]) -> None:
+        """Free the buffers of a query that completed here and was then cancelled by its initiator: its
+        consumers will not read them. (Under ``http`` a consumer's DELETE does not ride the bus link,
+        so it can reach this node before the query's start, delete nothing, and leave the buffer
+        published later to nobody.)"""
+        for handed in self._handed.values():
+            for pub in [p for p in handed if p.query_id == qid]:
+                del handed[pub]
+                out.append(
+                    x.abort_call(pub, f"query {qid} was cancelled after it completed on {self.member}")
+                )
 
     def _on_peer_lost(self, peer: str, out: list[c.Action]) -> None:
         self.peers_up.discard(peer)

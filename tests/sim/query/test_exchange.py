@@ -1,4 +1,5 @@
-"""The same queries with each exchange a query can use: push (credit streams) and binx (pulled pages)."""
+"""The same queries with each exchange a query can use: push (credit streams), binx (pulled pages) and http
+(pulled pages over the HTTP exchange, which the simulator carries out as the node driver does)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import pytest
 
 from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
-from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
-from sparkbus.roles.query.exchange import HTTP_REFUSAL
+from sparkbus.roles.exchange import BinxClient, BinxServer, HttpClient, OutputBuffers
 from sparkbus.roles.query.role import QueryConfig, QueryRole
 
 from .cluster import table
@@ -28,7 +28,8 @@ QUERIES: list[tuple[str, dict[str, Any], bool]] = [  # sql, extra execute args, 
 
 
 class ExchangeCluster:
-    """Query, BinX server and BinX client roles on each of ``i``, ``p1``, ``p2``; ``t`` on p1 and p2."""
+    """Query, BinX server, BinX client and HTTP client roles on each of ``i``, ``p1``, ``p2``; ``t`` on p1
+    and p2."""
 
     def __init__(
         self, seed: int, rows: int = 2000, config: QueryConfig = SMALL, node_bytes: int = 512 << 20
@@ -53,6 +54,7 @@ class ExchangeCluster:
             self.queries[name],
             BinxServer(OutputBuffers(instance_id=name, max_total_bytes=self.node_bytes)),
             BinxClient(rng=random.Random(name)),
+            HttpClient(rng=random.Random(f"http/{name}")),
         ]
 
     def run(self, sql: str, **args: Any) -> tuple[pa.Table | None, str | None]:
@@ -65,7 +67,7 @@ class ExchangeCluster:
         return pa.ipc.open_stream(done.result).read_all(), None
 
     def leaks(self) -> dict[str, Any]:
-        """What any live node still holds: query states, BinX sources, published bytes."""
+        """What any live node still holds: query states, BinX and HTTP sources, published bytes."""
         held: dict[str, Any] = {}
         for name in NODES:
             node = self.sim.node(name)
@@ -73,12 +75,13 @@ class ExchangeCluster:
                 continue
             q = node.roles["query"]
             client = node.roles["binx.client"]
+            http = node.roles["http.client"]
             server = node.roles["binx.server"]
             assert isinstance(q, QueryRole) and isinstance(client, BinxClient)
-            assert isinstance(server, BinxServer)
+            assert isinstance(server, BinxServer) and isinstance(http, HttpClient)
             held[name] = (
                 len(q.queries) + len(q.calls) + len(q._tags),
-                len(client._sources),
+                len(client._sources) + len(http._sources) + http.in_flight,
                 server.buffers.bytes_held,
             )
         return held
@@ -90,16 +93,18 @@ def ordered(t: pa.Table, keep_order: bool) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_query_gives_the_same_result_with_push_and_binx(seed: int) -> None:
+def test_every_query_gives_the_same_result_with_push_binx_and_http(seed: int) -> None:
     c = ExchangeCluster(seed)
     for sql, args, keep_order in QUERIES:
         push, err = c.run(sql, exchange="push", **args)
         assert err is None and push is not None, err
-        binx, err = c.run(sql, exchange="binx", **args)
-        assert err is None and binx is not None, err
-        assert binx.schema == push.schema, sql
-        assert ordered(binx, keep_order) == ordered(push, keep_order), sql
+        for kind in ("binx", "http"):
+            got, err = c.run(sql, exchange=kind, **args)
+            assert err is None and got is not None, (kind, err)
+            assert got.schema == push.schema, (kind, sql)
+            assert ordered(got, keep_order) == ordered(push, keep_order), (kind, sql)
     assert c.queries["p1"].counters["exchange_results_ignored"] == 0
+    assert c.sim.http_requests > 0
     c.sim.run_for(5.0)
     c.sim.run_until_idle()
     assert c.leaks() == {n: (0, 0, 0) for n in NODES}
@@ -123,18 +128,40 @@ def test_the_role_default_exchange_applies_when_execute_names_none() -> None:
     assert isinstance(client, BinxClient) and client.counters["requests"] > 0
 
 
-def test_http_and_unknown_exchanges_are_refused_clearly() -> None:
+def test_http_pages_cross_the_http_client_and_not_the_binx_one() -> None:
     c = ExchangeCluster(6)
     got, err = c.run("SELECT x FROM t", exchange="http")
-    assert got is None and err is not None and err.startswith("[1005 PARSING]") and HTTP_REFUSAL in err
+    assert err is None and got is not None and sorted(got.column("x").to_pylist()) == list(range(2000))
+    http = c.sim.node("i").roles["http.client"]
+    binx = c.sim.node("i").roles["binx.client"]
+    assert isinstance(http, HttpClient) and isinstance(binx, BinxClient)
+    assert http.counters["requests"] >= 2 and http.counters["deletes"] >= 2  # one DELETE per buffer read
+    assert binx.counters["requests"] == 0
+    c.sim.run_for(5.0)
+    c.sim.run_until_idle()
+    assert c.leaks() == {n: (0, 0, 0) for n in NODES}
+
+
+def test_the_role_default_exchange_can_be_http() -> None:
+    c = ExchangeCluster(13, config=QueryConfig(edge_credit=4096, batch_bytes=1024, exchange="http"))
+    got, err = c.run("SELECT k, count(*) AS n FROM t GROUP BY k")
+    assert err is None and got is not None and sum(got.column("n").to_pylist()) == 2000
+    http = c.sim.node("i").roles["http.client"]
+    assert isinstance(http, HttpClient) and http.counters["requests"] > 0
+
+
+def test_unknown_exchanges_are_refused_clearly() -> None:
+    c = ExchangeCluster(6)
     got, err = c.run("SELECT x FROM t", exchange="carrier-pigeon")
     assert got is None and err is not None and "exchange must be one of push, binx, http" in err
 
 
-@pytest.mark.parametrize("seed", [7, 8, 9])
-def test_a_participant_lost_mid_query_under_binx_fails_with_member_leave(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "kind"), [(7, "binx"), (8, "binx"), (9, "binx"), (7, "http"), (8, "http")])
+def test_a_participant_lost_mid_query_under_a_pulled_exchange_fails_with_member_leave(
+    seed: int, kind: str
+) -> None:
     c = ExchangeCluster(seed, rows=4000)
-    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, y FROM t", "exchange": "binx"})
+    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, y FROM t", "exchange": kind})
     c.sim.crash("p2")
     c.sim.run_until(lambda: c.sim.reply(cid) is not None, limit=60.0)
     done = c.sim.reply(cid)
@@ -146,9 +173,9 @@ def test_a_participant_lost_mid_query_under_binx_fails_with_member_leave(seed: i
 
 
 @pytest.mark.parametrize("seed", [10, 11])
-def test_a_participant_lost_under_binx_fails_the_same_way_as_under_push(seed: int) -> None:
+def test_a_participant_lost_under_binx_or_http_fails_the_same_way_as_under_push(seed: int) -> None:
     errors = {}
-    for kind in ("push", "binx"):
+    for kind in ("push", "binx", "http"):
         c = ExchangeCluster(seed, rows=4000)
         cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x FROM t", "exchange": kind})
         c.sim.crash("p1")

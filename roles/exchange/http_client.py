@@ -1,0 +1,358 @@
+"""The HTTP exchange client role ("http.client"): exchange sources pulled over Presto's HTTP exchange.
+
+The same caller interface as ``binx.client`` (``LocalCall`` "fetch" with ``peer``, ``task_id``,
+``buffer_id`` answers ``{"pages": [...], "token": first token, "complete": bool}`` with the pages received
+since the previous call, parking until there is something; "abandon" ends a source at once), so the
+query role pulls through either by naming the role. The requests themselves go over HTTP to the peer's
+``HttpExchangeServer``, which the *node driver* makes: this role does no I/O. It hands the driver
+``HttpFetch`` requests through a ``LocalCall`` "jobs" that the driver keeps open, and gets each answer
+back as ``LocalCall`` "fetched" (``sparkbus.bus.contract``, docs/EXCHANGE.md section 5).
+
+Per source, as Presto's HTTP exchange client and ``binx.client``:
+
+* one GET outstanding; its ``X-Presto-Page-End-Sequence-Id`` is the next token, so every request
+  acknowledges the pages before it; an expired long-poll (204, not complete) is simply asked again;
+* on ``X-Presto-Buffer-Complete`` the source sends DELETE (its answer is not waited for);
+* a server's retryable refusal (404 unknown buffer: the producer may not have created it yet; 503
+  overloaded) backs off with jitter and gives up after ``max_error_duration`` without a success; a final
+  one (500 aborted, 410 token gone, 400) or a server that cannot be reached fails the source at once with
+  an error naming the peer, task and buffer. (Unlike BinX, HTTP does not ride the bus link: a lost
+  connection to the HTTP server means its node is gone, and the query should say so now rather than
+  after minutes of retries.)
+* received pages wait in the source up to ``max_queued_bytes``; beyond that it stops requesting until
+  the caller fetches.
+
+"abandon" frees the server's buffer with a DELETE unless the source already deleted it; a parked fetch
+fails with "abandoned".
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from sparkbus.bus.contract import (
+    HTTP_CLIENT,
+    Action,
+    Event,
+    HttpFetch,
+    HttpFetched,
+    LocalCall,
+    Reply,
+    SetTimer,
+    TimerFired,
+)
+from sparkbus.codecs import MiB
+from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
+from sparkbus.roles.exchange.messages import ErrorCode
+
+#: Name of the role on a node.
+HTTP_CLIENT_ROLE = HTTP_CLIENT
+SourceKey = tuple[str, str, int]
+
+
+@dataclass(kw_only=True)
+class HttpSource:
+    """The state of one HTTP exchange source (mutable; owned by ``HttpClient``)."""
+
+    sid: int
+    peer: str
+    task_id: str
+    buffer_id: int
+    retry: RetryState
+    token: int = 0
+    instance_id: str = ""
+    queue: list[bytes] = field(default_factory=list)
+    queue_token: int = 0
+    queued_bytes: int = 0
+    complete: bool = False
+    job: int | None = None
+    backing_off: bool = False
+    fetch_call: int | None = None
+    error: str = ""
+    last_error: str = ""
+
+    @property
+    def label(self) -> str:
+        """How errors name this source."""
+        return f"http source task {self.task_id} buffer {self.buffer_id} at peer {self.peer}"
+
+
+class HttpClient:
+    """Exchange sources over HTTP, pulled by ``LocalCall`` "fetch"; the driver makes the requests.
+
+    Args:
+        rng: the source of back-off jitter (seed it; never the global random).
+        policy: back-off and give-up settings.
+        max_request_bytes: ``X-Presto-Max-Size`` of each GET (the first page is sent even if larger).
+        max_wait: ``X-Presto-Max-Wait`` of each GET, seconds (the long-poll).
+        max_queued_bytes: received bytes held per source before it stops requesting until the caller
+            fetches.
+        max_sources: the most sources at once; more "fetch" calls are refused.
+    """
+
+    name = HTTP_CLIENT_ROLE
+    messages: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(
+        self,
+        *,
+        rng: random.Random | None = None,
+        policy: BackoffPolicy | None = None,
+        max_request_bytes: int = 1 * MiB,
+        max_wait: float = 2.0,
+        max_queued_bytes: int = 32 * MiB,
+        max_sources: int = 10_000,
+    ) -> None:
+        if max_request_bytes <= 0 or max_queued_bytes <= 0 or max_wait < 0:
+            raise ValueError("max_request_bytes and max_queued_bytes must be > 0, max_wait >= 0")
+        self.rng = rng if rng is not None else random.Random(0)
+        self.policy = policy or BackoffPolicy()
+        self.max_request_bytes = max_request_bytes
+        self.max_wait = max_wait
+        self.max_queued_bytes = max_queued_bytes
+        self.max_sources = max_sources
+        self._sources: dict[SourceKey, HttpSource] = {}
+        self._by_sid: dict[int, HttpSource] = {}
+        self._jobs: dict[int, int] = {}  # job id -> source id (DATA requests in flight)
+        self._deletes: set[int] = set()  # DELETE jobs in flight
+        self._pending: list[HttpFetch] = []  # not yet handed to the driver
+        self._driver_call: int | None = None  # the driver's open "jobs" call
+        self._next_sid = 0
+        self._next_job = 0
+        self.counters: dict[str, int] = {
+            "requests": 0,
+            "deletes": 0,
+            "retries": 0,
+            "stale_answers": 0,
+            "delete_failures": 0,
+        }
+
+    def source(self, peer: str, task_id: str, buffer_id: int) -> HttpSource | None:
+        """The source for this key, if it exists."""
+        return self._sources.get((peer, task_id, buffer_id))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests handed out (or waiting to be) whose answer has not come back."""
+        return len(self._jobs) + len(self._deletes)
+
+    # ------------------------------------------------------------ role interface
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        """React to one bus event."""
+        out: list[Action] = []
+        if isinstance(event, LocalCall):
+            self._on_call(event, now, out)
+        elif isinstance(event, TimerFired):
+            self._on_timer(event.key, now, out)
+        if self._pending and self._driver_call is not None:
+            out.append(Reply(call_id=self._driver_call, result=tuple(self._pending)))
+            self._pending = []
+            self._driver_call = None
+        return out
+
+    # ------------------------------------------------------------ calls
+
+    def _on_call(self, call: LocalCall, now: float, out: list[Action]) -> None:
+        if call.name == "jobs":  # the driver asks for requests to make
+            if self._driver_call is not None:
+                out.append(Reply(call_id=self._driver_call, result=()))
+            self._driver_call = call.call_id
+            return
+        if call.name == "fetched":
+            answer = call.args.get("result")
+            out.append(Reply(call_id=call.call_id))
+            if isinstance(answer, HttpFetched):
+                self._on_answer(answer, now, out)
+            return
+        if call.name not in ("fetch", "abandon"):
+            out.append(
+                Reply(
+                    call_id=call.call_id, error=f"LocalProtocolError: {self.name} has no call {call.name!r}"
+                )
+            )
+            return
+        try:
+            key = (str(call.args["peer"]), str(call.args["task_id"]), int(call.args["buffer_id"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            out.append(Reply(call_id=call.call_id, error=f"LocalProtocolError: bad arguments: {exc!r}"))
+            return
+        src = self._sources.get(key)
+        if call.name == "abandon":
+            if src is not None:
+                self._abandon(src, out)
+            out.append(Reply(call_id=call.call_id))
+            return
+        if src is None:
+            if len(self._sources) >= self.max_sources:
+                text = f"LocalProtocolError: {self.name} has {len(self._sources)} sources open"
+                out.append(Reply(call_id=call.call_id, error=text))
+                return
+            self._next_sid += 1
+            src = HttpSource(
+                sid=self._next_sid,
+                peer=key[0],
+                task_id=key[1],
+                buffer_id=key[2],
+                retry=RetryState(self.policy, self.rng),
+            )
+            self._sources[key] = src
+            self._by_sid[src.sid] = src
+        if src.fetch_call is not None:
+            out.append(
+                Reply(
+                    call_id=call.call_id, error=f"LocalProtocolError: {src.label}: a fetch is already waiting"
+                )
+            )
+            return
+        src.fetch_call = call.call_id
+        self._deliver(src, out)
+        if src.sid in self._by_sid and src.job is None and not src.backing_off and not src.complete:
+            self._request(src)
+
+    # ------------------------------------------------------------ requests and answers
+
+    def _request(self, src: HttpSource) -> None:
+        if src.queued_bytes >= self.max_queued_bytes:
+            return  # the caller's next fetch asks again
+        self._next_job += 1
+        self._jobs[self._next_job] = src.sid
+        src.job = self._next_job
+        self.counters["requests"] += 1
+        self._pending.append(
+            HttpFetch(
+                job=self._next_job,
+                peer=src.peer,
+                task_id=src.task_id,
+                buffer_id=src.buffer_id,
+                token=src.token,
+                max_bytes=self.max_request_bytes,
+                max_wait=self.max_wait,
+            )
+        )
+
+    def _delete(self, src: HttpSource) -> None:
+        self._next_job += 1
+        self._deletes.add(self._next_job)
+        self.counters["deletes"] += 1
+        self._pending.append(
+            HttpFetch(
+                job=self._next_job, peer=src.peer, task_id=src.task_id, buffer_id=src.buffer_id, delete=True
+            )
+        )
+
+    def _on_answer(self, answer: HttpFetched, now: float, out: list[Action]) -> None:
+        if answer.job in self._deletes:
+            self._deletes.discard(answer.job)
+            if answer.error is not None:
+                self.counters["delete_failures"] += 1
+            return
+        sid = self._jobs.pop(answer.job, None)
+        src = self._by_sid.get(sid) if sid is not None else None
+        if src is None or src.job != answer.job:
+            self.counters["stale_answers"] += 1
+            return
+        src.job = None
+        if answer.error is not None:
+            src.last_error = answer.error
+            if answer.code in (int(ErrorCode.UNKNOWN_BUFFER), int(ErrorCode.OVERLOADED)):
+                self._back_off(src, now, out)
+            else:
+                self._fail(src, f"ExchangeFailed: {src.label}: {answer.error}", out)
+            return
+        if src.retry.first_failure_at is not None:
+            src.retry.succeeded()
+        if src.instance_id and answer.instance_id and answer.instance_id != src.instance_id:
+            text = (
+                f"ExchangeFailed: {src.label}: task instance changed from {src.instance_id!r} to "
+                f"{answer.instance_id!r} (the producer restarted; its tokens start again)"
+            )
+            self._fail(src, text, out)
+            return
+        if answer.token != src.token or answer.next_token - answer.token != len(answer.pages):
+            text = (
+                f"RemoteProtocolError: {src.label}: pages {answer.token}..{answer.next_token} "
+                f"({len(answer.pages)} pages) answer a request for token {src.token}"
+            )
+            self._fail(src, text, out)
+            return
+        src.instance_id = src.instance_id or answer.instance_id
+        if not src.queue:
+            src.queue_token = src.token
+        src.queue.extend(answer.pages)
+        src.queued_bytes += sum(map(len, answer.pages))
+        src.token = answer.next_token
+        if answer.complete:
+            src.complete = True
+            self._delete(src)
+        self._deliver(src, out)
+        if not src.complete and src.sid in self._by_sid:
+            self._request(src)
+
+    def _back_off(self, src: HttpSource, now: float, out: list[Action]) -> None:
+        delay = src.retry.failed(now)
+        give_up_at = src.retry.give_up_at()
+        if give_up_at is not None and now + delay >= give_up_at:
+            start = src.retry.first_failure_at if src.retry.first_failure_at is not None else now
+            text = (
+                f"ExchangeGaveUp: {src.label}: no successful answer for {now - start:.1f} s "
+                f"(max error duration {self.policy.max_error_duration:g} s); last error: {src.last_error}"
+            )
+            self._fail(src, text, out)
+            return
+        self.counters["retries"] += 1
+        src.backing_off = True
+        out.append(SetTimer(key=f"retry/{src.sid}", at=now + delay))
+
+    def _on_timer(self, key: str, now: float, out: list[Action]) -> None:
+        kind, _, num = key.partition("/")
+        src = self._by_sid.get(int(num)) if kind == "retry" and num.isdigit() else None
+        if src is None or not src.backing_off:
+            return
+        src.backing_off = False
+        if src.job is None:
+            self._request(src)
+
+    # ------------------------------------------------------------ endings
+
+    def _deliver(self, src: HttpSource, out: list[Action]) -> None:
+        """Answer a waiting fetch with what the source has: pages, its end, or its failure."""
+        if src.fetch_call is None:
+            return
+        if src.error:
+            out.append(Reply(call_id=src.fetch_call, error=src.error))
+            src.fetch_call = None
+            self._drop(src)
+            return
+        if not src.queue and not src.complete:
+            return
+        result = {"pages": src.queue, "token": src.queue_token, "complete": src.complete}
+        out.append(Reply(call_id=src.fetch_call, result=result))
+        src.fetch_call = None
+        src.queue = []
+        src.queue_token = src.token
+        src.queued_bytes = 0
+        if src.complete:
+            self._drop(src)
+
+    def _fail(self, src: HttpSource, text: str, out: list[Action]) -> None:
+        src.error = text
+        self._deliver(src, out)  # a fetch waiting gets the error now; otherwise the next one does
+
+    def _abandon(self, src: HttpSource, out: list[Action]) -> None:
+        if src.fetch_call is not None:
+            out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was abandoned"))
+            src.fetch_call = None
+        if not src.complete and not src.error:
+            self._delete(src)  # frees the server's pages; nobody waits for the answer
+        self._drop(src)
+
+    def _drop(self, src: HttpSource) -> None:
+        self._sources.pop((src.peer, src.task_id, src.buffer_id), None)
+        self._by_sid.pop(src.sid, None)
+        if src.job is not None:
+            self._jobs.pop(src.job, None)
+            src.job = None

@@ -1,0 +1,209 @@
+"""The roles' side of the HTTP exchange, driven by hand: the binx.server role's ``read`` / ``acknowledge`` /
+``delete`` calls (what the node's HTTP server makes) and the http.client role's jobs protocol (what the
+node driver and the simulator speak)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from sparkbus.bus.contract import (
+    CancelTimer,
+    HttpFetch,
+    HttpFetched,
+    LocalCall,
+    Reply,
+    SetTimer,
+    TimerFired,
+)
+from sparkbus.roles.exchange import (
+    BinxServer,
+    BufferState,
+    ErrorCode,
+    HttpClient,
+    OutputBuffers,
+    PageResult,
+)
+
+KEY = {"peer": "s", "task_id": "t", "buffer_id": 0}
+
+
+def call(role: Any, call_id: int, name: str, args: dict[str, Any], now: float = 0.0) -> list[Any]:
+    return list(role.handle(LocalCall(call_id=call_id, name=name, args=args), now))
+
+
+def read_args(token: int = 0, wait: float = 0.0, max_bytes: int = 1 << 20) -> dict[str, Any]:
+    return {"task_id": "t", "buffer_id": 0, "token": token, "max_bytes": max_bytes, "wait": wait}
+
+
+# ---------------------------------------------------------------- binx.server: the HTTP server's calls
+
+
+def test_read_answers_at_once_when_there_are_pages_or_no_wait() -> None:
+    server = BinxServer(OutputBuffers(instance_id="i0"))
+    server.publish("t", 0, [b"ab", b"c"], False, 0.0)
+    [reply] = call(server, 1, "read", read_args())
+    assert isinstance(reply, Reply) and isinstance(reply.result, PageResult)
+    assert reply.result.pages == (b"ab", b"c") and reply.result.next_token == 2
+    [reply] = call(server, 2, "read", read_args(token=2))  # no wait: empty, not complete
+    assert reply.result.pages == () and not reply.result.complete
+    [reply] = call(server, 3, "read", {**read_args(), "task_id": "nope"})
+    assert reply.result.error_code == ErrorCode.UNKNOWN_BUFFER
+
+
+def test_a_read_long_polls_in_the_role_and_is_answered_by_pages_or_its_timer() -> None:
+    server = BinxServer(OutputBuffers(instance_id="i0"))
+    server.create_buffer("t", 0)
+    [timer] = call(server, 7, "read", read_args(wait=2.0), now=10.0)
+    assert timer == SetTimer(key="read/7", at=12.0)
+    actions = server.add_pages("t", 0, [b"x"], 10.5)
+    assert actions[0] == CancelTimer(key="read/7")
+    assert isinstance(actions[1], Reply) and actions[1].call_id == 7 and actions[1].result.pages == (b"x",)
+    [timer] = call(server, 8, "read", read_args(token=1, wait=2.0), now=11.0)
+    assert list(server.handle(TimerFired(key="read/8"), 12.9)) == []  # moved on: not yet due
+    [reply] = server.handle(TimerFired(key="read/8"), 13.0)
+    assert isinstance(reply, Reply) and reply.call_id == 8 and reply.result.pages == ()
+    assert server.counters["timeouts"] == 1
+
+
+def test_abort_and_delete_answer_a_parked_read_and_waiters_are_bounded() -> None:
+    server = BinxServer(OutputBuffers(instance_id="i0"), max_waiters=1)
+    server.create_buffer("t", 0)
+    call(server, 1, "read", read_args(wait=5.0))
+    [reply] = call(server, 2, "read", read_args(wait=5.0))
+    assert reply.result.error_code == ErrorCode.OVERLOADED and "parked requests" in reply.result.error_message
+    actions = server.abort_buffer("t", 0, "gone wrong", 1.0)
+    answered = [a for a in actions if isinstance(a, Reply)]
+    assert [a.call_id for a in answered] == [1] and answered[0].result.error_code == ErrorCode.ABORTED
+    server.create_buffer("t", 1)
+    call(server, 3, "read", {**read_args(wait=5.0), "buffer_id": 1})
+    actions = call(server, 4, "delete", {"task_id": "t", "buffer_id": 1})
+    assert [a.call_id for a in actions if isinstance(a, Reply)] == [3, 4]
+    assert actions[-2].result.complete  # a deleted buffer reads as complete
+    buf = server.buffers.get("t", 1)
+    assert buf is not None and buf.state is BufferState.DESTROYED
+
+
+def test_acknowledge_frees_pages_and_answers_the_code() -> None:
+    server = BinxServer(OutputBuffers(instance_id="i0"))
+    server.publish("t", 0, [b"aaaa", b"bb"], False, 0.0)
+    [reply] = call(server, 1, "acknowledge", {"task_id": "t", "buffer_id": 0, "token": 1})
+    assert reply.result == int(ErrorCode.NONE) and server.buffers.bytes_held == 2
+    [reply] = call(server, 2, "acknowledge", {"task_id": "t", "buffer_id": 0, "token": 9})
+    assert reply.result == int(ErrorCode.TOKEN_AHEAD)
+
+
+# ---------------------------------------------------------------- http.client: the driver's jobs
+
+
+class Driver:
+    """Plays the node driver: keeps a "jobs" call open and answers requests by hand."""
+
+    def __init__(self, client: HttpClient) -> None:
+        self.client = client
+        self.next_call = 100
+        self.jobs_call = self.call("jobs", {})[1]
+        self.jobs: list[HttpFetch] = []
+        self.replies: dict[int, Reply] = {}
+
+    def call(self, name: str, args: dict[str, Any], now: float = 0.0) -> tuple[list[Any], int]:
+        self.next_call += 1
+        call_id = self.next_call
+        actions = call(self.client, call_id, name, args, now)
+        self.take(actions)
+        return actions, call_id
+
+    def take(self, actions: list[Any]) -> None:
+        for a in actions:
+            if isinstance(a, Reply) and a.call_id == self.jobs_call:
+                self.jobs.extend(a.result)
+                self.jobs_call = self.call("jobs", {})[1]
+            elif isinstance(a, Reply):
+                self.replies[a.call_id] = a
+
+    def answer(self, job: HttpFetch, now: float = 0.0, **fields: Any) -> None:
+        self.jobs.remove(job)
+        self.call("fetched", {"result": HttpFetched(job=job.job, **fields)}, now)
+
+
+def test_fetch_hands_one_request_to_the_driver_and_answers_with_its_pages() -> None:
+    d = Driver(HttpClient(max_wait=2.0, max_request_bytes=4096))
+    _, fetch = d.call("fetch", KEY)
+    [job] = d.jobs
+    assert (job.peer, job.task_id, job.buffer_id, job.token, job.max_wait, job.max_bytes) == (
+        "s",
+        "t",
+        0,
+        0,
+        2.0,
+        4096,
+    )
+    d.answer(job, token=0, next_token=0)  # an expired long-poll: asked again, the fetch stays parked
+    [job] = d.jobs
+    assert job.token == 0 and fetch not in d.replies
+    d.answer(job, pages=(b"a", b"b"), token=0, next_token=2, instance_id="i0")
+    assert d.replies[fetch].result == {"pages": [b"a", b"b"], "token": 0, "complete": False}
+    [job] = d.jobs  # the source keeps one request outstanding while the caller folds
+    assert job.token == 2
+    d.answer(job, pages=(b"c",), token=2, next_token=3, complete=True, instance_id="i0")
+    [delete] = d.jobs
+    assert delete.delete and delete.task_id == "t"
+    _, again = d.call("fetch", KEY)
+    assert d.replies[again].result == {"pages": [b"c"], "token": 2, "complete": True}
+    d.answer(delete, complete=True)
+    assert d.client.in_flight == 0 and d.client.source("s", "t", 0) is None
+
+
+def test_a_changed_instance_or_a_wrong_token_fails_the_source() -> None:
+    d = Driver(HttpClient())
+    _, fetch = d.call("fetch", KEY)
+    d.answer(d.jobs[0], pages=(b"a",), token=0, next_token=1, instance_id="i0")
+    _, fetch = d.call("fetch", KEY)
+    d.answer(d.jobs[0], pages=(b"b",), token=1, next_token=2, instance_id="i1")
+    assert "task instance changed from 'i0' to 'i1'" in str(d.replies[fetch].error)
+    _, fetch = d.call("fetch", {**KEY, "buffer_id": 1})
+    d.answer(d.jobs[-1], pages=(b"b",), token=5, next_token=6)
+    assert str(d.replies[fetch].error).startswith("RemoteProtocolError: http source task t buffer 1")
+
+
+def test_retryable_refusals_back_off_and_final_ones_fail_at_once() -> None:
+    d = Driver(HttpClient(rng=random.Random(1)))
+    _, fetch = d.call("fetch", KEY)
+    actions, _ = d.call("fetched", {"result": HttpFetched(job=d.jobs.pop().job, error="404", code=1)}, 1.0)
+    assert not d.jobs and fetch not in d.replies  # the first retry goes at once, on a timer
+    [timer] = [a for a in actions if isinstance(a, SetTimer)]
+    d.take(list(d.client.handle(TimerFired(key=timer.key), timer.at)))
+    [job] = d.jobs
+    d.answer(job, error="aborted: disk on fire", code=int(ErrorCode.ABORTED))
+    error = str(d.replies[fetch].error)
+    assert (
+        error.startswith("ExchangeFailed: http source task t buffer 0 at peer s") and "disk on fire" in error
+    )
+    assert d.client.source("s", "t", 0) is None
+
+
+def test_stale_answers_and_answers_after_abandon_are_counted_not_delivered() -> None:
+    d = Driver(HttpClient())
+    _, fetch = d.call("fetch", KEY)
+    [job] = d.jobs
+    _, abandon = d.call("abandon", KEY)
+    assert d.replies[abandon].error is None and "was abandoned" in str(d.replies[fetch].error)
+    assert [j.delete for j in d.jobs] == [False, True]  # the DELETE frees the server's pages
+    d.answer(job, pages=(b"late",), token=0, next_token=1)
+    assert d.client.counters["stale_answers"] == 1
+    d.call("fetched", {"result": HttpFetched(job=999)})
+    assert d.client.counters["stale_answers"] == 2
+
+
+def test_received_pages_are_bounded_per_source_until_the_caller_fetches() -> None:
+    d = Driver(HttpClient(max_queued_bytes=10))
+    _, fetch = d.call("fetch", KEY)
+    d.answer(d.jobs[0], pages=(b"x" * 6,), token=0, next_token=1)
+    assert d.replies[fetch].result["pages"] == [b"x" * 6]
+    d.answer(d.jobs[0], pages=(b"y" * 6,), token=1, next_token=2)
+    d.answer(d.jobs[0], pages=(b"z" * 6,), token=2, next_token=3)
+    assert d.jobs == []  # 12 bytes held: no more requests until the caller takes them
+    _, fetch = d.call("fetch", KEY)
+    assert d.replies[fetch].result["pages"] == [b"y" * 6, b"z" * 6]
+    [job] = d.jobs
+    assert job.token == 3
