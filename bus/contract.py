@@ -307,7 +307,8 @@ class HttpFetched:
         next_token: the token to ask for next.
         complete: no page follows ``next_token``.
         instance_id: the producing buffer's incarnation ("" if unknown).
-        error: None on success, else why the request failed (naming the peer, task and buffer).
+        error: None on success, else why the request failed (the server's address and what went wrong;
+            the role adds the source's peer, task and buffer).
         code: the BinX error code of a server's refusal (``UNKNOWN_BUFFER`` 1 and ``OVERLOADED`` 6 are
             worth retrying), or 0 when the server could not be reached or answered nonsense.
     """

@@ -555,9 +555,9 @@ class HttpExchangeClient:
                 return pages
 
 
-def where(job: HttpFetch, address: str) -> str:
-    """How an answer's error names the request's buffer and server."""
-    return f"task {job.task_id} buffer {job.buffer_id} at peer {job.peer} (http://{address})"
+def where(address: str) -> str:
+    """How an answer's error names the server (the role names the source: peer, task, buffer)."""
+    return f"http://{address}"
 
 
 def answer_of(job: HttpFetch, result: BufferRead, address: str) -> HttpFetched:
@@ -565,7 +565,7 @@ def answer_of(job: HttpFetch, result: BufferRead, address: str) -> HttpFetched:
     the same answer (the simulator, which has no sockets, answers its ``HttpFetch`` requests with this)."""
     if result.error_code:
         status = _ERROR_STATUS.get(result.error_code, 500)
-        text = f"{where(job, address)}: HTTP {status}: {result.error_message}"
+        text = f"{where(address)}: HTTP {status}: {result.error_message}"
         return HttpFetched(job=job.job, error=text, code=int(result.error_code))
     return HttpFetched(
         job=job.job,
@@ -583,7 +583,7 @@ def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
     A server's refusal keeps its BinX error code (``X-Sparkbus-Error-Code``); a server that cannot be
     reached, or answers what is not an HTTP exchange answer, gives code 0.
     """
-    here = where(job, f"{client.host}:{client.port}")
+    here = where(f"{client.host}:{client.port}")
     try:
         if job.delete:
             client.delete(job.task_id, job.buffer_id)

@@ -620,8 +620,8 @@ class Node:
                 fetcher.submit(job, address)
                 continue
             text = (
-                f"task {job.task_id} buffer {job.buffer_id} at peer {job.peer}: the peer advertises no HTTP "
-                "exchange (it runs no binx.server, or its endpoints reached this node without 'http')"
+                f"the peer advertises no HTTP exchange (it runs no {c.HTTP_BUFFERS}, or its endpoints "
+                "reached this node without 'http')"
             )
             self.core.call(
                 c.HTTP_CLIENT, "fetched", {"result": c.HttpFetched(job=job.job, error=text)}, self.clock()

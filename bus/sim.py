@@ -417,7 +417,7 @@ class SimBus:
             return
         f = job.fetch
         if done.error is not None:
-            answer = c.HttpFetched(job=f.job, error=f"HTTP 500 from peer {job.target}: {done.error}")
+            answer = c.HttpFetched(job=f.job, error=f"http://sim:{job.target}: HTTP 500: {done.error}")
         elif f.delete:
             answer = c.HttpFetched(job=f.job, complete=True)
         else:
@@ -440,10 +440,7 @@ class SimBus:
         """Fail a request as its client would see it (from the requester itself: no link is crossed)."""
         job = self._http_jobs[jid]
         f = job.fetch
-        text = (
-            f"task {f.task_id} buffer {f.buffer_id} at peer {job.target} (http://sim:{job.target}): "
-            f"cannot reach the HTTP exchange: {why}"
-        )
+        text = f"http://sim:{job.target}: cannot reach the HTTP exchange: {why}"
         answer = c.HttpFetched(job=f.job, error=text)
         self._http_schedule(
             job.requester, job.requester, functools.partial(self._http_done, jid, answer), delay

@@ -1,7 +1,7 @@
 """The main job's exchange comparison: one query's participant output moved by each of the three exchanges.
 
-The query engine moves fragment output over the bus's push credit streams only; it cannot yet read an
-exchange source from BinX or HTTP. So this measures the *transport* of the same bytes, not a query: the
+A query can run with each of the three exchanges (docs/QUERY.md, Exchanges), but the main job's nodes
+run neither exchange's client role, so this measures the *transport* of the same bytes, not a query: the
 rows the chosen query's participants send to its initiator, cut into Arrow IPC pages of the bus batch
 size, moved from one bus node to another inside the driver process over loopback TCP:
 
@@ -127,5 +127,5 @@ def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> d
         "p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
         "mb_per_s": {k: round(total / statistics.median(v) / 1e6, 1) for k, v in samples.items()},
         "what": "transport only: the query's participant output as Arrow IPC pages, moved between two bus "
-        "nodes in the driver process over loopback (the query engine has no BinX/HTTP exchange source yet)",
+        "nodes in the driver process over loopback (not a query run with each exchange)",
     }

@@ -11,7 +11,7 @@ import pytest
 
 from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
-from sparkbus.roles.exchange import BinxClient, BinxServer, HttpClient, OutputBuffers
+from sparkbus.roles.exchange import BackoffPolicy, BinxClient, BinxServer, HttpClient, OutputBuffers
 from sparkbus.roles.query.role import QueryConfig, QueryRole
 
 from .cluster import table
@@ -32,10 +32,18 @@ class ExchangeCluster:
     and p2."""
 
     def __init__(
-        self, seed: int, rows: int = 2000, config: QueryConfig = SMALL, node_bytes: int = 512 << 20
+        self,
+        seed: int,
+        rows: int = 2000,
+        config: QueryConfig = SMALL,
+        node_bytes: int = 512 << 20,
+        http: dict[str, Any] | None = None,
+        serving: tuple[str, ...] = NODES,
     ) -> None:
         self.sim = SimBus(seed=seed)
         self.node_bytes = node_bytes
+        self.http = http or {}
+        self.serving = serving  # the nodes that run binx.server
         self.config = config
         self.queries: dict[str, QueryRole] = {}
         for name in NODES:
@@ -50,21 +58,28 @@ class ExchangeCluster:
 
     def roles(self, name: str) -> list[Any]:
         self.queries[name] = QueryRole(name, config=self.config, incarnation=f"{name}0")
+        server = BinxServer(OutputBuffers(instance_id=name, max_total_bytes=self.node_bytes))
         return [
             self.queries[name],
-            BinxServer(OutputBuffers(instance_id=name, max_total_bytes=self.node_bytes)),
+            *([server] if name in self.serving else []),
             BinxClient(rng=random.Random(name)),
-            HttpClient(rng=random.Random(f"http/{name}")),
+            HttpClient(rng=random.Random(f"http/{name}"), **self.http),
         ]
 
     def run(self, sql: str, **args: Any) -> tuple[pa.Table | None, str | None]:
-        cid = self.sim.call("i", "query", "execute", {"sql": sql, **args})
+        return self.outcome(self.sim.call("i", "query", "execute", {"sql": sql, **args}))
+
+    def outcome(self, cid: tuple[str, int]) -> tuple[pa.Table | None, str | None]:
         self.sim.run_until(lambda: self.sim.reply(cid) is not None, limit=120.0)
         done = self.sim.reply(cid)
         assert done is not None
         if done.error is not None:
             return None, done.error
         return pa.ipc.open_stream(done.result).read_all(), None
+
+    def settle(self) -> None:
+        self.sim.run_for(5.0)
+        self.sim.run_until_idle()
 
     def leaks(self) -> dict[str, Any]:
         """What any live node still holds: query states, BinX and HTTP sources, published bytes."""
@@ -196,3 +211,60 @@ def test_output_beyond_the_nodes_buffer_bound_fails_the_query_clearly() -> None:
     c.sim.run_for(5.0)
     c.sim.run_until_idle()
     assert c.leaks() == {"i": (0, 0, 0), "p1": (0, 0, 1024), "p2": (0, 0, 0)}
+
+
+def test_http_rides_out_a_producer_whose_start_is_late_and_gives_up_clearly_when_it_stays_away() -> None:
+    # The initiator pulls from p1 before p1 has the query's start (held on the link): its buffers are
+    # unknown, the pull backs off and retries, and the result is whole once they appear.
+    c = ExchangeCluster(14)
+    push, err = c.run("SELECT x, k FROM t", exchange="push")
+    assert err is None and push is not None
+    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, k FROM t", "exchange": "http"})
+    c.sim.stall("i", "p1", 1.0, channels=("ctl",))
+    got, err = c.outcome(cid)
+    assert err is None and got is not None and ordered(got, False) == ordered(push, False)
+    http = c.sim.node("i").roles["http.client"]
+    assert isinstance(http, HttpClient) and http.counters["retries"] > 0
+    # Held longer than the pull's give-up time: the query fails naming the source and the 404.
+    c = ExchangeCluster(14, http={"policy": BackoffPolicy(max_error_duration=0.5)})
+    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, k FROM t", "exchange": "http"})
+    c.sim.stall("i", "p1", 3.0, channels=("ctl",))
+    got, err = c.outcome(cid)
+    assert got is None and err is not None
+    assert err.startswith("[-1 GENERIC] http exchange from p1 failed: ExchangeGaveUp: http source task")
+    assert "HTTP 404" in err and "no such buffer" in err
+    c.settle()
+    assert c.leaks() == {n: (0, 0, 0) for n in NODES}
+
+
+def test_an_aborted_producer_under_http_fails_the_query_with_its_reason() -> None:
+    c = ExchangeCluster(15, rows=4000, http={"max_request_bytes": 2048})
+    cid = c.sim.call("i", "query", "execute", {"sql": "SELECT x, y FROM t", "exchange": "http"})
+    http = c.sim.node("i").roles["http.client"]
+    assert isinstance(http, HttpClient)
+
+    def pulling_from_p1() -> bool:
+        return any(s.peer == "p1" and s.token > 0 for s in http._sources.values())
+
+    c.sim.run_until(pulling_from_p1)  # the first pages came; the rest are still on p1
+    server = c.sim.node("p1").roles["binx.server"]
+    assert isinstance(server, BinxServer)
+    [key] = server.buffers.keys()
+    c.sim.result(
+        c.sim.call(
+            "p1", "binx.server", "abort", {"task_id": key[0], "buffer_id": key[1], "reason": "disk on fire"}
+        )
+    )
+    got, err = c.outcome(cid)
+    assert got is None and err is not None
+    assert err.startswith("[-1 GENERIC] http exchange from p1 failed: ExchangeFailed: http source task")
+    assert "HTTP 500" in err and "disk on fire" in err
+    c.settle()
+    assert c.leaks() == {n: (0, 0, 0) for n in NODES}
+
+
+def test_a_participant_whose_node_serves_no_http_fails_the_query_clearly() -> None:
+    c = ExchangeCluster(16, serving=("i", "p1"))  # p2 runs no binx.server: nothing to publish into or serve
+    got, err = c.run("SELECT x FROM t", exchange="http")
+    assert got is None and err is not None and "p2" in err
+    assert ("advertises no HTTP exchange" in err) or ("runs no role 'binx.server'" in err), err
