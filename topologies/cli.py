@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from sparkbus.topologies.client import Client
+    from sparkbus.topologies.model import TableSpec
 
 
 def package_version() -> str:
@@ -134,27 +138,225 @@ def _slices(table: pa.Table) -> list[pa.Table]:
 
 
 def _load(client: Client, args: argparse.Namespace) -> str:
-    from sparkbus.roles.client import Op, OperationError  # noqa: PLC0415
+    """``sparkbus load``: into the replicated store for a table of the topology, else into the gateway
+    node's query catalog; then, unless ``--no-views``, into the compute controller's table."""
+    from sparkbus.roles.client import Op  # noqa: PLC0415
     from sparkbus.roles.query import table_to_ipc  # noqa: PLC0415
 
     rows = _read_rows(Path(args.path))
-    if not args.replace:
+    spec = _topology_table(args)
+    if spec is not None:
+        if args.replace:
+            raise CommandError(
+                f"--replace: {spec.name} is a replicated table of the topology; its rows are upserted by "
+                f"key {', '.join(spec.key)}, never replaced"
+            )
         rows = _as_existing(client, args.table, rows)
-    held = 0
-    for i, part in enumerate(_slices(rows)):
-        request = {"table": args.table, "batches": [table_to_ipc(part)], "replace": args.replace and i == 0}
-        held = int(client.call(Op.LOAD, request, timeout=args.timeout))
-    done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
+        done = routed_load(client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path)
+    else:
+        if not args.replace:
+            rows = _as_existing(client, args.table, rows)
+        held = 0
+        for i, part in enumerate(_slices(rows)):
+            request = {
+                "table": args.table,
+                "batches": [table_to_ipc(part)],
+                "replace": args.replace and i == 0,
+            }
+            held = int(client.call(Op.LOAD, request, timeout=args.timeout))
+        done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
     if args.no_views:
         return done
+    _write_views(client, args.table, rows)
+    return f"{done} and into the compute controller's table {args.table} for views"
+
+
+def _write_views(client: Client, table: str, rows: pa.Table) -> None:
+    from sparkbus.roles.client import OperationError  # noqa: PLC0415
+
     try:
-        client.create_table(args.table, rows.schema)
+        client.create_table(table, rows.schema)
     except OperationError as exc:
         if "already exists" not in str(exc):
             raise
     for part in _slices(rows):
-        client.write_table(args.table, part)
-    return f"{done} and into the compute controller's table {args.table} for views"
+        client.write_table(table, part)
+
+
+# ---------------------------------------------------------------- load routed to partition leaders
+
+_NOT_LEADER = re.compile(r"not the leader of \S+; leader: (\S+)")
+
+
+def _topology_table(args: argparse.Namespace) -> TableSpec | None:
+    """The ``[tables.X]`` entry of the topology the command connects by, or None (``--address``, or a
+    table the topology does not declare: loaded into the gateway node's catalog)."""
+    if args.address:
+        return None
+    topo = load(args.topology or DEFAULT_TOPOLOGY)
+    return next((t for t in topo.tables if t.name == args.table), None)
+
+
+def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
+    """A function connecting to one node's gateway, by the same topology and options as ``_connect``."""
+    from sparkbus.topologies.client import connect  # noqa: PLC0415
+
+    options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
+    if args.key_dir is not None:
+        options["key_dir"] = args.key_dir
+    topology = args.topology or DEFAULT_TOPOLOGY
+
+    def to_node(node: str) -> Client:
+        return connect(topology, cluster_tag=args.cluster_tag, node=node, **options)
+
+    return to_node
+
+
+def leader_in_refusal(error: BaseException) -> str | None:
+    """The leader a ``write`` refused by a follower names (``...; leader: store-1``), or None."""
+    found = _NOT_LEADER.search(str(error))
+    return found.group(1) if found is not None and found.group(1) != "None" else None
+
+
+def current_leaders(client: Client, spec: TableSpec) -> dict[str, str]:
+    """Partition -> the node currently leading it, from the ``sparkbus_replicas`` catalog table.
+
+    Raises:
+        CommandError: no replication node is up (no partition of the table has a leader).
+    """
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+    from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
+
+    try:
+        led = client.sql(f"SELECT node, partition FROM {REPLICAS_TABLE} WHERE leader = 1").to_pylist()
+    except ClientError as exc:
+        if REPLICAS_TABLE not in str(exc):
+            raise
+        led = []
+    leaders = {r["partition"]: r["node"] for r in led if str(r["partition"]).startswith(f"{spec.name}/")}
+    if not leaders:
+        raise CommandError(
+            f"table {spec.name}: no replication node is up (no partition has a leader in {REPLICAS_TABLE})"
+        )
+    return leaders
+
+
+class _Writers:
+    """One client per leader node, connected on first use, all closed at the end."""
+
+    def __init__(self, connect_node: Callable[[str], Client]) -> None:
+        self.connect_node = connect_node
+        self.clients: dict[str, Client] = {}
+
+    def __call__(self, node: str) -> Client:
+        if node not in self.clients:
+            self.clients[node] = self.connect_node(node)
+        return self.clients[node]
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+def write_partition(
+    writers: Callable[[str], Client], table: str, partition: str, leader: str, rows: pa.Table
+) -> str:
+    """Write ``rows`` to ``partition`` through ``leader``'s gateway; a follower's refusal naming another
+    leader is followed once. Returns the node that took the rows."""
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+    try:
+        writers(leader).write(table, rows, partition=partition)
+    except ClientError as exc:
+        other = leader_in_refusal(exc)
+        if other is None or other == leader:
+            raise
+        writers(other).write(table, rows, partition=partition)
+        return other
+    return leader
+
+
+def routed_load(
+    client: Client,
+    spec: TableSpec,
+    rows: pa.Table,
+    connect_node: Callable[[str], Client],
+    *,
+    timeout: float,
+    path: str,
+    poll: float = 0.05,
+) -> str:
+    """Write ``rows`` into the replicated partitions of ``spec``, each row to partition
+    ``pmod(hash(key), partitions)`` (``sparkbus.topologies.partitioning``) through its current leader,
+    flush each partition written and wait until ``sparkbus_replicas`` says every one is replicated."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from sparkbus.topologies.partitioning import PartitionError, split  # noqa: PLC0415
+
+    try:
+        parts = split(rows, spec.key, spec.partitions)
+    except PartitionError as exc:
+        raise CommandError(f"{path}: {exc}") from None
+    leaders = current_leaders(client, spec)
+    names = {p: f"{spec.name}/{p}" for p in parts}
+    missing = sorted(n for n in names.values() if n not in leaders)
+    if missing:
+        raise CommandError(f"table {spec.name}: no leader is up for {', '.join(missing)}")
+    writers = _Writers(connect_node)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    try:
+        with progress:
+            written = progress.add_task("rows written through the partition leaders", total=rows.num_rows)
+            replicated = progress.add_task("partitions replicated", total=len(parts))
+            for p, part in sorted(parts.items()):
+                name = names[p]
+                for piece in _slices(part):
+                    leaders[name] = write_partition(writers, spec.name, name, leaders[name], piece)
+                    progress.advance(written, piece.num_rows)
+                writers(leaders[name]).flush(name)  # replication starts now, not at the flush thresholds
+            for done in _until_replicated(client, set(names.values()), timeout, poll):
+                progress.update(replicated, completed=done)
+    finally:
+        writers.close()
+    nodes = ", ".join(sorted(set(leaders[n] for n in names.values())))
+    return (
+        f"loaded {rows.num_rows:,} rows into {spec.name}: {len(parts)} of {spec.partitions} partitions written "
+        f"through their leaders ({nodes}), upserted by {', '.join(spec.key)}, replicated {spec.replication}x"
+    )
+
+
+def _until_replicated(client: Client, partitions: set[str], timeout: float, poll: float) -> Iterator[int]:
+    """Yields how many of ``partitions`` are replicated, until all are.
+
+    Raises:
+        CommandError: a replica reports an error, or ``timeout`` seconds pass.
+    """
+    from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while True:
+        status = client.sql(
+            f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1"
+        ).to_pylist()
+        errors = sorted({r["error"] for r in status if r["error"]})
+        if errors:
+            raise CommandError(errors[0])
+        done = {r["partition"] for r in status if r["replicated"]} & partitions
+        yield len(done)
+        if done == partitions:
+            return
+        if time.monotonic() >= deadline:
+            waiting = ", ".join(sorted(partitions - done))
+            raise CommandError(f"rows written, but not replicated within {timeout:g} s: {waiting}")
+        time.sleep(poll)
 
 
 def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:

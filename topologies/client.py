@@ -170,18 +170,26 @@ class ClientCurve:
 class TopologyTarget:
     """What ``connect`` needs from a topology file and its running cluster."""
 
-    addresses: list[str]
+    addresses: list[str]  # the entry gateways' control endpoints (see ``topology_target``)
     cluster_tag: str
-    nodes: dict[str, str]  # address -> node id
+    nodes: dict[str, str]  # address -> node id, of every running gateway node
     key_dir: Path | None  # the topology's CURVE key directory (None: plain)
     run_dir_keys: bool  # the key directory is one ``sparkbus up`` made in the run directory
+    gateways: dict[str, str] = field(default_factory=dict)  # node id -> control endpoint, every gateway
 
 
 def topology_target(path: str | os.PathLike[str]) -> TopologyTarget:
-    """The control endpoints of the nodes running ``client.gateway`` in the cluster ``sparkbus up`` started
-    from topology file ``path`` (read from its state file), its cluster tag and its CURVE key directory."""
+    """The nodes running ``client.gateway`` in the cluster ``sparkbus up`` started from topology file
+    ``path`` (read from its state file), its cluster tag and its CURVE key directory.
+
+    ``addresses`` are the entry gateways a client connects to: those of nodes that hold no replicas
+    (``replication``), where the query initiator and the compute controller run, or every gateway when
+    all nodes hold replicas. ``gateways`` names every gateway node's endpoint, for requests that must run
+    on one node (a partition leader's ``WRITE``: ``connect(path, node=...)``)."""
     topo = load(Path(path))
-    gateways = {node_id for spec in topo.nodes if GATEWAY in spec.roles for node_id in spec.node_ids}
+    gateway_specs = [spec for spec in topo.nodes if GATEWAY in spec.roles]
+    gateways = {node_id for spec in gateway_specs for node_id in spec.node_ids}
+    stores = {node_id for spec in gateway_specs if "replication" in spec.roles for node_id in spec.node_ids}
     state = state_file(path)
     if not state.exists():
         raise ConnectTimeoutError(
@@ -195,13 +203,15 @@ def topology_target(path: str | os.PathLike[str]) -> TopologyTarget:
     }
     if not found:
         raise ConnectTimeoutError(f"{path}: no running node has the {GATEWAY} role (nodes: {sorted(nodes)})")
+    entry = [address for address, node in found.items() if node not in stores] or list(found)
     raw = topo.bus.security.key_dir or ""
     return TopologyTarget(
-        addresses=list(found),
+        addresses=entry,
         cluster_tag=bus_config(topo).cluster_tag,  # the nodes' bus tag: "<name>/<tag>"
         nodes=found,
         key_dir=topology_key_dir(topo),
         run_dir_keys=raw.startswith(RUN_DIR),
+        gateways={node: address for address, node in found.items()},
     )
 
 
@@ -388,6 +398,13 @@ class Client:
         )
         rows = bytes(encode_batch(batch))
         return self.call(Op.WRITE, {"partition": partition or table_name, "rows": rows})
+
+    def flush(self, partition: str) -> str | None:
+        """Flush the memtable of this node's replica of ``partition`` into a segment, so replication
+        sends it to the followers now rather than at the flush thresholds (``replication`` role's
+        ``flush``); returns the new segment's id, None when there was nothing to flush."""
+        segment = self.call(Op.FLUSH, {"partition": partition})
+        return None if segment is None else str(segment)
 
     def load(self, table_name: str, data: pa.Table) -> int:
         """Load rows as the connected node's partition of ``table_name`` (the ``query`` role's ``load``)."""
@@ -694,6 +711,7 @@ def connect(
     curve: ClientCurve | None = None,
     key_dir: str | os.PathLike[str] | None = None,
     key_name: str = CLIENT_KEY_NAME,
+    node: str | None = None,
     **kw: Any,
 ) -> Client:
     """Connect to a cluster.
@@ -709,6 +727,9 @@ def connect(
             whose ``[bus.security]`` is CURVE, its key directory is the default; a ``{run_dir}`` one made
             by ``sparkbus up`` for this user also lends a gateway node's pair when it has no client pair.
         key_name: the client's key pair in ``key_dir``.
+        node: with a topology file, connect to this node's gateway only (any gateway node, e.g. a store
+            node, to write to the partitions it leads); by default the entry gateways
+            (``topology_target``).
         **kw: ``Client`` options (``connect_timeout``, ``seed``, ``retry``, ``op_timeout``, ...).
 
     Raises:
@@ -717,12 +738,22 @@ def connect(
     """
     if isinstance(target, str | os.PathLike) and Path(target).suffix == ".toml":
         found = topology_target(target)
+        addresses = found.addresses
+        if node is not None:
+            if node not in found.gateways:
+                running = ", ".join(sorted(found.gateways))
+                raise ConnectTimeoutError(
+                    f"{target}: node {node} runs no {GATEWAY} (running gateways: {running})"
+                )
+            addresses = [found.gateways[node]]
         if curve is None and (key_dir is not None or found.key_dir is not None):
             where = key_dir if key_dir is not None else found.key_dir
             assert where is not None
             lend = [found.nodes[a] for a in found.addresses] if key_dir is None and found.run_dir_keys else []
             curve = ClientCurve.from_key_dir(where, name=key_name, nodes=found.nodes, fallback_names=lend)
-        return Client(found.addresses, cluster_tag=cluster_tag or found.cluster_tag, curve=curve, **kw)
+        return Client(addresses, cluster_tag=cluster_tag or found.cluster_tag, curve=curve, **kw)
+    if node is not None:
+        raise ValueError("connect(node=...) needs a topology file (it finds the node's gateway there)")
     if cluster_tag is None:
         raise ValueError("connect needs cluster_tag= with plain addresses (a topology file names its own)")
     addresses = [str(target)] if isinstance(target, str | os.PathLike) else list(target)

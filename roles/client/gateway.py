@@ -70,6 +70,7 @@ ROUTES: dict[int, tuple[str, str]] = {
     Op.SQL: ("query", "execute"),
     Op.QUERY_CANCEL: ("query", "cancel"),
     Op.LOAD: ("query", "load"),
+    Op.FLUSH: ("replication", "flush"),
     Op.WRITE: ("replication", "write"),
     Op.PEEK: ("compute.controller", "peek"),
     Op.SUBSCRIBE: ("compute.controller", "subscribe"),

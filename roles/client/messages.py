@@ -25,6 +25,7 @@ class Op(enum.IntEnum):
     QUERY_CANCEL = 11
     WRITE = 20
     LOAD = 21
+    FLUSH = 22
     PEEK = 30
     SUBSCRIBE = 31
     FETCH = 32

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkbus.topologies import shipped
+from sparkbus.topologies.partitioning import split
 
 from ..client.test_up import stop
 from .test_up import READY_TIMEOUT, Up
@@ -140,3 +141,52 @@ def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path) -> None:
     )
     assert res.returncode == 1
     assert "no running cluster recorded" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_load_routes_a_topology_table_to_its_partition_leaders(up: Up, tmp_path: Path) -> None:
+    n = 3000
+    rows = pa.table(
+        {
+            "order_id": pa.array(range(n), pa.int64()),
+            "customer": pa.array([f"c{i % 97}" for i in range(n)]),
+            "amount": pa.array([i * 0.5 for i in range(n)]),
+        }
+    )
+    csv = tmp_path / "orders.csv"
+    pcsv.write_csv(rows, csv)
+
+    loaded = client(up, "load", "orders", str(csv))
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded 3,000 rows into orders: 6 of 6 partitions written through their leaders" in loaded.stdout
+
+    def count() -> dict[str, int]:
+        res = client(up, "sql", "SELECT COUNT(*) AS n, COUNT(DISTINCT order_id) AS d FROM orders", "--json")
+        assert res.returncode == 0, res.stderr
+        return dict(json.loads(res.stdout))
+
+    assert count() == {"n": n, "d": n}  # every row once: each store node serves the partitions it leads
+
+    replicas = client(
+        up, "sql", "SELECT node, partition, leader, rows, replicated FROM sparkbus_replicas", "--json"
+    )
+    assert replicas.returncode == 0, replicas.stderr
+    table = [json.loads(line) for line in replicas.stdout.splitlines()]
+    ours = [r for r in table if r["partition"].startswith("orders/")]
+    assert sorted({r["partition"] for r in ours}) == [f"orders/{p}" for p in range(6)]
+    assert all(sum(1 for r in ours if r["partition"] == p) == 2 for p in {r["partition"] for r in ours})
+    leaders = {r["partition"]: r for r in ours if r["leader"] == 1}
+    assert all(r["replicated"] == 1 for r in leaders.values())
+    # Each partition holds exactly the rows Spark's pmod(hash(order_id), 6) gives it, on both replicas.
+    expected = {f"orders/{p}": t.num_rows for p, t in split(rows, ["order_id"], 6).items()}
+    assert {p: r["rows"] for p, r in leaders.items()} == expected
+    assert {r["partition"]: r["rows"] for r in ours if r["leader"] == 0} == expected
+
+    again = client(up, "load", "orders", str(csv), "--no-views")
+    assert again.returncode == 0, again.stderr
+    assert count() == {"n": n, "d": n}  # upserted by key: no duplicates
+
+    nulls = tmp_path / "nulls.csv"
+    nulls.write_text("order_id,customer,amount\n1,a,1.0\n,b,2.0\n")
+    refused = client(up, "load", "orders", str(nulls))
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == f"sparkbus load: {nulls}: key column order_id has 1 null value"

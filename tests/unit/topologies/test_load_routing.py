@@ -1,0 +1,208 @@
+"""``sparkbus load`` of a table the topology declares: rows split by Spark's partition rule, each partition
+written through its current leader's gateway (a follower's refusal followed once), flushed, and waited for
+until replicated; the errors a user can fix are one ``CommandError`` line. Fake clients, no cluster (the
+real one: tests/integration/topologies/test_cli_cluster.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus.messages import ErrorCode
+from sparkbus.roles.client import ClientError
+from sparkbus.topologies import cli
+from sparkbus.topologies.cli import (
+    CommandError,
+    current_leaders,
+    leader_in_refusal,
+    routed_load,
+    write_partition,
+)
+from sparkbus.topologies.model import TableSpec
+from sparkbus.topologies.partitioning import partition_of
+
+ORDERS = TableSpec(name="orders", partitions=6, replication=2, key=("order_id",))
+LAYOUT = {f"orders/{p}": f"store-{p % 3}" for p in range(6)}
+
+
+def refusal(node: str, partition: str, leader: str | None) -> ClientError:
+    return ClientError(ErrorCode.PROTOCOL, f"{node} is not the leader of {partition}; leader: {leader}")
+
+
+class Node:
+    """A node's gateway as ``Client`` offers it: ``write`` and ``flush`` recorded or refused."""
+
+    def __init__(self, name: str, cluster: Cluster) -> None:
+        self.name, self.cluster = name, cluster
+        self.closed = False
+
+    def write(self, table: str, data: pa.Table, *, partition: str | None = None) -> Any:
+        assert partition is not None
+        leader = self.cluster.leaders.get(partition)
+        if leader != self.name:
+            self.cluster.refused += 1
+            raise refusal(self.name, partition, leader)
+        self.cluster.writes.append((self.name, partition, data))
+        return {"rows": data.num_rows}
+
+    def flush(self, partition: str) -> str | None:
+        self.cluster.flushed.append((self.name, partition))
+        return "1.1"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Cluster:
+    """The coordinator's ``sql`` over ``sparkbus_replicas``, and the nodes' gateways."""
+
+    def __init__(self, leaders: dict[str, str], *, advertised: dict[str, str] | None = None) -> None:
+        self.leaders = dict(leaders)  # who really leads
+        self.advertised = dict(leaders if advertised is None else advertised)  # what sparkbus_replicas says
+        self.writes: list[tuple[str, str, pa.Table]] = []
+        self.flushed: list[tuple[str, str]] = []
+        self.nodes: dict[str, Node] = {}
+        self.polls_until_replicated = 2
+        self.refused = 0
+        self.error = ""
+
+    def sql(self, text: str, **_: Any) -> pa.Table:
+        assert "FROM sparkbus_replicas WHERE leader = 1" in text
+        if "replicated" in text:
+            self.polls_until_replicated -= 1
+            done = int(self.polls_until_replicated <= 0)
+            rows = [{"partition": p, "replicated": done, "error": self.error} for p in self.advertised]
+            return pa.Table.from_pylist(rows)
+        return pa.Table.from_pylist(
+            [{"node": n, "partition": p} for p, n in self.advertised.items()]
+            + [{"node": "store-0", "partition": "other/0"}]
+        )
+
+    def connect(self, node: str) -> Node:
+        self.nodes.setdefault(node, Node(node, self))
+        return self.nodes[node]
+
+
+def orders(n: int) -> pa.Table:
+    return pa.table({"order_id": pa.array(range(n), pa.int64()), "amount": [float(i) for i in range(n)]})
+
+
+def load(cluster: Cluster, rows: pa.Table, **kw: Any) -> str:
+    return routed_load(
+        cluster,  # type: ignore[arg-type]
+        ORDERS,
+        rows,
+        cluster.connect,  # type: ignore[arg-type]
+        timeout=kw.pop("timeout", 5.0),
+        path="orders.csv",
+        poll=0.0,
+        **kw,
+    )
+
+
+def test_every_row_goes_to_its_partition_through_the_leader_then_waits_for_replication() -> None:
+    cluster = Cluster(LAYOUT)
+    message = load(cluster, orders(1000))
+    got: dict[str, list[int]] = {}
+    for node, partition, data in cluster.writes:
+        assert LAYOUT[partition] == node
+        got.setdefault(partition, []).extend(data.column("order_id").to_pylist())
+    assert sorted(i for ids in got.values() for i in ids) == list(range(1000))  # every row exactly once
+    for partition, ids in got.items():
+        index = partition_of(pa.table({"order_id": pa.array(ids, pa.int64())}), ["order_id"], 6)
+        assert {f"orders/{p}" for p in index.tolist()} == {partition}
+    assert sorted(cluster.flushed) == sorted((LAYOUT[p], p) for p in got)  # each written partition, once
+    assert cluster.polls_until_replicated <= 0
+    assert all(node.closed for node in cluster.nodes.values())
+    assert message.startswith(
+        "loaded 1,000 rows into orders: 6 of 6 partitions written through their leaders"
+    )
+
+
+def test_rows_go_in_slices_of_request_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "REQUEST_BYTES", 16 * 50)  # 16 bytes a row: about 50 rows a request
+    cluster = Cluster(LAYOUT)
+    load(cluster, orders(1000))
+    assert max(data.num_rows for _, _, data in cluster.writes) <= 50
+    assert sum(data.num_rows for _, _, data in cluster.writes) == 1000
+
+
+def test_a_moved_leader_is_followed_once_and_kept_for_later_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "REQUEST_BYTES", 16 * 50)
+    moved = {**LAYOUT, "orders/0": "store-1"}  # store-0 was down for a moment: store-1 leads orders/0
+    cluster = Cluster(moved, advertised=LAYOUT)
+    message = load(cluster, orders(1000))
+    zero = [node for node, partition, _ in cluster.writes if partition == "orders/0"]
+    assert len(zero) > 1 and set(zero) == {"store-1"}
+    assert cluster.refused == 1  # the first slice was refused; the later ones went to store-1 directly
+    assert ("store-1", "orders/0") in cluster.flushed
+    assert "(store-0, store-1, store-2)" in message
+    assert sum(d.num_rows for _, _, d in cluster.writes) == 1000
+
+
+def test_write_partition_follows_a_refusal_only_once() -> None:
+    cluster = Cluster({"orders/1": "store-2"})
+    assert write_partition(cluster.connect, "orders", "orders/1", "store-0", orders(3)) == "store-2"  # type: ignore[arg-type]
+    assert [(n, p) for n, p, _ in cluster.writes] == [("store-2", "orders/1")]
+
+    class Stale:
+        """A follower whose idea of the leader is itself stale: it names another follower."""
+
+        def __init__(self, name: str, names: str) -> None:
+            self.name, self.names, self.calls = name, names, 0
+
+        def write(self, table: str, data: pa.Table, *, partition: str | None = None) -> Any:
+            self.calls += 1
+            raise refusal(self.name, "orders/1", self.names)
+
+    nodes = {"store-0": Stale("store-0", "store-1"), "store-1": Stale("store-1", "store-2")}
+    with pytest.raises(ClientError, match="store-1 is not the leader of orders/1; leader: store-2"):
+        write_partition(nodes.__getitem__, "orders", "orders/1", "store-0", orders(3))  # type: ignore[arg-type]
+    assert nodes["store-0"].calls == 1 and nodes["store-1"].calls == 1
+
+
+def test_refusals_without_a_leader_are_raised() -> None:
+    cluster = Cluster({"orders/1": None})  # type: ignore[dict-item]
+    with pytest.raises(ClientError, match="leader: None"):
+        write_partition(cluster.connect, "orders", "orders/1", "store-1", orders(3))  # type: ignore[arg-type]
+    assert leader_in_refusal(refusal("a", "orders/1", "store-2")) == "store-2"
+    assert leader_in_refusal(refusal("a", "orders/1", None)) is None
+    assert leader_in_refusal(ClientError(ErrorCode.PROTOCOL, "write: schema mismatch")) is None
+
+
+def test_no_replication_node_up_is_one_line() -> None:
+    with pytest.raises(CommandError, match=r"^table orders: no replication node is up"):
+        current_leaders(Cluster({}), ORDERS)  # type: ignore[arg-type]
+
+    class NoCatalog:
+        def sql(self, text: str, **_: Any) -> pa.Table:
+            raise ClientError(ErrorCode.PROTOCOL, "[1005 PARSING] no table sparkbus_replicas")
+
+    with pytest.raises(CommandError, match="no replication node is up"):
+        current_leaders(NoCatalog(), ORDERS)  # type: ignore[arg-type]
+    assert current_leaders(Cluster(LAYOUT), ORDERS) == LAYOUT  # type: ignore[arg-type]
+
+
+def test_bad_rows_are_refused_before_anything_is_written() -> None:
+    cluster = Cluster(LAYOUT)
+    with pytest.raises(CommandError, match=r"^orders.csv: the rows have no key column order_id"):
+        load(cluster, pa.table({"id": [1, 2]}))
+    with pytest.raises(CommandError, match=r"^orders.csv: key column order_id has 1 null value"):
+        load(cluster, pa.table({"order_id": pa.array([1, None], pa.int64())}))
+    missing = Cluster({p: n for p, n in LAYOUT.items() if p != "orders/4"})
+    with pytest.raises(CommandError, match="no leader is up for orders/4"):
+        load(missing, orders(100))
+    assert cluster.writes == [] and missing.writes == []
+
+
+def test_replica_errors_and_timeouts_end_the_wait() -> None:
+    failing = Cluster(LAYOUT)
+    failing.error = "store-1: writing to orders/4 failed: disk full"
+    with pytest.raises(CommandError, match="disk full"):
+        load(failing, orders(100))
+    slow = Cluster(LAYOUT)
+    slow.polls_until_replicated = 10**9
+    with pytest.raises(CommandError, match=r"not replicated within 0 s: orders/0, orders/1"):
+        load(slow, orders(100), timeout=0.0)
