@@ -1,9 +1,10 @@
 """The main job's exchange comparison: one query's participant output moved by each of the three exchanges.
 
-A query can run with each of the three exchanges (docs/QUERY.md, Exchanges), but the main job's nodes
-run neither exchange's client role, so this measures the *transport* of the same bytes, not a query: the
-rows the chosen query's participants send to its initiator, cut into Arrow IPC pages of the bus batch
-size, moved from one bus node to another inside the driver process over loopback TCP:
+A query can run with each of the three exchanges (docs/QUERY.md, Exchanges), but the main job's stores
+run no ``binx.client`` and no node runs ``http.client``, so this measures the *transport* of the same
+bytes, not a query: the rows the chosen query's participants send to its initiator, cut into Arrow IPC
+pages of the bus batch size, moved from one bus node to another inside the driver process over loopback
+TCP:
 
 * push: the ``echo`` service's credit stream (``stream`` call), the bus mechanism query fragments use,
   with as many batches as there are pages, each the size of the largest page;
