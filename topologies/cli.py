@@ -189,9 +189,9 @@ _NOT_LEADER = re.compile(r"not the leader of \S+; leader: (\S+)")
 
 
 def _topology_table(args: argparse.Namespace) -> TableSpec | None:
-    """The ``[tables.X]`` entry of the topology the command connects by, or None (``--address``, or a
-    table the topology does not declare: loaded into the gateway node's catalog)."""
-    if args.address:
+    """The ``[tables.X]`` entry of the topology the command connects by, or None (``--address`` without
+    ``--topology``, or a table the topology does not declare: loaded into the gateway node's catalog)."""
+    if args.address and args.topology is None:
         return None
     topo = load(args.topology or DEFAULT_TOPOLOGY)
     return next((t for t in topo.tables if t.name == args.table), None)
@@ -506,13 +506,19 @@ def _add_cluster_parsers(sub: Any) -> None:
         "load",
         help="load a Parquet or CSV file into a table of a running cluster",
         description="Read a Parquet file or directory, or a CSV file with a header, and load its rows through "
-        "the thin client: into the gateway node's query catalog as table TABLE (what `sparkbus sql` reads), "
-        "and into the compute controller's table TABLE (what views read; created with the file's schema).",
+        "the thin client. A table the topology declares ([tables.TABLE]): each row goes to partition "
+        "pmod(hash(key), partitions) (Spark SQL's hash, as `sparkbus run` routes rows), written through the "
+        "partition's current leader and upserted by key; each partition written is flushed and the command "
+        "waits until it is replicated. Any other table: into the gateway node's query catalog as table TABLE. "
+        "Either way `sparkbus sql` reads it; the rows also go into the compute controller's table TABLE "
+        "(what views read; created with the file's schema).",
     )
     load_p.add_argument("table", help="the table name")
     load_p.add_argument("path", help="a .parquet file or directory, or a .csv file")
     load_p.add_argument(
-        "--replace", action="store_true", help="replace the SQL table's rows instead of adding"
+        "--replace",
+        action="store_true",
+        help="replace the SQL table's rows instead of adding (not for a replicated table of the topology)",
     )
     load_p.add_argument("--no-views", action="store_true", help="only the SQL table, not the compute table")
     _client_options(load_p)

@@ -12,7 +12,7 @@ import pytest
 
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.roles.client import ClientError
-from sparkbus.topologies import cli
+from sparkbus.topologies import cli, shipped
 from sparkbus.topologies.cli import (
     CommandError,
     current_leaders,
@@ -206,3 +206,22 @@ def test_replica_errors_and_timeouts_end_the_wait() -> None:
     slow.polls_until_replicated = 10**9
     with pytest.raises(CommandError, match=r"not replicated within 0 s: orders/0, orders/1"):
         load(slow, orders(100), timeout=0.0)
+
+
+def test_which_tables_are_routed() -> None:
+    parser = cli.build_parser()
+    topology = str(shipped("processes.toml"))
+    routed = cli._topology_table(parser.parse_args(["load", "orders", "x.csv", "--topology", topology]))
+    assert routed == ORDERS
+    assert cli._topology_table(parser.parse_args(["load", "events", "x.csv", "--topology", topology])) is None
+    by_address = [
+        "load",
+        "orders",
+        "x.csv",
+        "--address",
+        "tcp://127.0.0.1:1",
+        "--cluster-tag",
+        "processes/dev",
+    ]
+    assert cli._topology_table(parser.parse_args(by_address)) is None  # no topology: the gateway's catalog
+    assert cli._topology_table(parser.parse_args([*by_address, "--topology", topology])) == ORDERS
