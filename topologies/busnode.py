@@ -134,7 +134,8 @@ class BusNodeHandle:
 
     def bind(self) -> Endpoints:
         ep = self.node.bind()
-        return Endpoints(control=self._advertised(ep.control), data=self._advertised(ep.data))
+        http = f"{self._advertise}:{ep.http.rsplit(':', 1)[1]}" if ep.http else ""
+        return Endpoints(control=self._advertised(ep.control), data=self._advertised(ep.data), http=http)
 
     def _advertised(self, address: str) -> str:
         if not address.startswith("tcp://"):
@@ -144,7 +145,9 @@ class BusNodeHandle:
 
     def set_peers(self, peers: Mapping[str, Endpoints]) -> None:
         self._peers = {
-            k: BusEndpoints(control=v.control, data=v.data) for k, v in peers.items() if k != self.node_id
+            k: BusEndpoints(control=v.control, data=v.data, http=v.http)
+            for k, v in peers.items()
+            if k != self.node_id
         }
 
     def start(self) -> None:

@@ -161,6 +161,12 @@ ROLES.register(
     "binx.client", "role", "sparkbus.roles.exchange:make_client", "Presto BinX page exchange, fetching side"
 )
 ROLES.register(
+    "http.client",
+    "role",
+    "sparkbus.roles.exchange:make_http_client",
+    "Presto HTTP page exchange, fetching side (a query's exchange=http)",
+)
+ROLES.register(
     "compute.controller", "role", "sparkbus.roles.compute:make_controller", "Materialize compute controller"
 )
 ROLES.register(

@@ -22,24 +22,34 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "*", "::", ""})
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoints:
-    """Where a node can be reached: its control (messages) and data (stream batches) sockets."""
+    """Where a node can be reached: its control (messages) and data (stream batches) sockets, and its HTTP
+    exchange server (``host:port``; "" when the node runs no ``binx.server``)."""
 
     control: str
     data: str
+    http: str = ""
 
     def to_json(self) -> dict[str, str]:
-        return {"control": self.control, "data": self.data}
+        raw = {"control": self.control, "data": self.data}
+        if self.http:
+            raw["http"] = self.http
+        return raw
 
     @classmethod
     def from_json(cls, raw: Any) -> Endpoints:
         """Parse what a peer published; raises ValueError naming what is wrong."""
-        if not isinstance(raw, dict) or set(raw) != {"control", "data"}:
-            raise ValueError(f"endpoints must be an object with 'control' and 'data', got {json.dumps(raw)}")
-        if not all(isinstance(v, str) and "://" in v for v in raw.values()):
+        if not isinstance(raw, dict) or not {"control", "data"} <= set(raw) <= {"control", "data", "http"}:
+            raise ValueError(
+                f"endpoints must be an object with 'control', 'data' and optionally 'http', got {json.dumps(raw)}"
+            )
+        if not all(isinstance(raw[k], str) and "://" in raw[k] for k in ("control", "data")):
             raise ValueError(
                 f"endpoints must be ZeroMQ addresses such as tcp://host:port, got {json.dumps(raw)}"
             )
-        return cls(control=raw["control"], data=raw["data"])
+        http = raw.get("http", "")
+        if not isinstance(http, str) or (http and (":" not in http or "://" in http)):
+            raise ValueError(f"the http endpoint must be host:port, got {json.dumps(raw)}")
+        return cls(control=raw["control"], data=raw["data"], http=http)
 
 
 @dataclass(frozen=True, kw_only=True)

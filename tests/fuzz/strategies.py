@@ -173,12 +173,13 @@ def _segment_accepted() -> st.SearchStrategy[Any]:
 
 
 def _exchange_chosen() -> st.SearchStrategy[Any]:
-    from sparkbus.roles.query.exchange import BINX, ExchangeChosen
+    from sparkbus.roles.query.exchange import EXCHANGES, PUSH, ExchangeChosen
     from sparkbus.roles.query.messages import QueryId
 
     return st.builds(
-        lambda local: ExchangeChosen(query_id=QueryId(member="q1", local=local), exchange=BINX),
+        lambda local, kind: ExchangeChosen(query_id=QueryId(member="q1", local=local), exchange=kind),
         st.sampled_from(["t1.0.0.0", "a.1", "x"]),
+        st.sampled_from([k for k in EXCHANGES if k != PUSH]),  # push is the default: no message
     )
 
 

@@ -14,6 +14,7 @@ def test_known_names() -> None:
         "client.gateway",
         "compute.controller",
         "compute.replica",
+        "http.client",
         "query",
         "replication",
     ]

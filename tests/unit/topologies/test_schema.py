@@ -129,7 +129,7 @@ def test_unknown_role_lists_known_ones() -> None:
     text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "qeury"]')
     assert only_problem(text) == (
         "nodes[1].roles[1]: unknown role 'qeury'; known roles: binx.client, binx.server, "
-        "client.gateway, compute.controller, compute.replica, query, replication"
+        "client.gateway, compute.controller, compute.replica, http.client, query, replication"
     )
 
 
