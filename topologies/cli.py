@@ -160,7 +160,8 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         for i, part in enumerate(_slices(rows)):
             request = {
                 "table": args.table,
-                "batches": [table_to_ipc(part)],
+                # one record batch a stream, as the query role's load takes it (a CSV reads in many chunks)
+                "batches": [table_to_ipc(part.combine_chunks())],
                 "replace": args.replace and i == 0,
             }
             held = int(client.call(Op.LOAD, request, timeout=args.timeout))

@@ -67,7 +67,7 @@ def events(n: int) -> pa.Table:
 def test_load_sql_views_and_status_against_a_running_cluster(up: Up, tmp_path: Path) -> None:
     data = events(3000)
     parquet = tmp_path / "events.parquet"
-    pq.write_table(data, parquet)
+    pq.write_table(data, parquet, row_group_size=1000)  # read back in 3 chunks: sent as one batch a request
     csv = tmp_path / "more.csv"
     pcsv.write_csv(events(30), csv)
 
