@@ -171,6 +171,39 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         self._n_bytes_in += size
         inbound = self._by_rid.get(rid)
+        if inbound is None or seq != inbound.seq + 1 or session != inbound.session or code == _HELLO:
+            self._off_sequence(rid, inbound, code, session, seq, frames, now)
+            return
+        inbound.seq = seq
+        inbound.last_recv = now
+        if not inbound.confirmed:
+            self._confirm(inbound, now)
+        try:
+            msg = self._read_body(frames, code, zmask)
+        except DecodeError as exc:
+            self._body_refused(inbound, code, exc, now)
+            return
+        role = self._by_message.get(type(msg))
+        peer = inbound.peer
+        if role is not None and self._peers[peer].up:  # the hot path: a role's message on an open link
+            self._n_messages_in += 1
+            self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
+        else:
+            self._on_session_message(inbound, stream, msg, now)
+        if self._local:
+            self._drain_local(now)
+
+    def _off_sequence(
+        self,
+        rid: bytes,
+        inbound: _Inbound | None,
+        code: int,
+        session: int,
+        seq: int,
+        frames: Sequence[Buffer],
+        now: float,
+    ) -> None:
+        """A control message that is not the next one on its sender's session: a HELLO, or a refusal."""
         if code == _HELLO:
             self._on_hello(rid, frames, now)
             self._drain_local(now)
@@ -183,29 +216,18 @@ class NodeCore(LinkLayer, StreamLayer):
             # again. Not final, unlike a peer that never said HELLO at all.
             self._refuse_rid(rid, ErrorCode.STALE_SESSION, f"unknown session {session}", now, session=session)
             return
-        if seq != inbound.seq + 1:
-            reason = f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {seq}"
-            self._refuse_rid(rid, ErrorCode.SEQUENCE_GAP, reason, now, session=session)
-            self._link_lost(inbound.peer, reason, now)
-            return
-        inbound.seq = seq
-        inbound.last_recv = now
-        if not inbound.confirmed:
-            self._confirm(inbound, now)
-        try:
-            msg = self._read_body(frames, code, zmask)
-        except DecodeError as exc:
-            self._error_to(
-                inbound,
-                ErrorCode.MALFORMED if REGISTRY.class_of(code) is not None else ErrorCode.UNKNOWN_MESSAGE,
-                str(exc),
-                code,
-                now,
-            )
-            return
-        self._on_session_message(inbound, stream, msg, now)
-        if self._local:
-            self._drain_local(now)
+        reason = f"sequence gap on control from {inbound.peer}: expected {inbound.seq + 1}, got {seq}"
+        self._refuse_rid(rid, ErrorCode.SEQUENCE_GAP, reason, now, session=session)
+        self._link_lost(inbound.peer, reason, now)
+
+    def _body_refused(self, inbound: _Inbound, code: int, exc: DecodeError, now: float) -> None:
+        self._error_to(
+            inbound,
+            ErrorCode.MALFORMED if REGISTRY.class_of(code) is not None else ErrorCode.UNKNOWN_MESSAGE,
+            str(exc),
+            code,
+            now,
+        )
 
     def on_reply(self, peer: str, frames: Sequence[Buffer], now: float) -> None:
         """Frames that arrived on our DEALER towards ``peer`` (answers to our HELLO, errors)."""
@@ -374,12 +396,8 @@ class NodeCore(LinkLayer, StreamLayer):
     # ------------------------------------------------------------------ sessions
 
     def _on_session_message(self, inbound: _Inbound, stream: str | None, msg: Any, now: float) -> None:
+        """A message on an open session other than a role's message on a link that is up."""
         peer = inbound.peer
-        role = self._by_message.get(type(msg))
-        if role is not None and self._peers[peer].up:  # the hot path: a role's message on an open link
-            self._n_messages_in += 1
-            self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
-            return
         if isinstance(msg, Heartbeat):
             self._counts["heartbeats_in"] += 1
             return
@@ -400,7 +418,7 @@ class NodeCore(LinkLayer, StreamLayer):
                 now,
             )
             return
-        if role is None:
+        if type(msg) not in self._by_message:
             self._error_to(
                 inbound,
                 ErrorCode.NO_ROLE,
@@ -556,7 +574,8 @@ class NodeCore(LinkLayer, StreamLayer):
                 raise c.LocalProtocolError(f"no role on {self.node_id} takes {type(action.message).__name__}")
             self._local.append((role, c.MessageReceived(peer=self.node_id, message=action.message)))
             return
-        if not self.is_up(action.peer):
+        st = self._peers.get(action.peer)
+        if st is None or not st.up:
             raise c.LocalProtocolError(
                 f"cannot send {type(action.message).__name__}: peer {action.peer} is not connected"
             )
@@ -572,8 +591,11 @@ class NodeCore(LinkLayer, StreamLayer):
                 inbound.rid,
                 self._encode(msg, session=inbound.session, seq=inbound.reply_seq, stream=stream),
             )
-        else:
-            self._send_ctl(self._outbound[peer], msg, now, stream)
+            return
+        out = self._outbound[peer]  # _send_ctl, inline: the path of every message a role sends
+        out.seq += 1
+        out.last_sent = now
+        self._emit("ctl", peer, self._encode(msg, session=out.session, seq=out.seq, stream=stream))
 
     def _drain_local(self, now: float) -> None:
         while self._local:

@@ -11,6 +11,7 @@ Wire layout (``docs/PROTOCOL.md`` has it byte by byte)::
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,7 +123,18 @@ message = REGISTRY.register
 class _Shape:
     """What encoding and decoding one message class needs, compiled once per class (the hot path)."""
 
-    __slots__ = ("blob_fields", "cls", "code", "exact", "fields", "keys", "map_fields", "n_frames", "name")
+    __slots__ = (
+        "blob_fields",
+        "cls",
+        "code",
+        "exact",
+        "fields",
+        "keys",
+        "map_fields",
+        "n_frames",
+        "name",
+        "vars_body",
+    )
 
     def __init__(self, cls: type, code: int) -> None:
         schema = schema_of(cls)
@@ -145,6 +157,18 @@ class _Shape:
             if not self.blob_fields and all(t is not None for _, t, _ in self.fields)
             else None
         )
+        # Such a message whose class checks nothing on construction (no ``__post_init__``, every field set
+        # by ``__init__``, an instance dict) is rebuilt the way ``copy`` and ``pickle`` rebuild an object:
+        # its checked body map becomes the new instance's attributes, without ``__init__`` (whose frozen
+        # ``object.__setattr__`` per field cost twice as much). Its instance dict, which then holds exactly
+        # its fields, is also its body map when it is encoded (``vars_body``).
+        self.vars_body = (
+            self.exact is not None
+            and not hasattr(cls, "__post_init__")
+            and not hasattr(cls, "__slots__")
+            and getattr(cls, "__dictoffset__", 0) != 0
+            and all(f.init for f in dataclasses.fields(cls))
+        )
 
 
 class _ExtensionRefused(Exception):
@@ -155,9 +179,13 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise _ExtensionRefused(code)
 
 
+_unpackb = msgpack.unpackb
+_new = object.__new__
+
+
 def _unpack(data: Buffer, message_type: str, part: str) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
+        return _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
     except _ExtensionRefused as exc:
         raise DecodeError(
             message_type, part, f"msgpack extension type {exc.args[0]} is not allowed"
@@ -197,18 +225,33 @@ class EnvelopeCodec:
         # One Packer per codec, reused: ``msgpack.packb`` builds (and allocates a buffer for) a new one
         # per call. ``pack`` runs without releasing the GIL on the plain values it is given here.
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        # The registry's own tables (live: classes registered later are seen), read without a method call.
+        self._shape_of_cls = registry._shape_of_cls
+        self._shapes = registry._shapes
+        # Below both limits, no frame and no message can exceed either: one comparison for most messages.
+        self._small = min(limits.max_frame_bytes, limits.max_message_bytes)
 
     # -- encoding
 
     def encode(self, msg: Any, *, session: int = 0, seq: int = 0, stream: str | None = None) -> list[Buffer]:
         """Frames for ``msg``: header, body, then one frame per blob field."""
-        shape = self.registry.shape_of(type(msg))
-        body: dict[str, Any] = {}
-        for n in shape.map_fields:
-            value = getattr(msg, n)
-            body[n] = value if type(value) in _SCALARS else to_plain(value)
+        shape = self._shape_of_cls.get(type(msg)) or self.registry.shape_of(type(msg))
         pack = self._pack
-        payload: list[Buffer] = [pack(body)]
+        body: Buffer | None = None
+        if shape.vars_body:
+            fields = msg.__dict__
+            if len(fields) == len(shape.map_fields):
+                try:
+                    body = pack(fields)
+                except (TypeError, ValueError):
+                    body = None  # a value msgpack cannot pack as it is: to_plain converts or names it
+        if body is None:
+            plain: dict[str, Any] = {}
+            for n in shape.map_fields:
+                value = getattr(msg, n)
+                plain[n] = value if type(value) in _SCALARS else to_plain(value)
+            body = pack(plain)
+        payload: list[Buffer] = [body]
         for n in shape.blob_fields:
             payload.append(getattr(msg, n))
         zmask = 0
@@ -239,18 +282,16 @@ class EnvelopeCodec:
         """
         if not frames:
             raise DecodeError("?", "<frames>", "empty message")
-        limits = self.limits
-        sizes = list(map(len, frames))
-        total = sum(sizes)
-        if (
-            len(sizes) > limits.max_frames
-            or total > limits.max_message_bytes
-            or max(sizes) > limits.max_frame_bytes
-        ):
-            check_frames(frames, limits)  # raises, naming the limit
-        if sizes[0] > _MAX_HEADER_BYTES:
-            raise DecodeError("?", "<header>", f"{sizes[0]} bytes, limit is {_MAX_HEADER_BYTES}")
-        raw = _unpack(frames[0], "?", "<header>")
+        total = sum(map(len, frames))
+        if total > self._small or len(frames) > self.limits.max_frames:
+            check_frames(frames, self.limits)  # raises, naming the limit, unless all is within them
+        header = frames[0]
+        if len(header) > _MAX_HEADER_BYTES:
+            raise DecodeError("?", "<header>", f"{len(header)} bytes, limit is {_MAX_HEADER_BYTES}")
+        try:
+            raw = _unpackb(header, raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
+        except Exception:
+            raw = _unpack(header, "?", "<header>")  # raises the DecodeError that says why
         if type(raw) is not list or len(raw) != _HEADER_LEN:
             raise DecodeError("?", "<header>", f"expected an array of {_HEADER_LEN}")
         version, code, session, seq, stream, zmask = raw
@@ -298,7 +339,7 @@ class EnvelopeCodec:
         Raises:
             DecodeError: as ``decode``.
         """
-        shape = self.registry.shape(code)
+        shape = self._shapes.get(code)
         if shape is None:
             raise DecodeError(f"<type {code:#x}>", "<header>.type", "unknown message type")
         name = shape.name
@@ -308,16 +349,25 @@ class EnvelopeCodec:
         if zmask:
             if zmask >> (expected - 1):
                 raise DecodeError(name, "<header>.zmask", f"marks frames that do not exist ({zmask:#x})")
-            payload = [self._payload(frames[i + 1], zmask, i, name) for i in range(expected - 1)]
+            payload: Sequence[Buffer] = [
+                self._payload(frames[i + 1], zmask, i, name) for i in range(expected - 1)
+            ]
         else:
-            payload = list(frames[1:])
-        plain = _unpack(payload[0], name, "<body>")
+            payload = frames[1:]
+        try:
+            plain = _unpackb(payload[0], raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
+        except Exception:
+            plain = _unpack(payload[0], name, "<body>")  # raises the DecodeError that says why
         plain_fields = shape.exact
         if plain_fields is not None and type(plain) is dict and len(plain) == len(plain_fields):
             for n, t in plain_fields:
                 if type(plain.get(n)) is not t:
                     break
             else:
+                if shape.vars_body:
+                    msg: Any = _new(shape.cls)
+                    msg.__dict__.update(plain)
+                    return msg
                 try:
                     return shape.cls(**plain)
                 except (TypeError, ValueError):

@@ -201,3 +201,36 @@ def test_registering_twice_or_non_frozen_is_an_error() -> None:
 
     with pytest.raises(EncodeError):
         EnvelopeCodec(reg).encode(Ping(nonce=1))
+
+
+def test_a_plain_message_decoded_without_its_constructor_is_the_same_message() -> None:
+    """Plain has no __post_init__: it is rebuilt from its checked body map, as pickle would rebuild it."""
+    sent = Plain(count=3, label="x", raw=b"r", flag=False)
+    got = codec.decode(codec.encode(sent, session=4, seq=5)).message
+    assert type(got) is Plain
+    assert got == sent and hash(got) == hash(sent) and repr(got) == repr(sent)
+    assert codec.encode(got, session=4, seq=5) == codec.encode(sent, session=4, seq=5)
+
+
+def test_a_plain_message_encodes_its_fields_only_and_converts_what_needs_it() -> None:
+    reference = codec.encode(Plain(count=1, label="x", raw=b"r", flag=True))
+    extra = Plain(count=1, label="x", raw=b"r", flag=True)
+    object.__setattr__(extra, "_cached", 7)  # an attribute that is not a field never goes on the wire
+    assert codec.encode(extra) == reference
+    assert codec.encode(Plain(count=Color.RED, label="x", raw=bytearray(b"r"), flag=True)) == reference
+    with pytest.raises(EncodeError):
+        codec.encode(Plain(count=1, label=object(), raw=b"r", flag=True))  # type: ignore[arg-type]
+
+
+def test_frames_over_one_limit_are_checked_against_each() -> None:
+    """Below both size limits nothing is counted twice; above the smaller one every limit is checked."""
+    frames = codec.encode(Plain(count=1, label="y" * 60, raw=b"r" * 60, flag=True))
+    assert len(frames[1]) < 150 < sum(map(len, frames))
+    roomy_message = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_frame_bytes=150, max_message_bytes=10_000))
+    assert roomy_message.decode(frames).message.label == "y" * 60
+    tight_message = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_frame_bytes=10_000, max_message_bytes=150))
+    with pytest.raises(DecodeError, match="in all, limit is 150"):
+        tight_message.decode(frames)
+    tight_frame = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_frame_bytes=100))
+    with pytest.raises(DecodeError, match="limit is 100"):
+        tight_frame.decode(frames)
