@@ -19,8 +19,8 @@ Phases, in order (``phases_s`` of the report; docs/MAIN_JOB.md explains each fig
    compared with Spark's, p50 latencies.
 7. ``view``: the events go into the compute controller, a view is created, more rows are written, and
    each peek must reflect them.
-8. ``exchange``: one query's participant output moved by push streams, BinX and HTTP
-   (``mainjob_exchange``).
+8. ``exchange``: one query run with each exchange (push streams, BinX, HTTP), the same rows from each,
+   and its participant output moved by each alone (``mainjob_exchange``).
 
 Once the nodes run, everything talks to the cluster through the thin client: ``ClientCluster`` is
 ``sparkbus.connect`` to the coordinator's control endpoint (its ``client.gateway`` role routes SQL to
@@ -131,7 +131,7 @@ class Options:
 class Cluster(Protocol):
     """What the main job needs from a running cluster."""
 
-    def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table: ...
+    def sql(self, text: str, *, timeout: float = 60.0, exchange: str | None = None) -> pa.Table: ...
 
     def create_table(self, name: str, schema: pa.Schema) -> None: ...
 
@@ -157,8 +157,11 @@ class ClientCluster:
 
         return cls(connect(address, cluster_tag=cluster_tag, **kw))
 
-    def sql(self, text: str, *, timeout: float = 60.0) -> pa.Table:
-        return self.client.sql(text, timeout=timeout)
+    def sql(self, text: str, *, timeout: float = 60.0, exchange: str | None = None) -> pa.Table:
+        """``text``'s result; ``exchange`` picks the query's exchange (the query role's default when None)."""
+        if exchange is None:
+            return self.client.sql(text, timeout=timeout)
+        return self.client.sql(text, timeout=timeout, exchange=exchange)
 
     def create_table(self, name: str, schema: pa.Schema) -> None:
         self.client.create_table(name, schema)
@@ -578,7 +581,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     _check_java()
 
     from sparkbus.roles.client import ClientError  # noqa: PLC0415
-    from sparkbus.topologies.mainjob_exchange import compare_exchanges  # noqa: PLC0415
+    from sparkbus.topologies.mainjob_exchange import compare_exchanges, query_per_exchange  # noqa: PLC0415
     from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, embedded_session  # noqa: PLC0415
 
     phases: dict[str, float] = {}
@@ -652,12 +655,17 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                 console.print("view: feeding the compute controller, creating the view, writing more rows")
                 view = _view(cluster, events, rows)
             with _phase(phases, "exchange"):
-                console.print(f"exchange: moving the output of '{EXCHANGE_QUERY}' by push, BinX and HTTP")
+                console.print(f"exchange: running '{EXCHANGE_QUERY}' with push, BinX and HTTP")
                 ex_query = next(q for q in QUERIES if q.name == EXCHANGE_QUERY)
                 exchange = {
                     "query": ex_query.name,
                     **compare_exchanges(cluster.sql(ex_query.sql), bus_config(topo)),
+                    **query_per_exchange(cluster, ex_query.sql),
                 }
+                if not exchange["query_results_match"]:
+                    raise JobError(
+                        f"'{EXCHANGE_QUERY}' gave different rows by exchange: {exchange['query_mismatch']}"
+                    )
             for c in clusters:
                 c.close()
             clusters.clear()

@@ -1,10 +1,13 @@
-"""The main job's exchange comparison: one query's participant output moved by each of the three exchanges.
+"""The main job's exchange comparison: one query run with each of the three exchanges, and its output moved
+by each.
 
-A query can run with each of the three exchanges (docs/QUERY.md, Exchanges), but the main job's stores
-run no ``binx.client`` and no node runs ``http.client``, so this measures the *transport* of the same
-bytes, not a query: the rows the chosen query's participants send to its initiator, cut into Arrow IPC
-pages of the bus batch size, moved from one bus node to another inside the driver process over loopback
-TCP:
+``query_per_exchange`` runs the query through the thin client with ``exchange`` push, binx and http in
+turn (every node of the shipped topologies runs ``binx.server``, ``binx.client`` and ``http.client``),
+checks the three results are the same rows, and gives each exchange's p50.
+
+``compare_exchanges`` measures the *transport* of the same bytes alone: the rows the chosen query's
+participants send to its initiator, cut into Arrow IPC pages of the bus batch size, moved from one bus
+node to another inside the driver process over loopback TCP:
 
 * push: the ``echo`` service's credit stream (``stream`` call), the bus mechanism query fragments use,
   with as many batches as there are pages, each the size of the largest page;
@@ -48,6 +51,40 @@ def pages_of(table: pa.Table, page_bytes: int) -> list[bytes]:
 
 def _p50_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
+
+
+def _rows_of(table: pa.Table) -> pa.Table:
+    """``table`` in a canonical row order (an unordered query's rows may come in any order)."""
+    return table.sort_by([(name, "ascending") for name in table.column_names]) if table.num_rows else table
+
+
+def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``sql`` ``reps`` times with each exchange (the order rotating every round); p50 milliseconds per
+    exchange and whether every run returned the same rows as the first push run.
+
+    Args:
+        cluster: a connected thin client (``Client.sql`` takes ``exchange``).
+    """
+    kinds = ("push", "binx", "http")
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
+    reference: pa.Table | None = None
+    mismatch = ""
+    for i in range(reps):
+        for kind in kinds[i % 3 :] + kinds[: i % 3]:
+            t0 = time.perf_counter()
+            got = cluster.sql(sql, timeout=timeout, exchange=kind)
+            samples[kind].append(time.perf_counter() - t0)
+            rows = _rows_of(got)
+            if reference is None:
+                reference = rows
+            elif not mismatch and not rows.equals(reference):
+                mismatch = f"{kind}: {rows.num_rows} rows differ from the first run's {reference.num_rows}"
+    return {
+        "query_p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
+        "query_reps": reps,
+        "query_results_match": not mismatch,
+        "query_mismatch": mismatch,
+    }
 
 
 def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> dict[str, Any]:
@@ -127,6 +164,7 @@ def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> d
         "reps": reps,
         "p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
         "mb_per_s": {k: round(total / statistics.median(v) / 1e6, 1) for k, v in samples.items()},
-        "what": "transport only: the query's participant output as Arrow IPC pages, moved between two bus "
-        "nodes in the driver process over loopback (not a query run with each exchange)",
+        "what": "p50_ms, mb_per_s: the transport alone, the query's participant output as Arrow IPC pages "
+        "moved between two bus nodes in the driver process over loopback; query_p50_ms: the query run "
+        "through the thin client with each exchange",
     }

@@ -160,10 +160,12 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
         f"written rows; write to fresh peek p50 {view['write_to_peek_p50_ms']:.1f} ms"
     )
     if ex is not None:
-        p50 = ex["p50_ms"]
+        p50, q50 = ex["p50_ms"], ex["query_p50_ms"]
         console.print(
-            f"exchange ({ex['query']}, {ex['bytes']:,} bytes in {ex['pages']} pages): push {p50['push']:.2f} ms, "
-            f"BinX {p50['binx']:.2f} ms, HTTP {p50['http']:.2f} ms (transport only)"
+            f"exchange ({ex['query']}): the query with push {q50['push']:.2f} ms, BinX {q50['binx']:.2f} ms, "
+            f"HTTP {q50['http']:.2f} ms (same rows: {'yes' if ex['query_results_match'] else 'NO'}); "
+            f"its {ex['bytes']:,} bytes in {ex['pages']} pages alone: push {p50['push']:.2f} ms, "
+            f"BinX {p50['binx']:.2f} ms, HTTP {p50['http']:.2f} ms"
         )
     verdict = (
         "all results match Spark SQL" if report["all_results_match"] else "RESULTS DIFFER from Spark SQL"

@@ -53,6 +53,9 @@ def test_main_job_matches_spark_sql_and_keeps_the_view_fresh(tmp_path: Path) -> 
     assert view["rows_after_writes"] == ROWS + view["written_rows"] and view["written_rows"] > 0
     assert report["load"]["load_vs_toarrow"] > 0 and report["load"]["partitions"] == 8
     assert set(report["exchange"]["p50_ms"]) == {"push", "binx", "http"}
+    # the query itself ran with each exchange and gave the same rows
+    assert set(report["exchange"]["query_p50_ms"]) == {"push", "binx", "http"}
+    assert report["exchange"]["query_results_match"] is True
     assert {"load", "sparkbus_queries", "spark_queries", "view", "exchange", "total"} <= set(
         report["phases_s"]
     )
