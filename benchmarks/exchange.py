@@ -15,6 +15,14 @@ over chunks <= 256 KiB) and ``binx_vs_http_large_min_ratio`` (chunks >= 1 MiB), 
 like the RFC's (chunk size by parallel exchanges) in a PNG next to the JSON (``--out x.json`` -> ``x.png``;
 matplotlib comes with the ``spark`` extra). Cells whose total would
 exceed ``--max-cell-bytes`` use fewer chunks per buffer (recorded per cell).
+
+Then the exchanges inside a query: three real bus nodes in this process on 127.0.0.1 (initiator ``i``,
+participants ``p1`` and ``p2`` holding 200k rows of ``t`` between them; each runs the query role,
+``binx.server``, ``binx.client`` and ``http.client``) run the same queries (filter, group-by, top-k, a wide
+SELECT) with ``push``, ``binx`` and ``http``, interleaved (the order rotates every run) after a few warm-up
+runs. Figures: ``query_p50_ms`` (query -> exchange -> p50 of the wall time of ``Query.run`` on the
+initiator), ``query_results_match`` (every run's result equals push's once both are sorted) and the run
+counts.
 """
 
 from __future__ import annotations
@@ -30,15 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import parser, table, write
 
+from sparkbus.bus import BusConfig
 from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, Send
 from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
+from sparkbus.bus.node import Node
 from sparkbus.codecs import EnvelopeCodec, Limits
-from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
+from sparkbus.roles.exchange import BinxClient, BinxServer, HttpClient, OutputBuffers
+from sparkbus.roles.query import QueryRole
+from sparkbus.roles.query.api import Query, load
 
 KiB, MiB = 1024, 1024 * 1024
 LIMITS = Limits(max_frame_bytes=64 * MiB, max_message_bytes=128 * MiB)
@@ -297,6 +311,112 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+# ---------------------------------------------------------------- the exchanges inside a query
+
+QUERY_NODES = ("i", "p1", "p2")
+QUERY_EXCHANGES = ("push", "binx", "http")
+QUERY_ROWS = 200_000
+#: name -> SQL; the shapes of the table in QUERY.md (Exchanges).
+NODE_QUERIES: dict[str, str] = {
+    "filter": "SELECT x, y FROM t WHERE x % 1000 = 3",
+    "group_by": "SELECT k, count(*) AS n, sum(x) AS s, max(y) AS m FROM t GROUP BY k",
+    "top_k": "SELECT x, k FROM t ORDER BY x DESC LIMIT 20",
+    "wide_select": "SELECT x FROM t",
+}
+
+
+def query_table(rows: int) -> pa.Table:
+    """``t``: ``k`` (a, b, c, null in turn), ``x`` (0 .. rows - 1), ``y`` (x / 2)."""
+    idx = pa.array(range(rows), pa.int64())
+    keys = pa.array(["a", "b", "c", None])
+    return pa.table(
+        {
+            "k": pc.take(keys, pc.bit_wise_and(idx, 3)),
+            "x": idx,
+            "y": pc.multiply(pc.cast(idx, pa.float64()), 0.5),
+        }
+    )
+
+
+def canonical(result: pa.Table) -> pa.Table:
+    """The rows sorted on every column, so results that differ only in row order compare equal."""
+    return result.sort_by([(name, "ascending") for name in result.column_names]).combine_chunks()
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    if a.num_rows != b.num_rows or a.column_names != b.column_names:
+        return False
+    ca, cb = canonical(a), canonical(b)
+    # Table.equals also compares schema details (field nullability); fall back to the values themselves.
+    return ca.equals(cb) or ca.to_pylist() == cb.to_pylist()
+
+
+def query_exchanges(quick: bool) -> dict[str, Any]:
+    """Start three nodes in this process, run every query of ``NODE_QUERIES`` with each exchange, stop them."""
+    warm_up, runs = (3, 15) if quick else (3, 30)
+    config = BusConfig(cluster_tag="bench-exchange", heartbeat_interval=1.0, peer_timeout=15.0)
+    nodes = {
+        n: Node(
+            n,
+            config,
+            [
+                QueryRole(n),
+                BinxServer(OutputBuffers(instance_id=n)),
+                BinxClient(rng=random.Random(n)),
+                HttpClient(rng=random.Random(f"http/{n}")),
+            ],
+        )
+        for n in QUERY_NODES
+    }
+    times: dict[str, dict[str, list[float]]] = {q: {x: [] for x in QUERY_EXCHANGES} for q in NODE_QUERIES}
+    mismatches: list[str] = []
+    try:
+        endpoints = {n: node.bind() for n, node in nodes.items()}
+        for n, node in nodes.items():
+            node.start({k: v for k, v in endpoints.items() if k != n})
+        for node in nodes.values():
+            node.wait_ready(30)
+        data = query_table(QUERY_ROWS)
+        half = QUERY_ROWS // 2
+        load(nodes["p1"], "t", data.slice(0, half))
+        load(nodes["p2"], "t", data.slice(half))
+        for name, text in NODE_QUERIES.items():
+            queries = {
+                x: Query(sql=text, participants=QUERY_NODES, exchange=x, timeout=20.0)
+                for x in QUERY_EXCHANGES
+            }
+            expected = queries["push"].run(nodes["i"])
+            for rep in range(warm_up + runs):
+                shift = rep % len(QUERY_EXCHANGES)  # push, binx, http; binx, http, push; http, push, binx
+                for x in QUERY_EXCHANGES[shift:] + QUERY_EXCHANGES[:shift]:
+                    t0 = time.perf_counter()
+                    got = queries[x].run(nodes["i"])
+                    elapsed = time.perf_counter() - t0
+                    if rep >= warm_up:
+                        times[name][x].append(elapsed)
+                    if not same_rows(got, expected):
+                        mismatches.append(f"{name}/{x}/run {rep}")
+    finally:
+        for node in nodes.values():
+            node.stop()
+    return {
+        "query_transport": (
+            "three bus nodes in this process on 127.0.0.1 (initiator i, participants p1 and p2 with "
+            f"{QUERY_ROWS // 2} rows of t each), each running query, binx.server, binx.client and http.client; "
+            "wall time of Query.run on the initiator"
+        ),
+        "query_rows": QUERY_ROWS,
+        "query_sql": dict(NODE_QUERIES),
+        "query_warm_up_runs": warm_up,
+        "query_runs": runs,
+        "query_p50_ms": {
+            q: {x: statistics.median(ts) * 1e3 for x, ts in by_x.items()} for q, by_x in times.items()
+        },
+        "query_results_match": not mismatches,
+        "query_mismatches": mismatches[:20],
+    }
+
+
 def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
@@ -390,6 +510,8 @@ def main() -> None:
         "binx_vs_http_large_min_ratio": min(large) if large else None,
         "binx_vs_http_small_min_cpu_ratio": min(small_cpu) if small_cpu else None,
         "binx_vs_http_large_min_cpu_ratio": min(large_cpu) if large_cpu else None,
+        # After the server processes above have stopped, so the nodes have the cores to themselves.
+        **query_exchanges(args.quick),
     }
     png = heatmap(matrix, args.out.with_suffix(".png"), args.quick)
     figures["heatmap"] = png.name if png is not None else None
@@ -417,6 +539,15 @@ def main() -> None:
         f"large {figures['binx_vs_http_large_min_ratio']:.2f}; min cpu ratio: small "
         f"{figures['binx_vs_http_small_min_cpu_ratio'] or 0:.2f}, "
         f"large {figures['binx_vs_http_large_min_cpu_ratio'] or 0:.2f}"
+    )
+    p50 = figures["query_p50_ms"]
+    q_rows = [(q, *(f"{p50[q][x]:.2f}" for x in QUERY_EXCHANGES)) for q in p50]
+    print()
+    print(table(q_rows, ("query", *(f"{x} p50 ms" for x in QUERY_EXCHANGES))))
+    print(
+        f"{figures['query_runs']} runs per exchange after {figures['query_warm_up_runs']} warm-up runs; "
+        f"results match push's: {figures['query_results_match']}"
+        + ("" if figures["query_results_match"] else f" (not: {', '.join(figures['query_mismatches'])})")
     )
 
 
