@@ -50,6 +50,7 @@ from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec
 log = logging.getLogger("sparkbus.bus")
 
 _HELLO = REGISTRY.code_of(Hello)
+_NEVER = float("inf")
 _BUS_MESSAGES = frozenset({Hello, Welcome, Reject, Heartbeat, Error, Bye, StreamBatch, FlowControl})
 
 
@@ -329,23 +330,33 @@ class NodeCore(LinkLayer, StreamLayer):
         self._drain_local(now)
 
     def next_deadline(self) -> float | None:
-        """When ``tick`` next has something to do (for the loop's poll timeout)."""
-        cands: list[float] = []
+        """When ``tick`` next has something to do (for the loop's poll timeout).
+
+        Asked once per loop turn: plain loops and comparisons, no list or generator to build.
+        """
         cfg = self.config
+        best = _NEVER
         for out in self._outbound.values():
-            if out.state == "established":
-                cands.append(out.last_sent + cfg.heartbeat_interval)
-            elif out.state in ("idle", "hello_sent"):
-                cands.append(out.hello_at + cfg.handshake_timeout)
-        cands.extend(i.last_recv + cfg.peer_timeout for i in self._inbound.values())
-        while (
-            self._timer_heap
-            and self._timers.get((self._timer_heap[0][1], self._timer_heap[0][2])) != self._timer_heap[0][0]
-        ):
-            heapq.heappop(self._timer_heap)
-        if self._timer_heap:
-            cands.append(self._timer_heap[0][0])
-        return min(cands) if cands else None
+            state = out.state
+            if state == "established":
+                at = out.last_sent + cfg.heartbeat_interval
+            elif state in {"hello_sent", "idle"}:
+                at = out.hello_at + cfg.handshake_timeout
+            else:
+                continue
+            best = min(best, at)
+        if self._inbound:
+            timeout = cfg.peer_timeout
+            for inbound in self._inbound.values():
+                best = min(best, inbound.last_recv + timeout)
+        heap = self._timer_heap
+        if heap:
+            timers = self._timers
+            while heap and timers.get((heap[0][1], heap[0][2])) != heap[0][0]:
+                heapq.heappop(heap)
+            if heap:
+                best = min(best, heap[0][0])
+        return None if best == _NEVER else best
 
     def call(self, role: str, name: str, args: dict[str, Any], now: float) -> int:
         """Deliver a ``LocalCall``; the answer appears as a ``Completed`` output."""
