@@ -344,18 +344,21 @@ class NodeCore(LinkLayer, StreamLayer):
                 at = out.hello_at + cfg.handshake_timeout
             else:
                 continue
-            best = min(best, at)
+            if at < best:  # noqa: PLR1730 (a comparison, where min() is a call: this runs every loop turn)
+                best = at
         if self._inbound:
             timeout = cfg.peer_timeout
             for inbound in self._inbound.values():
-                best = min(best, inbound.last_recv + timeout)
+                at = inbound.last_recv + timeout
+                if at < best:  # noqa: PLR1730
+                    best = at
         heap = self._timer_heap
         if heap:
             timers = self._timers
             while heap and timers.get((heap[0][1], heap[0][2])) != heap[0][0]:
                 heapq.heappop(heap)
-            if heap:
-                best = min(best, heap[0][0])
+            if heap and heap[0][0] < best:
+                best = heap[0][0]
         return None if best == _NEVER else best
 
     def call(self, role: str, name: str, args: dict[str, Any], now: float) -> int:
