@@ -77,7 +77,14 @@ def report(queries: list[QueryResult]) -> dict[str, object]:
             "replication": 2,
         },
         view={"name": "v", "fresh": True, "written_rows": 10, "write_to_peek_p50_ms": 1.0},
-        exchange={"query": "q", "bytes": 10, "pages": 1, "p50_ms": {"push": 1.0, "binx": 2.0, "http": 3.0}},
+        exchange={
+            "query": "q",
+            "bytes": 10,
+            "pages": 1,
+            "p50_ms": {"push": 1.0, "binx": 2.0, "http": 3.0},
+            "query_p50_ms": {"push": 4.0, "binx": 5.0, "http": 6.0},
+            "query_results_match": True,
+        },
     )
 
 
@@ -103,6 +110,7 @@ def test_report_is_json_and_the_summary_prints(tmp_path: Path) -> None:
     print_summary(r, Console(file=out, width=200))
     text = out.getvalue()
     assert "point" in text and "50.0x" in text and "all results match Spark SQL" in text
+    assert "the query with push 4.00 ms, BinX 5.00 ms, HTTP 6.00 ms (same rows: yes)" in text
 
 
 def test_written_rows_continue_the_ids() -> None:
