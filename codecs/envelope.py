@@ -150,20 +150,22 @@ class _Shape:
         self.fields: tuple[tuple[str, type | None, Converter], ...] = tuple(
             (n, hints[n] if hints[n] in _EXACT else None, schema.converters[n]) for n in schema.map_fields
         )
-        # A message of plain fields only (no blob, no conversion): its body map, once every value has its
-        # field's exact type, is the constructor's keywords as they are (most control messages).
+        # A message whose body fields are all plain (no conversion; most control messages, and a stream
+        # batch): its body map, once every value has its field's exact type, is the constructor's keywords
+        # as they are, with its blobs added.
         self.exact: tuple[tuple[str, type], ...] | None = (
             tuple((n, t) for n, t, _ in self.fields if t is not None)
-            if not self.blob_fields and all(t is not None for _, t, _ in self.fields)
+            if all(t is not None for _, t, _ in self.fields)
             else None
         )
-        # Such a message whose class checks nothing on construction (no ``__post_init__``, every field set
-        # by ``__init__``, an instance dict) is rebuilt the way ``copy`` and ``pickle`` rebuild an object:
-        # its checked body map becomes the new instance's attributes, without ``__init__`` (whose frozen
-        # ``object.__setattr__`` per field cost twice as much). Its instance dict, which then holds exactly
-        # its fields, is also its body map when it is encoded (``vars_body``).
+        # Such a message without blobs whose class checks nothing on construction (no ``__post_init__``,
+        # every field set by ``__init__``, an instance dict) is rebuilt the way ``copy`` and ``pickle``
+        # rebuild an object: its checked body map becomes the new instance's attributes, without
+        # ``__init__`` (whose frozen ``object.__setattr__`` per field cost twice as much). Its instance
+        # dict, which then holds exactly its fields, is also its body map when it is encoded (``vars_body``).
         self.vars_body = (
             self.exact is not None
+            and not self.blob_fields
             and not hasattr(cls, "__post_init__")
             and not hasattr(cls, "__slots__")
             and getattr(cls, "__dictoffset__", 0) != 0
@@ -368,10 +370,14 @@ class EnvelopeCodec:
                     msg: Any = _new(shape.cls)
                     msg.__dict__.update(plain)
                     return msg
+                blob_fields = shape.blob_fields
+                for n, frame in zip(blob_fields, payload[1:], strict=True):
+                    plain[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame
                 try:
                     return shape.cls(**plain)
                 except (TypeError, ValueError):
-                    pass  # from_plain raises the DecodeError that names the field
+                    for n in blob_fields:
+                        del plain[n]  # from_plain raises the DecodeError that names the field
         blobs: dict[str, Any] = {}
         for n, frame in zip(shape.blob_fields, payload[1:], strict=True):
             blobs[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame

@@ -59,3 +59,17 @@ class Plain:
     label: str
     raw: bytes
     flag: bool
+
+
+@TEST_REGISTRY.register(0x7004)
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """Plain body fields and a blob, checked on construction (the shape of a stream batch)."""
+
+    ordinal: int
+    last: bool
+    data: bytes = blob()
+
+    def __post_init__(self) -> None:
+        if self.ordinal < 0:
+            raise ValueError(f"ordinal must be >= 0, got {self.ordinal}")

@@ -9,7 +9,7 @@ import pytest
 
 from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
 
-from .messages import TEST_REGISTRY, Color, Everything, Inner, Ping, Plain
+from .messages import TEST_REGISTRY, Chunk, Color, Everything, Inner, Ping, Plain
 
 codec = EnvelopeCodec(TEST_REGISTRY)
 
@@ -234,3 +234,22 @@ def test_frames_over_one_limit_are_checked_against_each() -> None:
     tight_frame = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_frame_bytes=100))
     with pytest.raises(DecodeError, match="limit is 100"):
         tight_frame.decode(frames)
+
+
+def test_a_message_of_plain_fields_and_a_blob_keeps_its_checks_and_its_zero_copy() -> None:
+    frames = codec.encode(Chunk(ordinal=2, last=True, data=b"d" * 1000), session=1, seq=1)
+    view = [frames[0], frames[1], memoryview(frames[2])]
+    kept = codec.decode(view, copy_blobs=False).message
+    assert isinstance(kept.data, memoryview) and kept == Chunk(ordinal=2, last=True, data=b"d" * 1000)
+    copied = codec.decode(view).message
+    assert type(copied.data) is bytes and copied.data == b"d" * 1000
+    for body, field, reason in (
+        ({"ordinal": -1, "last": True}, "ordinal", "ordinal must be >= 0"),  # the constructor's own check
+        ({"ordinal": 1, "last": 1}, "last", "expected bool"),
+        ({"ordinal": 1, "last": True, "data": b"x"}, "data", "unexpected field"),  # a blob in the body
+        ({"ordinal": 1}, "last", "missing field"),
+    ):
+        with pytest.raises(DecodeError) as err:
+            codec.decode(with_body(view, body))
+        assert (err.value.message_type, err.value.field) == ("Chunk", field)
+        assert reason in err.value.reason
