@@ -133,6 +133,7 @@ class _Shape:
         "map_fields",
         "n_frames",
         "name",
+        "post_init",
         "vars_body",
     )
 
@@ -158,19 +159,22 @@ class _Shape:
             if all(t is not None for _, t, _ in self.fields)
             else None
         )
-        # Such a message without blobs whose class checks nothing on construction (no ``__post_init__``,
-        # every field set by ``__init__``, an instance dict) is rebuilt the way ``copy`` and ``pickle``
-        # rebuild an object: its checked body map becomes the new instance's attributes, without
-        # ``__init__`` (whose frozen ``object.__setattr__`` per field cost twice as much). Its instance
-        # dict, which then holds exactly its fields, is also its body map when it is encoded (``vars_body``).
+        # Such a message without blobs, built by the dataclass ``__init__`` (every field an init field, no
+        # InitVar, an instance dict), is rebuilt the way ``copy`` and ``pickle`` rebuild an object: its
+        # checked body map becomes the new instance's attributes, then its ``__post_init__`` (if any) runs
+        # as ``__init__`` would run it, without the frozen ``object.__setattr__`` per field that made
+        # ``__init__`` cost twice as much. Its instance dict, which then holds exactly its fields, is also
+        # its body map when it is encoded (``vars_body``).
         self.vars_body = (
             self.exact is not None
             and not self.blob_fields
-            and not hasattr(cls, "__post_init__")
             and not hasattr(cls, "__slots__")
             and getattr(cls, "__dictoffset__", 0) != 0
+            and cls.__dataclass_params__.init  # type: ignore[attr-defined]
             and all(f.init for f in dataclasses.fields(cls))
+            and len(dataclasses.fields(cls)) == len(cls.__dataclass_fields__)  # type: ignore[attr-defined]
         )
+        self.post_init: Callable[[Any], None] | None = getattr(cls, "__post_init__", None)
 
 
 class _ExtensionRefused(Exception):
@@ -369,7 +373,13 @@ class EnvelopeCodec:
                 if shape.vars_body:
                     msg: Any = _new(shape.cls)
                     msg.__dict__.update(plain)
-                    return msg
+                    if shape.post_init is None:
+                        return msg
+                    try:
+                        shape.post_init(msg)
+                        return msg
+                    except (TypeError, ValueError):
+                        pass  # from_plain raises the DecodeError that names the field
                 blob_fields = shape.blob_fields
                 for n, frame in zip(blob_fields, payload[1:], strict=True):
                     plain[n] = bytes(frame) if copy_blobs and type(frame) is not bytes else frame

@@ -73,3 +73,18 @@ class Chunk:
     def __post_init__(self) -> None:
         if self.ordinal < 0:
             raise ValueError(f"ordinal must be >= 0, got {self.ordinal}")
+
+
+@TEST_REGISTRY.register(0x7005)
+@dataclass(frozen=True, kw_only=True)
+class Tagged:
+    """Plain fields whose ``__post_init__`` normalises one and caches a value that is not a field."""
+
+    name: str
+    weight: int
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"weight must be >= 0, got {self.weight}")
+        object.__setattr__(self, "name", self.name.lower())
+        object.__setattr__(self, "_key", (self.name, self.weight))

@@ -9,7 +9,7 @@ import pytest
 
 from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
 
-from .messages import TEST_REGISTRY, Chunk, Color, Everything, Inner, Ping, Plain
+from .messages import TEST_REGISTRY, Chunk, Color, Everything, Inner, Ping, Plain, Tagged
 
 codec = EnvelopeCodec(TEST_REGISTRY)
 
@@ -253,3 +253,15 @@ def test_a_message_of_plain_fields_and_a_blob_keeps_its_checks_and_its_zero_copy
             codec.decode(with_body(view, body))
         assert (err.value.message_type, err.value.field) == ("Chunk", field)
         assert reason in err.value.reason
+
+
+def test_a_decoded_message_runs_its_post_init_as_its_constructor_would() -> None:
+    """Rebuilt from its body map, a message still gets its class's normalisation and checks."""
+    frames = codec.encode(Tagged(name="Ab", weight=2))
+    assert msgpack.unpackb(frames[1]) == {"name": "ab", "weight": 2}  # fields only, never the cached _key
+    wire = with_body(frames, {"name": "XY", "weight": 3})
+    got = codec.decode(wire).message
+    assert got == Tagged(name="xy", weight=3) and got._key == ("xy", 3)
+    with pytest.raises(DecodeError) as err:
+        codec.decode(with_body(frames, {"name": "a", "weight": -1}))
+    assert (err.value.message_type, err.value.field) == ("Tagged", "weight")
