@@ -267,6 +267,8 @@ def _follower(conn: Any, root: str, spec: PartitionSpec, config: ReplicationConf
             if not plain.done.wait(600):
                 raise TimeoutError("the plain stream never ended")
             conn.send(plain.last_at)
+        elif name == "grants":  # FLOW_CONTROL sent so far (asked between rounds, never during one)
+            conn.send(node.status(timeout=60)["counters"].get("flow_control_out", 0))
         else:
             conn.send(node.call(*name.split("."), args, timeout=600))
     node.stop()
@@ -299,6 +301,12 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
         node.wait_ready(timeout=30)
         size = role.local[P].store.entries[-1].size
         repl_s, bus_s = [], []
+        grants: dict[str, list[int]] = {"replication": [], "plain": []}
+
+        def granted() -> int:
+            conn.send(("grants", {}))
+            return int(conn.recv())
+
         for i in range(repeats):
             # A new placement of b: its store starts empty and the leader offers the segment again.
             spec = replace(alone, replicas=(*alone.replicas, Replica(node="b", placement=100 + i)))
@@ -307,12 +315,15 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             # Both ends are awaited on events, not polled: a poll every half millisecond took CPU from
             # the nodes being measured (4 to 7 ms a replication round in the leader's main thread; during
             # the plain stream 3 to 4 ms in each process and a local call into the receiving node's loop).
+            before = granted()
             role.acked.clear()
             t0 = time.monotonic()
             node.call("replication", "assign", {"spec": spec}, timeout=600)
             if not role.acked.wait(600):
                 raise TimeoutError("the segment was never acked")
             repl_s.append(role.acked_at - t0)
+            after = granted()
+            grants["replication"].append(after - before)
             conn.send(("plain.arm", {}))
             conn.recv()
             t0 = time.monotonic()
@@ -320,6 +331,7 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             node.call("plain", "send", args, timeout=600)
             conn.send(("plain.wait", {}))
             bus_s.append(conn.recv() - t0)
+            grants["plain"].append(granted() - after)
         reads = [node.call("replication", "read", {"partition": P}, timeout=600)]
         conn.send(("replication.read", {"partition": P}))
         reads.append(conn.recv())
@@ -335,11 +347,18 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             "identical": reads[0] == reads[1],
             "replication_s": repl_s,
             "bus_s": bus_s,
+            # The receiver's credit grants per segment-sized transfer (medians): with 4 MiB of credit and
+            # 1 MiB chunks, one per three chunks, not one per chunk.
+            "grants_per_transfer": {k: statistics.median(v) for k, v in grants.items()},
         }
     finally:
         conn.send(None)
         proc.join(30)
         node.stop()
+
+
+def size_chunks(vs_bus: dict[str, Any]) -> int:
+    return -(-int(vs_bus["segment_bytes"]) // int(vs_bus["chunk_bytes"]))
 
 
 def main() -> None:
@@ -381,6 +400,12 @@ def main() -> None:
                     f"{vs_bus['ratio']:.2f}",
                     f"goal >= 0.5; {seg_mb:.0f} MB segment: {vs_bus['replication_mb_per_s']:.0f} MB/s "
                     f"replicated, {vs_bus['bus_stream_mb_per_s']:.0f} MB/s plain stream",
+                ),
+                (
+                    "credit grants per transfer",
+                    f"{vs_bus['grants_per_transfer']['replication']:.0f} / "
+                    f"{vs_bus['grants_per_transfer']['plain']:.0f}",
+                    f"replication / plain stream, {size_chunks(vs_bus)} chunks each",
                 ),
                 ("replicas_identical", str(figures["replicas_identical"]), ""),
             ],
