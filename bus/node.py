@@ -391,7 +391,7 @@ class Node:
         handlers: dict[zmq.Socket[bytes], Callable[[], bool]] = {
             self._wake_rx: self._on_wake,
             router: lambda: self._drain(router, lambda m: core.on_control(m[0], m[1:], clock())),
-            pull: lambda: self._drain(pull, lambda m: core.on_data(m, clock()), copy=False),
+            pull: lambda: self._drain(pull, self._on_data, copy=False),
         }
         for peer, sock in self._dealers.items():
             handlers[sock] = functools.partial(self._drain, sock, functools.partial(self._on_reply, peer))
@@ -469,6 +469,15 @@ class Node:
         for sock in sorted(ready, key=rank.__getitem__) if len(ready) > 1 else ready:
             if handlers[sock]():
                 more.add(sock)
+
+    def _on_data(self, frames: list[Any]) -> None:
+        core = self.core
+        grants = core.grants_sent
+        core.on_data(frames, self.clock())
+        if core.grants_sent != grants:
+            # A credit grant leaves at once rather than at the end of the turn: its sender may be waiting
+            # for it with nothing left to send, while this turn goes on handling the batches in flight.
+            self._flush()
 
     def _on_reply(self, peer: str, frames: list[Any]) -> None:
         self.core.on_reply(peer, frames, self.clock())

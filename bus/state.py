@@ -110,6 +110,11 @@ class NodeState:
     _peers: dict[str, _Peer]
     _local: deque[tuple[c.Role, c.Event]]
 
+    @property
+    def grants_sent(self) -> int:
+        """FLOW_CONTROL messages this node has sent (credit grants to its streams' senders)."""
+        return self._n_flow_control_out
+
     def is_up(self, peer: str) -> bool:
         raise NotImplementedError
 
