@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -103,18 +104,30 @@ def layout_for(topology: Any) -> Layout:
 
 
 def split_by_partition(rows: pa.Table) -> list[tuple[str, pa.Table]]:
-    """``rows`` grouped by ``_sb_partition`` (the column dropped), in partition order."""
+    """``rows`` grouped by ``_sb_partition`` (the column dropped), in partition order; within a partition
+    the rows keep their order."""
     if PARTITION_COLUMN not in rows.column_names:
         raise ValueError(
             f"local data has no {PARTITION_COLUMN} column: each row must say which partition it belongs "
             "to (sparkbus run adds it when Spark routes the rows)"
         )
-    column = rows.column(PARTITION_COLUMN)
-    data = rows.drop_columns([PARTITION_COLUMN])
-    out = []
-    for value in sorted(pc.unique(column).to_pylist()):
-        out.append((str(value), data.filter(pc.equal(column, value))))
-    return out
+    if rows.num_rows == 0:
+        return []
+    # One pass to number the partitions, one stable sort of the numbers and one take, instead of a
+    # comparison and a filter over every row per partition.
+    codes = pc.dictionary_encode(rows.column(PARTITION_COLUMN)).combine_chunks()
+    if codes.null_count:
+        raise ValueError(f"local data has rows with a null {PARTITION_COLUMN}")
+    indices = codes.indices.to_numpy(zero_copy_only=False)
+    names = [str(v) for v in codes.dictionary.to_pylist()]
+    order = np.argsort(indices, kind="stable")
+    counts = np.bincount(indices, minlength=len(names))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    data = rows.drop_columns([PARTITION_COLUMN]).take(pa.array(order))
+    return [
+        (names[k], data.slice(int(starts[k]), int(counts[k])))
+        for k in sorted(range(len(names)), key=names.__getitem__)
+    ]
 
 
 def _storage_for(node: str) -> Any:
@@ -269,17 +282,20 @@ class ServingReplication(ReplicationRole):
         try:
             if rep is None or not rep.leads:
                 raise ValueError(f"{self.node} does not lead {partition}")
-            rep.store.write(rows, now)
+            last_chunk = not self.feeding and not any(p == partition for p, _ in self.loading)
+            if last_chunk or rep.store.memtable_rows + rows.num_rows >= rep.store.config.flush_rows:
+                # A chunk that fills the memtable, or the partition's last one (replication starts at once
+                # rather than after flush_age): durable as a segment, without a log record first.
+                rep.store.write_flushed(rows, now)
+                self._count("flushes")
+            else:
+                rep.store.write(rows, now)
         except Exception as exc:  # a refused write stops the load and is reported in sparkbus_replicas
             self.load_error = f"{self.node}: writing to {partition} failed: {exc}"
             self.loading.clear()
             self.gathering.clear()
             return
         self.loaded[partition] = self.loaded.get(partition, 0) + rows.num_rows
-        last_chunk = not self.feeding and not any(p == partition for p, _ in self.loading)
-        if rep.store.should_flush(now) or last_chunk:
-            # The partition's last chunk: flush now, so replication starts without waiting for flush_age.
-            self._flush(rep)
         self._run_all()
 
     # ------------------------------------------------------------ what queries see

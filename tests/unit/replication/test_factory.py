@@ -67,6 +67,15 @@ def test_split_by_partition_drops_the_routing_column() -> None:
     assert parts[0][1].column_names == ["id"]
     with pytest.raises(ValueError, match="no _sb_partition column"):
         split_by_partition(pa.table({"id": [1]}))
+    # rows keep their order within a partition; partitions come in name order
+    many = pa.table({"id": [5, 1, 4, 2, 3], PARTITION_COLUMN: ["a/2", "a/10", "a/2", "a/10", "a/2"]})
+    assert [(p, t.column("id").to_pylist()) for p, t in split_by_partition(many)] == [
+        ("a/10", [1, 2]),
+        ("a/2", [5, 4, 3]),
+    ]
+    assert split_by_partition(many.slice(0, 0)) == []
+    with pytest.raises(ValueError, match="null _sb_partition"):
+        split_by_partition(pa.table({"id": [1, 2], PARTITION_COLUMN: ["a/1", None]}))
 
 
 class Target:

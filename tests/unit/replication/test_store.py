@@ -22,7 +22,14 @@ from sparkbus.roles.replication.storage import (
     Storage,
     write_whole,
 )
-from sparkbus.roles.replication.store import PartitionStore, StoreConfig, segment_file
+from sparkbus.roles.replication.store import (
+    LSN,
+    ORIGIN,
+    PartitionStore,
+    StoreConfig,
+    segment_file,
+    upsert,
+)
 
 P = "t/0"
 CFG = StoreConfig(flush_rows=4, compact_minors=2)
@@ -391,3 +398,39 @@ def test_a_view_is_the_committed_bytes_on_disk_and_in_memory(tmp_path: Path) -> 
         assert bytes(view[1000:70_000]) == data[1000:70_000] and len(view) == len(data)
         write_whole(storage, "empty", [])
         assert len(storage.view("empty")) == 0
+
+
+def test_write_flushed_is_durable_as_a_segment_without_a_log_record() -> None:
+    st = MemoryStorage()
+    s = PartitionStore.open(st, P, 1, StoreConfig(flush_rows=100))
+    s.write(rows(1, 2), 0.0)  # logged, in the memtable
+    entry = s.write_flushed(rows(2, 3, tag="w"), 0.0)
+    assert entry is not None and entry.rows == 3 and s.memtable_rows == 0
+    assert not st.exists("WAL")  # the flush dropped the log; the new rows never went into it
+    again = PartitionStore.open(st, P, 1, CFG)
+    assert again.rows().sort_by("key").to_pydict() == {"key": [1, 2, 3], "v": ["v1", "w2", "w3"]}
+    assert s.write_flushed(rows(4).slice(0, 0), 0.0) is None  # nothing to flush
+
+
+@pytest.mark.parametrize("crash_at", range(1, 30))
+def test_a_crash_during_write_flushed_loses_no_acknowledged_row(crash_at: int) -> None:
+    st = MemoryStorage()
+    st.arm_crash(crash_at)
+    acked: list[int] = []
+    s = PartitionStore.open(st, P, 1, CFG)
+    try:
+        for k in range(0, 12, 3):
+            s.write_flushed(rows(k, k + 1, k + 2), 0.0)
+            acked += [k, k + 1, k + 2]
+    except SimulatedCrash:
+        pass
+    after = PartitionStore.open(st.crashed(), P, 1, CFG)
+    got = keys_of(after) if after.schema is not None else []
+    assert set(acked) <= set(got) <= set(acked) | {len(acked), len(acked) + 1, len(acked) + 2}
+
+
+def test_upsert_keeps_distinct_keys_as_they_are_and_resolves_duplicates_by_version() -> None:
+    distinct = pa.table({"key": [3, 1, 2], LSN: [1, 1, 1], ORIGIN: [1, 1, 1]})
+    assert upsert(distinct, ("key",)) is distinct
+    dup = pa.table({"key": [2, 1, 2], "v": ["old", "a", "new"], LSN: [1, 1, 2], ORIGIN: [1, 1, 1]})
+    assert upsert(dup, ("key",)).select(["key", "v"]).to_pydict() == {"key": [1, 2], "v": ["a", "new"]}
