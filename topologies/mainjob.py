@@ -159,8 +159,6 @@ class ClientCluster:
 
     def sql(self, text: str, *, timeout: float = 60.0, exchange: str | None = None) -> pa.Table:
         """``text``'s result; ``exchange`` picks the query's exchange (the query role's default when None)."""
-        if exchange is None:
-            return self.client.sql(text, timeout=timeout)
         return self.client.sql(text, timeout=timeout, exchange=exchange)
 
     def create_table(self, name: str, schema: pa.Schema) -> None:

@@ -38,7 +38,7 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sparkbus.bus.contract import (
     Action,
@@ -62,6 +62,15 @@ from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, Re
 #: Name of the role on a node.
 CLIENT_ROLE = "binx.client"
 SourceKey = tuple[str, str, int]
+
+
+def source_key(args: dict[str, Any]) -> SourceKey:
+    """The (peer, task id, buffer id) a "fetch", "close" or "abandon" call names.
+
+    Raises:
+        KeyError, TypeError, ValueError: an argument is missing or of the wrong kind.
+    """
+    return (str(args["peer"]), str(args["task_id"]), int(args["buffer_id"]))
 
 
 class SourceState(enum.Enum):
@@ -326,14 +335,11 @@ class BinxClient:
 
     def _on_call(self, call: LocalCall, now: float, out: list[Action]) -> None:
         try:
-            peer, task_id, buffer_id = (
-                str(call.args["peer"]),
-                str(call.args["task_id"]),
-                int(call.args["buffer_id"]),
-            )
+            key = source_key(call.args)
         except (KeyError, TypeError, ValueError) as exc:
             out.append(Reply(call_id=call.call_id, error=f"LocalProtocolError: bad arguments: {exc!r}"))
             return
+        peer = key[0]
         if call.name not in ("fetch", "close", "abandon"):
             out.append(
                 Reply(
@@ -341,7 +347,6 @@ class BinxClient:
                 )
             )
             return
-        key = (peer, task_id, buffer_id)
         src = self._sources.get(key)
         if src is None and call.name != "fetch" and (call.name == "abandon" or key in self._ended):
             # Nothing is open: a source that already ended, or one never opened that is abandoned. A close

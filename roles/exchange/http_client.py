@@ -46,11 +46,11 @@ from sparkbus.bus.contract import (
 )
 from sparkbus.codecs import MiB
 from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
+from sparkbus.roles.exchange.client import SourceKey, source_key
 from sparkbus.roles.exchange.messages import ErrorCode
 
 #: Name of the role on a node.
 HTTP_CLIENT_ROLE = HTTP_CLIENT
-SourceKey = tuple[str, str, int]
 
 
 @dataclass(kw_only=True)
@@ -176,7 +176,7 @@ class HttpClient:
             )
             return
         try:
-            key = (str(call.args["peer"]), str(call.args["task_id"]), int(call.args["buffer_id"]))
+            key = source_key(call.args)
         except (KeyError, TypeError, ValueError) as exc:
             out.append(Reply(call_id=call.call_id, error=f"LocalProtocolError: bad arguments: {exc!r}"))
             return
