@@ -191,6 +191,8 @@ class _Task:
         self.task = self.ctx.partitionId()
         self.node_id = plan.node_ids[self.task]
         self.node: NodeHandle | None = None
+        #: the address this task's node and row exchange advertise (set by ``_build``)
+        self.host = ""
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.channel = self.zctx.socket(zmq.DEALER)
         self.channel.setsockopt(zmq.LINGER, 1000)
@@ -213,7 +215,7 @@ class _Task:
             self.marks["node_started"] = time.time()
             # The rows come after the start, so the node's handshakes (and, for a node that loads them, its
             # first writes) overlap Spark sending them.
-            self._feed(advertise_host(self.plan.topology.bus.host, self._machine()))
+            self._feed()
             self.marks["data_received"] = time.time()
             self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
             self.marks["links_ready"] = time.time()
@@ -236,22 +238,18 @@ class _Task:
             "counters": json.dumps(counters),
         }
 
-    def _machine(self) -> str:
-        infos = self.ctx.getTaskInfos()
-        machine: str = infos[self.task].address.rsplit(":", 1)[0]
-        return machine
-
     def _build(self) -> Endpoints:
         """The task's node, built (without rows: ``_feed`` hands them over once it runs) and bound."""
-        host = advertise_host(self.plan.topology.bus.host, self._machine())
-        request = NodeRequest(node_id=self.node_id, topology=self.plan.topology, advertise_host=host)
+        machine = self.ctx.getTaskInfos()[self.task].address.rsplit(":", 1)[0]
+        self.host = advertise_host(self.plan.topology.bus.host, machine)
+        request = NodeRequest(node_id=self.node_id, topology=self.plan.topology, advertise_host=self.host)
         self.node = self.plan.factory(request)
         self.marks["node_built"] = time.time()
         endpoints = self.node.bind()
         self.marks["node_bound"] = time.time()
         return endpoints
 
-    def _feed(self, host: str) -> None:
+    def _feed(self) -> None:
         """This node's rows, handed to the running node in pieces of about ``FEED_ROWS``: Spark's Arrow
         batches as they are (maxRecordsPerBatch rows each), or, when the plan routes rows, those of every
         task's input whose route names this task. Raises if the node refused rows."""
@@ -269,7 +267,7 @@ class _Task:
                     feeder.add(batch)
             self.marks["input_read"] = time.time()
         else:
-            _RowExchange(self, host, feeder.add).run()
+            _RowExchange(self, self.host, feeder.add).run()
         feeder.close()
 
     def _tell(self, event: str, body: dict[str, Any]) -> None:
