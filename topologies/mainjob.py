@@ -43,6 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
@@ -58,6 +59,7 @@ from sparkbus.topologies.mainjob_report import (
     write_json,
 )
 from sparkbus.topologies.model import Topology
+from sparkbus.topologies.partitioning import partition_of
 
 if TYPE_CHECKING:
     from sparkbus.topologies.client import Client, ClientCurve
@@ -281,39 +283,56 @@ def read_events(spark: Any, path: Path) -> Any:
 
 
 class RoutedFrame:
-    """The DataFrame handed to ``SparkRuntime``: each row goes to the executor node leading its partition.
+    """The data handed to ``SparkRuntime``: each row goes to the executor node leading its partition.
 
     The layout (``layout_for``) puts partition ``p`` of the table on node ``p % n`` as leader, and the row's
     partition is ``pmod(hash(key), partitions)`` (Spark's Murmur3 ``hash``). ``repartition(n)`` answers
-    ``SparkRuntime`` with the cached frame cut into ``n`` partitions without a shuffle (``coalesce``),
-    each row carrying its partition's name (``_sb_partition``, which the node checks it leads) and its
-    leader's task index (``route_column``); the barrier tasks then hand each row to its leader themselves
-    (``SparkRuntime``'s row exchange). Spark's own shuffle (``repartition(n, key)``, whose hash partition
-    is that same leader) writes every row to disk and reads it back in a stage of its own; it still
-    routes the rows of CURVE topologies (``exchange=False``), as the exchange sockets are plain.
+    ``SparkRuntime`` with the cached frame cut into ``n`` partitions without a shuffle (``coalesce``), and
+    ``router`` (a ``KeyRouter``) works out each row's partition in the barrier task, with NumPy
+    (``sparkbus.topologies.partitioning``, the same hash as Spark's): it names the partition
+    (``_sb_partition``, which the node checks it leads) and hands each row to its leader's task
+    (``SparkRuntime``'s row exchange). Spark only converts the cached rows to Arrow: a hash and a string
+    per row as Spark expressions cost the first run of the load plan more than the whole task-side work.
+    Spark's own shuffle (``repartition(n, key)``, whose hash partition is that same leader) writes every
+    row to disk and reads it back in a stage of its own; it still routes the rows of CURVE topologies
+    (``exchange=False``), as the exchange sockets are plain.
     """
 
     def __init__(self, frame: Any, partitions: int, *, exchange: bool = True) -> None:
         self.frame = frame
         self.partitions = partitions
-        #: the column naming each row's task, or None: Spark's shuffle routes the rows (CURVE topologies,
-        #: whose rows must not cross the plain exchange sockets)
-        self.route_column: str | None = "_sb_route" if exchange else None
+        self.router = KeyRouter(key=KEY, table=TABLE, partitions=partitions, exchange=exchange)
 
     def repartition(self, n: int) -> Any:
         from pyspark.sql import functions as F  # noqa: PLC0415
 
-        from sparkbus.roles.replication import PARTITION_COLUMN  # noqa: PLC0415
-
-        index = F.pmod(F.hash(F.col(KEY)), F.lit(self.partitions))
-        name = F.concat(F.lit(f"{TABLE}/"), index.cast("string")).alias(PARTITION_COLUMN)
-        if self.route_column is None:
+        if not self.router.exchange:
             # Spark's hash partition of the key is pmod(hash(key), n): the leader, as partitions % n == 0.
-            return self.frame.repartition(n, F.col(KEY)).select("*", name)
+            return self.frame.repartition(n, F.col(KEY))
         frame = self.frame
         # A barrier stage has one task per partition: fewer input partitions than nodes need a shuffle.
-        frame = frame.coalesce(n) if frame.rdd.getNumPartitions() >= n else frame.repartition(n)
-        return frame.select("*", name, (index % F.lit(n)).cast("int").alias(self.route_column))
+        return frame.coalesce(n) if frame.rdd.getNumPartitions() >= n else frame.repartition(n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyRouter:
+    """A ``RowRouter``: adds each row's partition name of ``table`` (``_sb_partition``, a dictionary
+    column) from ``pmod(hash(key), partitions)``, and with ``exchange`` names its leader's task
+    (``partition % tasks``, as ``layout_for`` places leaders)."""
+
+    key: str
+    table: str
+    partitions: int
+    exchange: bool = True
+
+    def __call__(self, batch: pa.RecordBatch, tasks: int) -> tuple[pa.RecordBatch, Any]:
+        from sparkbus.roles.replication import PARTITION_COLUMN  # noqa: PLC0415
+
+        index = partition_of(pa.Table.from_batches([batch]), [self.key], self.partitions)
+        names = pa.array([f"{self.table}/{p}" for p in range(self.partitions)], pa.string())
+        column = pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32)), names)
+        rows = batch.append_column(PARTITION_COLUMN, column)
+        return rows, (index % tasks if self.exchange else None)
 
 
 def written_rows(first_id: int, count: int, users: int) -> pa.Table:

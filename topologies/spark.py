@@ -11,8 +11,8 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
    (``peers``).
 3. The task starts its node, then reads its input partition (Arrow record batches) and hands it to the
    running node in pieces (``NodeHandle.feed``, ``FEED_ROWS`` rows each), so the node's handshakes and
-   first writes overlap Spark sending the rows; with a route column the tasks first hand each other the
-   rows that belong to another task (``_RowExchange``). It then waits for its links, tells the driver it
+   first writes overlap Spark sending the rows; with a ``RowRouter`` that moves rows the tasks first hand
+   each other the rows that belong to another task (``_RowExchange``). It then waits for its links, tells the driver it
    is ready, and serves until the driver says stop or the node dies. It yields one result row.
 4. The driver builds and binds its own nodes while Spark starts the stage, starts them as it sends the
    peer table and returns from ``start`` when every node
@@ -36,10 +36,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc
 import zmq
 from pyspark import BarrierTaskContext
@@ -130,6 +131,24 @@ def _check_session(session: Any) -> None:
         )
 
 
+class RowRouter(Protocol):
+    """What a barrier task does to each input batch before its node gets it, in the task (NumPy, Arrow)
+    rather than as Spark expressions, which the JVM compiles and warms up for every new plan.
+
+    Picklable: it travels to the tasks in the stage's closure.
+    """
+
+    #: True: rows move to the task each call names (the tasks exchange them); False: every row stays
+    exchange: bool
+
+    def __call__(
+        self, batch: pa.RecordBatch, tasks: int
+    ) -> tuple[pa.RecordBatch, npt.NDArray[np.integer[Any]] | None]:
+        """The rows as the node should get them, and (with ``exchange``) each row's task index in
+        ``[0, tasks)``; None when rows stay."""
+        ...
+
+
 # ---------------------------------------------------------------- inside a barrier task
 
 
@@ -143,8 +162,8 @@ class _TaskPlan:
     factory: NodeFactory
     ready_timeout: float
     with_data: bool
-    #: the int column naming the task each row goes to (the tasks exchange rows), or None: rows stay
-    route: str | None = None
+    #: what each task does to its input batches (and whether it hands rows to other tasks), or None
+    router: RowRouter | None = None
 
 
 def _tagged(node_id: str, task: int, cause: str) -> str:
@@ -251,8 +270,9 @@ class _Task:
 
     def _feed(self) -> None:
         """This node's rows, handed to the running node in pieces of about ``FEED_ROWS``: Spark's Arrow
-        batches as they are (maxRecordsPerBatch rows each), or, when the plan routes rows, those of every
-        task's input whose route names this task. Raises if the node refused rows."""
+        batches as they are (maxRecordsPerBatch rows each, through the plan's router if it has one), or,
+        when the router moves rows, those of every task's input that it sends to this task. Raises if the
+        node refused rows."""
         assert self.node is not None
         if not self.plan.with_data:
             for _ in self.batches:
@@ -260,14 +280,16 @@ class _Task:
             self.node.feed((), last=True)
             return
         feeder = _Feeder(self.node)
-        if self.plan.route is None:
+        router = self.plan.router
+        if router is None or not router.exchange:
+            n = len(self.plan.node_ids)
             for batch in self.batches:
                 if batch.num_rows:
                     self.marks.setdefault("first_rows", time.time())
-                    feeder.add(batch)
+                    feeder.add(batch if router is None else router(batch, n)[0])
             self.marks["input_read"] = time.time()
         else:
-            _RowExchange(self, self.host, feeder.add).run()
+            _RowExchange(self, self.host, router, feeder.add).run()
         feeder.close()
 
     def _tell(self, event: str, body: dict[str, Any]) -> None:
@@ -305,16 +327,20 @@ class _Task:
 
 
 class _RowExchange:
-    """Every task's input rows to the task their route column names, over ZeroMQ between the tasks.
+    """Every task's input rows to the task the router names, over ZeroMQ between the tasks.
 
     Each task binds a PULL socket, the driver hands every task the others' (the "rows" round of the
-    rendezvous), and each task splits its input batches by the route column as they arrive: its own
-    share it keeps, the others' it sends as Arrow IPC streams, then an empty message that says it is done.
-    This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it back).
+    rendezvous), and each task splits its input batches by the router's task index as they arrive: its
+    own share it keeps, the others' it sends as Arrow IPC streams, then an empty message that says it is
+    done. This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it
+    back).
     """
 
-    def __init__(self, task: _Task, host: str, sink: Callable[[pa.RecordBatch], None]) -> None:
+    def __init__(
+        self, task: _Task, host: str, router: RowRouter, sink: Callable[[pa.RecordBatch], None]
+    ) -> None:
         self.task = task
+        self.router = router
         self.sink = sink
         bind = task.plan.topology.bus.host
         self.pull = task.zctx.socket(zmq.PULL)
@@ -326,8 +352,6 @@ class _RowExchange:
 
     def run(self) -> None:
         task = self.task
-        route = task.plan.route
-        assert route is not None
         n = len(task.plan.node_ids)
         pushes: dict[int, zmq.Socket[bytes]] = {}
         try:
@@ -344,10 +368,11 @@ class _RowExchange:
                 if not batch.num_rows:
                     continue
                 task.marks.setdefault("first_rows", time.time())
-                dest = batch.column(route)
-                rows = batch.drop_columns([route])
+                rows, dest = self.router(batch, n)
+                if dest is None or len(dest) != rows.num_rows:
+                    raise ValueError(f"the row router gave {rows.num_rows} rows but no task index for each")
                 for i in range(n):
-                    part = rows.filter(pc.equal(dest, i))
+                    part = rows.filter(pa.array(dest == i))
                     if not part.num_rows:
                         continue
                     if i == task.task:
@@ -490,10 +515,10 @@ class SparkRuntime:
         session: the SparkSession (``embedded_session(topology)`` builds the right one).
         node_factory: builds each node (the bus node, or ``ProbeFactory`` for a connectivity probe).
         data: what the executor nodes load: ``data.repartition(n)`` gives the DataFrame with one partition
-            per node, whose task's node loads it. When ``data`` has a ``route_column`` attribute (not None),
-            that int column of the DataFrame names the task each row goes to instead, and the tasks
-            exchange the rows among themselves before building their nodes (``mainjob.RoutedFrame``).
-            None gives each node no data.
+            per node, whose task's node loads it. When ``data`` has a ``router`` attribute (a
+            ``RowRouter``, not None), each task passes its input batches through it; a router with
+            ``exchange`` names the task each row goes to instead, and the tasks hand each other the rows
+            (``mainjob.RoutedFrame``). None gives each node no data.
         ready_timeout: seconds for every node to complete its handshakes once the stage runs.
 
     Use as a context manager, or call ``start`` and then ``stop``.
@@ -652,7 +677,7 @@ class SparkRuntime:
             factory=self.factory,
             ready_timeout=self.ready_timeout,
             with_data=self.data is not None,
-            route=getattr(self.data, "route_column", None),
+            router=getattr(self.data, "router", None),
         )
         sc = self.session.sparkContext
         # One partition per task; without data, a range with one row per partition.

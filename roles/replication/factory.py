@@ -124,9 +124,11 @@ def split_by_partition(rows: pa.Table) -> list[tuple[str, pa.Table]]:
     counts = np.bincount(indices, minlength=len(names))
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     data = rows.drop_columns([PARTITION_COLUMN]).take(pa.array(order))
+    # A dictionary column may name partitions no row has (a router's list of every partition).
     return [
         (names[k], data.slice(int(starts[k]), int(counts[k])))
         for k in sorted(range(len(names)), key=names.__getitem__)
+        if counts[k]
     ]
 
 

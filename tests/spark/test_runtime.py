@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import zmq
 from pyspark import BarrierTaskContext, cloudpickle
@@ -20,6 +23,7 @@ pytestmark = pytest.mark.spark
 
 # The test helpers are not importable in Spark's Python workers: ship them by value.
 cloudpickle.register_pickle_by_value(faults)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _ThirdsRouter runs in the tasks
 
 
 def _exchange(_: Any) -> Any:
@@ -104,18 +108,24 @@ def test_warmed_python_workers_are_the_ones_the_nodes_run_in(spark: Any) -> None
 
 
 class _Routed:
-    """Data whose rows name their task (``route_column``): the tasks exchange them, no shuffle."""
-
-    route_column = "_route"
+    """Data with a row router that names each row's task: the tasks exchange them, no shuffle."""
 
     def __init__(self, frame: Any) -> None:
         self.frame = frame
+        self.router = _ThirdsRouter()
 
     def repartition(self, n: int) -> Any:
-        from pyspark.sql import functions as F
+        return self.frame.coalesce(n)
 
-        route = F.when(F.col("id") % 3 == 0, F.lit(0)).otherwise(F.lit(1)).cast("int")
-        return self.frame.coalesce(n).select("*", route.alias(self.route_column))
+
+class _ThirdsRouter:
+    """Every third id to task 0, the rest to task 1."""
+
+    exchange = True
+
+    def __call__(self, batch: pa.RecordBatch, tasks: int) -> tuple[pa.RecordBatch, Any]:
+        ids = batch.column("id").to_numpy()
+        return batch, np.where(ids % 3 == 0, 0, 1)
 
 
 def test_routed_rows_reach_the_task_their_route_names(spark: Any) -> None:

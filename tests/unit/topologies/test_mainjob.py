@@ -10,9 +10,18 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
+from sparkbus.roles.replication import PARTITION_COLUMN, split_by_partition
 from sparkbus.topologies import cli
-from sparkbus.topologies.mainjob import QUERIES, JobError, check_topology, client_keys, written_rows
+from sparkbus.topologies.mainjob import (
+    QUERIES,
+    JobError,
+    KeyRouter,
+    check_topology,
+    client_keys,
+    written_rows,
+)
 from sparkbus.topologies.mainjob_report import QueryResult, build_report, compare, print_summary, write_json
+from sparkbus.topologies.partitioning import partition_of
 from sparkbus.topologies.schema import load, loads, shipped
 
 
@@ -117,6 +126,37 @@ def test_written_rows_continue_the_ids() -> None:
     rows = written_rows(100, 5, users=3)
     assert rows.column("event_id").to_pylist() == [100, 101, 102, 103, 104]
     assert rows.column_names == ["event_id", "user_id", "kind", "value", "ts"]
+
+
+def test_the_key_router_names_each_rows_partition_and_its_leaders_task() -> None:
+    rows = written_rows(0, 1000, 10)
+    batch = rows.to_batches()[0]
+    expected = partition_of(rows, ["event_id"], 8)
+    routed, tasks = KeyRouter(key="event_id", table="events", partitions=8)(batch, 2)
+    assert routed.column_names == [*rows.column_names, PARTITION_COLUMN]
+    names = routed.column(PARTITION_COLUMN).to_pylist()
+    assert names == [f"events/{p}" for p in expected]
+    assert tasks is not None and tasks.tolist() == (expected % 2).tolist()
+    # The node splits the dictionary column back into partitions, in input order within each.
+    parts = dict(split_by_partition(pa.Table.from_batches([routed])))
+    assert sorted(parts) == sorted({f"events/{p}" for p in expected})
+    for name, part in parts.items():
+        ids = [i for i, p in enumerate(expected) if f"events/{p}" == name]
+        assert part.column("event_id").to_pylist() == ids
+    # Rows of one task only: the dictionary still lists all eight partitions, the split only theirs.
+    mine = pa.Table.from_batches([routed]).filter(pa.array(tasks == 1))
+    assert {name for name, _ in split_by_partition(mine)} == {f"events/{p}" for p in range(1, 8, 2)}
+    # Without the exchange, rows stay where they are and only get their partition.
+    stay, none = KeyRouter(key="event_id", table="events", partitions=8, exchange=False)(batch, 2)
+    assert none is None and stay.equals(routed)
+
+
+def test_the_key_router_refuses_rows_without_a_key_or_with_a_null_one() -> None:
+    router = KeyRouter(key="event_id", table="events", partitions=8)
+    with pytest.raises(ValueError, match="no key column event_id"):
+        router(pa.record_batch({"id": [1]}), 2)
+    with pytest.raises(ValueError, match="null value"):
+        router(pa.record_batch({"event_id": pa.array([1, None], pa.int64())}), 2)
 
 
 def test_every_reference_query_parses_in_sparkbus_sql() -> None:
