@@ -2,7 +2,7 @@
 
 A segment file is immutable::
 
-    magic     8 bytes  b"SBSEG\\x03\\x00\\x00" (format version 3)
+    magic     8 bytes  b"SBSEG\\x04\\x00\\x00" (format version 4)
     hlen      u32 big-endian
     header    msgpack map {segment_id, base_id, included, major, rows, partition}
     body      one Arrow IPC stream (buffers compressed with zstd), any number of record batches
@@ -11,10 +11,14 @@ A segment file is immutable::
 The trailer makes a half-written file recognisable without parsing it, and the same checksum travels in
 the SEGMENT_OFFER so a receiver verifies the bytes it assembled before it keeps them.
 
-The checksum (``BlockDigest``) hashes every MiB of the file with two multilinear hashes and folds them, with
-the length, into a 16-byte BLAKE2b: the per-block scheme of HDFS and Kafka, with a hash numpy computes at
-several GB/s where CRC32 ran at 1 to 2 (and a BLAKE2b over the whole file at 0.5). It detects torn,
-truncated and corrupted files, which is its job; it is not a defence against a forger.
+The format version in the magic names the checksum. Version 4 (written): XXH3-128 (the ``xxhash``
+package) of everything before the trailer, as its canonical 16 bytes (big-endian); about 0.02 ms per
+MiB hot in cache and 0.045 cold on the 2-core VM, against 0.12 and 0.17 for version 3's ``BlockDigest``
+(per MiB two multilinear hashes folded into a BLAKE2b, computed with numpy). Version 3 files are still
+read and verified with ``BlockDigest`` (never written), so a store or a peer holding them keeps working;
+older versions (1: BLAKE2b of the file, 2: CRC32 per MiB) are refused with ``UnsupportedSegmentFormat``,
+naming the file and its version. Either checksum detects torn, truncated and corrupted files, which is
+its job; neither is a defence against a forger.
 """
 
 from __future__ import annotations
@@ -23,24 +27,56 @@ import hashlib
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import xxhash
 
 from sparkbus.roles.replication.storage import FileWriter, SimulatedCrash, Storage
 
-MAGIC = b"SBSEG\x03\x00\x00"
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (3, 4)
+_MAGIC_PREFIX = b"SBSEG"
+
+
+def magic(version: int) -> bytes:
+    """The first 8 bytes of a segment file of format ``version``."""
+    return _MAGIC_PREFIX + bytes([version, 0, 0])
+
+
+MAGIC = magic(FORMAT_VERSION)
 TRAILER_MAGIC = b"SBSEGEND"
 DIGEST_BYTES = 16
 TRAILER_BYTES = len(TRAILER_MAGIC) + 8 + DIGEST_BYTES
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
+class Digest(Protocol):
+    """What the segment checksum of a format version offers: fed in pieces, a 16-byte result."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+
+    def digest(self) -> bytes: ...
+
+
+def new_digest(version: int = FORMAT_VERSION) -> Digest:
+    """A fresh checksum for segment files of format ``version`` (one of ``READABLE_VERSIONS``).
+
+    Version 4: XXH3-128 of the bytes (``xxhash.xxh3_128``, digest in canonical big-endian form).
+    Version 3: ``BlockDigest``.
+    """
+    if version == 4:
+        return xxhash.xxh3_128()
+    if version == 3:
+        return BlockDigest()
+    raise ValueError(f"no segment checksum for format version {version}")
+
+
 class BlockDigest:
-    """The segment checksum, fed incrementally in pieces of any size; the result depends only on the bytes.
+    """The checksum of format version 3 (read, never written), fed incrementally in pieces of any size.
 
     Per ``block`` bytes (a multiple of 8), two multilinear hashes of the little-endian 64-bit words
     ``w[i]``: ``sum(w[i] * a[i])`` and ``sum((w[i] >> 32) * b[i])`` modulo 2**64, with fixed pseudo-random
@@ -50,7 +86,8 @@ class BlockDigest:
     with probability at most 2**-32 per block: the first sum sees every difference whose lowest changed bit
     is below 32, the second the ones confined to the high halves. That is CRC32's rate for random
     corruption, at several times its speed with numpy (it replaced a CRC32 per block, and before that a
-    BLAKE2b over the file: each took a large share of a transit). Not a defence against a forger.
+    BLAKE2b over the file: each took a large share of a transit). Version 4 replaced it with XXH3-128,
+    several times faster again. Not a defence against a forger.
     """
 
     _SMALL = 4096  # pieces below this are gathered first: numpy costs a few microseconds per call
@@ -148,6 +185,30 @@ class SegmentCorrupt(Exception):
         super().__init__(f"segment {name}: {reason}")
         self.name = name
         self.reason = reason
+
+
+class UnsupportedSegmentFormat(SegmentCorrupt):
+    """A segment file of a format version this code does not read (written by an older sparkbus).
+
+    Not damage: the file may be whole. It cannot be verified or read here; rewrite the partition with a
+    version that reads both, or remove the replica's directory so it is replicated again.
+    """
+
+    def __init__(self, name: str, version: int) -> None:
+        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        super().__init__(name, f"format version {version}, this sparkbus reads versions {readable}")
+        self.version = version
+
+
+def format_version(head: bytes | memoryview, name: str) -> int:
+    """The format version of a segment file from its first 8 bytes (``SegmentCorrupt`` if not one)."""
+    head = bytes(head[:8])
+    if len(head) < 8 or head[:5] != _MAGIC_PREFIX or head[6:] != b"\0\0":
+        raise SegmentCorrupt(name, "bad magic")
+    version = head[5]
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedSegmentFormat(name, version)
+    return version
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -324,7 +385,7 @@ class SegmentHeader:
 class _HashingSink:
     """A write-only file object that forwards to a ``FileWriter`` and hashes what passes."""
 
-    def __init__(self, writer: FileWriter, digest: BlockDigest) -> None:
+    def __init__(self, writer: FileWriter, digest: Digest) -> None:
         self.writer = writer
         self.digest = digest
         self.written = 0
@@ -350,7 +411,7 @@ def write_segment(
     """Write a whole segment file atomically; returns (size, checksum)."""
     writer = storage.create(name)
     try:
-        digest = BlockDigest()
+        digest = new_digest()
         sink = _HashingSink(writer, digest)
         head = header.to_bytes()
         sink.write(MAGIC + struct.pack(">I", len(head)) + head)
@@ -370,8 +431,9 @@ def write_segment(
 
 def parse_header(head: bytes, name: str) -> tuple[SegmentHeader, int]:
     """The header and the offset of the IPC body, from the first bytes of a segment file."""
-    if len(head) < 12 or head[:8] != MAGIC:
-        raise SegmentCorrupt(name, "bad magic")
+    format_version(head, name)
+    if len(head) < 12:
+        raise SegmentCorrupt(name, "truncated header")
     (hlen,) = struct.unpack(">I", head[8:12])
     if len(head) < 12 + hlen:
         raise SegmentCorrupt(name, "truncated header")
@@ -403,31 +465,61 @@ def read_header(storage: Storage, name: str) -> tuple[SegmentHeader, int]:
 class TrailerCheck:
     """Incremental verification of segment bytes: feed chunks, then ``finish`` checks the trailer.
 
-    Keeps only the last ``TRAILER_BYTES`` in memory, so a large segment streams through.
+    The checksum is the one of the format version the first 8 bytes name (``version`` once known). Keeps
+    only the last ``TRAILER_BYTES`` in memory, so a large segment streams through.
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._digest = BlockDigest()
+        self._digest: Digest | None = None
+        self._head = b""  # the first hashed bytes, until they hold the magic
+        self._refused: SegmentCorrupt | None = None
         self._tail = b""
         self.total = 0
+        self.version = 0
+
+    def _hash(self, data: bytes | memoryview) -> None:
+        if self._digest is not None:
+            self._digest.update(data)
+            return
+        head = self._head
+        if len(head) + len(data) < len(MAGIC):
+            self._head = head + bytes(data)
+            return
+        try:
+            self.version = format_version(head + bytes(data[: len(MAGIC) - len(head)]), self.name)
+            self._digest = new_digest(self.version)
+        except SegmentCorrupt as exc:
+            # Refused at ``finish`` (a feed comes from the writer's tap, which must not fail a write).
+            self._refused = exc
+            self._digest = xxhash.xxh3_128()
+        if head:
+            self._digest.update(head)
+            self._head = b""
+        self._digest.update(data)
 
     def feed(self, chunk: bytes | memoryview) -> None:
         """Hash all but the last ``TRAILER_BYTES`` seen so far, without copying a large chunk."""
         self.total += len(chunk)
         if len(chunk) >= TRAILER_BYTES:
             view = memoryview(chunk)
-            self._digest.update(self._tail)
-            self._digest.update(view[: len(view) - TRAILER_BYTES])
+            if self._tail:
+                self._hash(self._tail)
+            self._hash(view[: len(view) - TRAILER_BYTES])
             self._tail = bytes(view[len(view) - TRAILER_BYTES :])
             return
         data = self._tail + bytes(chunk)
         keep = min(TRAILER_BYTES, len(data))
-        self._digest.update(data[: len(data) - keep])
+        self._hash(data[: len(data) - keep])
         self._tail = data[len(data) - keep :]
 
     def finish(self) -> bytes:
-        """The verified checksum. Raises ``SegmentCorrupt`` for a partial or altered file."""
+        """The verified checksum. Raises ``SegmentCorrupt`` for a partial or altered file, and its
+        subclass ``UnsupportedSegmentFormat`` for a file of a format version this code does not read."""
+        if self._refused is not None:
+            raise self._refused
+        if self._digest is None:
+            raise SegmentCorrupt(self.name, "missing trailer (partial file)")
         if len(self._tail) < TRAILER_BYTES or self._tail[:8] != TRAILER_MAGIC:
             raise SegmentCorrupt(self.name, "missing trailer (partial file)")
         (length,) = struct.unpack(">Q", self._tail[8:16])
