@@ -495,7 +495,10 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         for action in actions:
             try:
-                self._act(role, action, now)
+                if type(action) is c.Send:  # the most common action, without _act's chain of isinstance
+                    self._act_send(action, now)
+                else:
+                    self._act(role, action, now)
             except Exception as exc:
                 self._role_failed(role, action, exc, now)
 
@@ -588,13 +591,24 @@ class NodeCore(LinkLayer, StreamLayer):
                 raise c.LocalProtocolError(f"no role on {self.node_id} takes {type(action.message).__name__}")
             self._local.append((role, c.MessageReceived(peer=self.node_id, message=action.message)))
             return
-        st = self._peers.get(action.peer)
+        peer = action.peer
+        st = self._peers.get(peer)
         if st is None or not st.up:
             raise c.LocalProtocolError(
-                f"cannot send {type(action.message).__name__}: peer {action.peer} is not connected"
+                f"cannot send {type(action.message).__name__}: peer {peer} is not connected"
             )
         self._n_messages_out += 1
-        self._send_to_peer(action.peer, action.message, now)
+        if self._inbound[peer].kind == "client":
+            self._send_to_peer(peer, action.message, now)
+            return
+        # _send_to_peer and _emit for a node, inline: the path of every message a role sends.
+        out = self._outbound[peer]
+        out.seq += 1
+        out.last_sent = now
+        frames = self._encode(action.message, session=out.session, seq=out.seq)
+        self._n_out["ctl"] += 1
+        self._n_bytes_out += sum(map(len, frames))
+        self.out.append(Transmit("ctl", peer, frames))
 
     def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
         inbound = self._inbound[peer]

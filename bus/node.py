@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import zmq
+from zmq.backend import Socket as _BackendSocket
 from zmq.utils.monitor import parse_monitor_message
 
 from sparkbus.bus import contract as c
@@ -390,7 +391,7 @@ class Node:
         # What to read when a socket may have input, in the order a turn serves them.
         handlers: dict[zmq.Socket[bytes], Callable[[], bool]] = {
             self._wake_rx: self._on_wake,
-            router: lambda: self._drain(router, lambda m: core.on_control(m[0], m[1:], clock())),
+            router: self._drain_control,
             pull: lambda: self._drain(pull, self._on_data, copy=False),
         }
         for peer, sock in self._dealers.items():
@@ -492,6 +493,29 @@ class Node:
         while not self._commands.empty():
             self._commands.get_nowait()()
         return False
+
+    def _drain_control(self) -> bool:
+        """``_drain`` of the ROUTER, written out: every control message a peer sends comes this way."""
+        sock, on_control, clock = self._router, self.core.on_control, self.clock
+        assert sock is not None
+        for i in range(_DRAIN_BUDGET):
+            try:
+                frame = sock.recv(_NOBLOCK, copy=False)  # the routing id
+            except zmq.Again:
+                return False
+            rid = frame.bytes
+            parts: list[Any] = []
+            while frame.more:
+                frame = sock.recv(_NOBLOCK, copy=False)
+                parts.append(frame.bytes)
+            try:
+                on_control(rid, parts, clock())
+            except Exception:
+                self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
+                log.exception("node %s: error handling a message", self.node_id)
+            if i == 0 and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                return False
+        return True
 
     def _drain(
         self, sock: zmq.Socket[bytes], handle: Callable[[list[Any]], None], *, copy: bool = True
@@ -648,28 +672,30 @@ class Node:
             self._submit(run)
 
     def _transmit(self, out: Transmit) -> None:
+        channel, to = out.channel, out.to
         frames: list[Any] = out.frames
-        if out.channel == "reply":
+        if channel == "reply":
             sock: zmq.Socket[bytes] | None = self._router
-            frames = [out.to, *frames]
+            frames = [to, *frames]
         else:
-            table = self._dealers if out.channel == "ctl" else self._pushes
-            sock = table.get(out.to if isinstance(out.to, str) else out.to.decode())
+            table = self._dealers if channel == "ctl" else self._pushes
+            sock = table.get(to if type(to) is str else to.decode())  # type: ignore[union-attr]
         if sock is None:
-            self._drop(f"{out.channel}_no_socket")
+            self._drop(f"{channel}_no_socket")
             return
-        if out.channel != "data":
+        if channel != "data":
             # A send may process the socket's commands, and so leave its ZMQ_FD quiet with input waiting.
             self._touched.add(sock)
         threshold = self.config.zero_copy_threshold
         last = len(frames) - 1
         try:
             # Frame by frame rather than send_multipart, which type-checks every frame first: these are
-            # the core's own bytes. Large frames go without a copy (ZeroMQ holds a reference until sent).
-            # ZeroMQ queues a message's frames atomically: with NOBLOCK the first frame is refused whole,
-            # never a part of a message.
+            # the core's own bytes; and through the socket's own send, under the one of pyzmq's Python
+            # class, which only adds the routing_id and group arguments of draft sockets. Large frames go
+            # without a copy (ZeroMQ holds a reference until sent). ZeroMQ queues a message's frames
+            # atomically: with NOBLOCK the first frame is refused whole, never a part of a message.
             for i, frame in enumerate(frames):
-                sock.send(frame, _MORE if i < last else _NOBLOCK, copy=len(frame) < threshold, track=False)
+                _send(sock, frame, _MORE if i < last else _NOBLOCK, len(frame) < threshold)
         except zmq.Again:
             self._drop(f"{out.channel}_would_block")
             if out.channel == "ctl":
@@ -779,6 +805,7 @@ class _LoopBuffers:
 _LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
+_send = _BackendSocket.send
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)

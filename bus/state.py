@@ -14,7 +14,9 @@ from sparkbus.bus.messages import ErrorCode
 from sparkbus.codecs import Buffer, EnvelopeCodec
 
 
-@dataclass(frozen=True, slots=True)
+# Outputs are made once per message and read once by the driver; not frozen, because a frozen dataclass's
+# __init__ sets each field through object.__setattr__ (0.39 against 0.13 us for these three fields).
+@dataclass(slots=True)
 class Transmit:
     """Send ``frames`` on ``channel`` to ``to`` (a peer id, or a routing id for ``reply``)."""
 
@@ -23,7 +25,7 @@ class Transmit:
     frames: list[Buffer]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Completed:
     """A local call finished."""
 
