@@ -1,12 +1,15 @@
 """The bus against the raw pyzmq sockets under it, measured in the same run.
 
-Sender and receiver run in two processes on 127.0.0.1, for the bus and for the raw baseline alike. Each
-side keeps one process pair for the whole run (connected once, warmed up once), so the cost of spawning
-and connecting is in no figure. Every figure is measured in rounds (3 with ``--quick``, 7 in the full
-run) that alternate the two sides back to back, bus first in even rounds and raw first in odd ones, so a
-change of load on the machine falls on both. A throughput figure is the median of each side's rounds,
-and its ratio the ratio of those medians; the JSON also keeps every round's value and ratio
-(``*_rounds``) and the load average before and after. The figures:
+Sender and receiver run in two processes on 127.0.0.1, for the bus and for the raw baseline alike. Every
+figure is measured in rounds (3 with ``--quick``, 7 in the full run). A round spawns a fresh process pair
+per side, connects and warms both up, and only then times each figure on the two sides back to back, bus
+first in even rounds and raw first in odd ones, so that a change of load on the machine falls on both.
+Spawning and connecting are in no figure. Pairs are not kept across rounds: a pair keeps whatever luck
+it had (which cores its threads share, where its memory lies) for as long as it lives, and two pairs
+running the same code, alternated for 16 rounds, differed by 5 % in round trip and 9 % in CPU time. A
+throughput figure is the median of each side's rounds, and its ratio the ratio of those medians; the
+JSON also keeps every round's value and ratio (``*_rounds``) and the load average before and after. The
+figures:
 
 * stream throughput: a credit stream (batches of 1 MiB and 64 KiB, 8 MiB of credit) against raw
   PUSH/PULL of the same sizes, zero-copy above 64 KiB, timed at the receiver from first to last batch;
@@ -371,18 +374,35 @@ def peer_loss_kill_ms() -> float:
 
 
 Pair = BusPair | RawPair
+#: What each figure measures on a pair, given its count.
+MEASURES: dict[str, Callable[[Pair, int], Any]] = {
+    "stream_1mib": lambda pair, n: pair.stream(MiB, n),
+    "stream_64kib": lambda pair, n: pair.stream(64 * 1024, n),
+    "control": lambda pair, n: pair.control(100, n),
+    "rtt": lambda pair, n: pair.rtt(100, n),
+}
 
 
-def _rounds(
-    bus: BusPair, raw: RawPair, rounds: int, measure: Callable[[Pair], Any]
-) -> tuple[list[Any], list[Any]]:
-    """``measure`` on each side ``rounds`` times, the sides back to back, their order swapped every round."""
-    b: list[Any] = []
-    r: list[Any] = []
-    for i in range(rounds):
-        for pair in (bus, raw) if i % 2 == 0 else (raw, bus):
-            (b if pair is bus else r).append(measure(pair))
-    return b, r
+def _round(i: int, counts: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Round ``i``: a fresh pair per side, warmed up; then each figure on both sides back to back."""
+    bus, raw = BusPair(), RawPair()
+    try:
+        for pair in (bus, raw):  # connections, buffers and code paths warm before anything is timed
+            pair.stream(MiB, 20)
+            pair.stream(64 * 1024, 200)
+            pair.control(100, 2000)
+            pair.rtt(100, 200)
+        bus_got: dict[str, Any] = {}
+        raw_got: dict[str, Any] = {}
+        for figure, measure in MEASURES.items():
+            for got, pair in (
+                ((bus_got, bus), (raw_got, raw)) if i % 2 == 0 else ((raw_got, raw), (bus_got, bus))
+            ):
+                got[figure] = measure(pair, counts[figure])
+        return bus_got, raw_got
+    finally:
+        bus.close()
+        raw.close()
 
 
 def _throughput(
@@ -401,25 +421,23 @@ def main() -> None:
     args = parser(__doc__ or "").parse_args()
     q = args.quick
     rounds = 3 if q else 7
-    n1m, n64k, nctl, nrtt = (400, 4000, 20_000, 1000) if q else (2000, 20_000, 60_000, 5000)
+    counts = dict(
+        zip(MEASURES, (400, 4000, 20_000, 1000) if q else (2000, 20_000, 60_000, 5000), strict=True)
+    )
     f: dict[str, Any] = {"rounds": rounds, "load_average_before": list(os.getloadavg())}
-    bus, raw = BusPair(), RawPair()
-    try:
-        for pair in (bus, raw):  # connections, buffers and code paths warm before anything is timed
-            pair.stream(MiB, 20)
-            pair.stream(64 * 1024, 200)
-            pair.control(100, 2000)
-            pair.rtt(100, 200)
-        b, r = _rounds(bus, raw, rounds, lambda p: p.stream(MiB, n1m))
-        _throughput(f, ("stream_1mib_bus_mb_s", "stream_1mib_raw_mb_s", "stream_1mib_ratio"), b, r, 1e6)
-        b, r = _rounds(bus, raw, rounds, lambda p: p.stream(64 * 1024, n64k))
-        _throughput(f, ("stream_64kib_bus_mb_s", "stream_64kib_raw_mb_s", "stream_64kib_ratio"), b, r, 1e6)
-        b, r = _rounds(bus, raw, rounds, lambda p: p.control(100, nctl))
-        _throughput(f, ("control_bus_msg_s", "control_raw_msg_s", "control_rate_ratio"), b, r, 1)
-        bt, rt = _rounds(bus, raw, rounds, lambda p: p.rtt(100, nrtt))
-    finally:
-        bus.close()
-        raw.close()
+    b: list[dict[str, Any]] = []
+    r: list[dict[str, Any]] = []
+    for i in range(rounds):
+        bus_round, raw_round = _round(i, counts)
+        b.append(bus_round)
+        r.append(raw_round)
+    for figure, keys, scale in (
+        ("stream_1mib", ("stream_1mib_bus_mb_s", "stream_1mib_raw_mb_s", "stream_1mib_ratio"), 1e6),
+        ("stream_64kib", ("stream_64kib_bus_mb_s", "stream_64kib_raw_mb_s", "stream_64kib_ratio"), 1e6),
+        ("control", ("control_bus_msg_s", "control_raw_msg_s", "control_rate_ratio"), 1),
+    ):
+        _throughput(f, keys, [x[figure] for x in b], [x[figure] for x in r], scale)
+    bt, rt = [x["rtt"] for x in b], [x["rtt"] for x in r]
     f["rtt_p50_bus_us"] = statistics.median(itertools.chain(*bt)) * 1e6
     f["rtt_p50_raw_us"] = statistics.median(itertools.chain(*rt)) * 1e6
     f["rtt_p50_ratio"] = f["rtt_p50_bus_us"] / f["rtt_p50_raw_us"]
