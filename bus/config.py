@@ -53,6 +53,9 @@ class BusConfig:
         versions: protocol versions offered, newest first.
         features: feature bits offered.
         curve: CURVE on every socket (None: plain TCP, for one machine or a trusted network).
+        tune_allocator: let the node set glibc's allocator thresholds for its process, so that ZeroMQ's
+            receive buffers are reused rather than returned to the system after every batch
+            (``sparkbus.bus.allocator``). Process-wide: the first node that binds decides.
     """
 
     cluster_tag: str = "sparkbus"
@@ -71,6 +74,7 @@ class BusConfig:
     versions: tuple[tuple[int, int, int], ...] = SUPPORTED_VERSIONS
     features: tuple[int, ...] = ALL_FEATURES
     curve: CurveSettings | None = None
+    tune_allocator: bool = True
 
     def __post_init__(self) -> None:
         if not self.cluster_tag:

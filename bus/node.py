@@ -44,8 +44,8 @@ import zmq
 from zmq.backend import Socket as _BackendSocket
 from zmq.utils.monitor import parse_monitor_message
 
+from sparkbus.bus import allocator, security
 from sparkbus.bus import contract as c
-from sparkbus.bus import security
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.http_exchange import BufferRead, HttpExchangeServer, HttpFetcher, SourceUnavailable
@@ -175,6 +175,8 @@ class Node:
 
     def bind(self) -> Endpoints:
         """Bind the ROUTER and the PULL on ephemeral ports (or ipc files) and return where they listen."""
+        if self.config.tune_allocator:
+            allocator.tune()  # before the first receive buffer is allocated
         ctx = context()
         limits = self.config.limits
         router = ctx.socket(zmq.ROUTER)
@@ -334,6 +336,7 @@ class Node:
                     st["refusals"][what] = st["refusals"].get(what, 0) + n
                 st["refused"].update(self._refused_by_peer)
             st["endpoints"] = self.endpoints.to_json() if self.endpoints else None
+            st["allocator"] = allocator.state()
             fut.set_result(st)
 
         self._submit(run)

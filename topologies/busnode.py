@@ -49,6 +49,7 @@ def bus_config(topology: Topology) -> BusConfig:
         batch_size=bus.batch_size,
         initial_credit=bus.initial_credit,
         compression=compression,
+        tune_allocator=bus.tune_allocator,
         curve=curve_settings(topology),
     )
 

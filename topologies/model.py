@@ -88,6 +88,7 @@ class BusSettings:
     peer_timeout: float = 5.0
     batch_size: int = 512 * KiB
     initial_credit: int = 4 * MiB
+    tune_allocator: bool = True
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
 

@@ -238,6 +238,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
             "peer_timeout",
             "batch_size",
             "initial_credit",
+            "tune_allocator",
             "compression",
             "security",
         ],
@@ -288,6 +289,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
         c.bad(
             "bus.initial_credit", f"must be at least bus.batch_size ({batch_size}B), or no batch can be sent"
         )
+    tune_allocator = c.get(t, "tune_allocator", "bus", bool, d.tune_allocator)
     return BusSettings(
         transport=transport,
         host=host,
@@ -297,6 +299,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
         peer_timeout=peer_timeout,
         batch_size=batch_size,
         initial_credit=credit,
+        tune_allocator=tune_allocator,
         compression=_compression(c, t),
         security=_security(c, t),
     )

@@ -38,6 +38,15 @@ def test_bus_config_follows_the_topology() -> None:
     assert cfg.batch_size == 64 * 1024
     assert cfg.initial_credit == 1 << 20
     assert cfg.compression is not None and cfg.compression.level == 3
+    assert cfg.tune_allocator
+
+
+def test_the_allocator_tuning_can_be_turned_off() -> None:
+    topo = loads(
+        ECHO_ONLY.replace('initial_credit = "1MiB"', 'initial_credit = "1MiB"\ntune_allocator = false')
+    )
+    assert topo.bus.tune_allocator is False
+    assert bus_config(topo).tune_allocator is False
 
 
 def test_unavailable_roles_are_refused_by_name() -> None:

@@ -189,6 +189,7 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
         ('ports = "7200-7100"', "bus.ports: '7200-7100' is not a range within 1-65535"),
         ('transport = "ipc"\nports = "7100-7199"', "bus.ports: has no meaning with transport = 'ipc'"),
         ('ipc_dir = "/tmp/x"', "bus.ipc_dir: only meaningful with transport = 'ipc'"),
+        ('tune_allocator = "no"', "bus.tune_allocator: expected a boolean, got a string"),
         ("[bus.compression]\nlevel = 30", "bus.compression.level: zstd levels are 1-22"),
         ('[bus.security]\nmode = "curve"', "bus.security.key_dir: missing: mode = 'curve' needs"),
         ('[bus.security]\nmode = "tls"', "bus.security.mode: must be 'none' or 'curve'"),
