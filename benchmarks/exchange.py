@@ -10,6 +10,10 @@ per exchange (pyzmq and http.client release the GIL while waiting).
   used here (see ``"binx_transport"`` in the JSON).
 * HTTP: ``HttpExchangeServer`` (ThreadingHTTPServer, keep-alive) and ``HttpExchangeClient``.
 
+Every process of the matrix (both servers, the clients) has the allocator settings a bus node gives its
+process (``sparkbus.bus.allocator``), as both exchanges have inside a node (its driver serves and fetches
+HTTP); ``--allocator default`` leaves glibc's defaults everywhere.
+
 Figures: the full matrix (MB/s for both, ratio binx/http), ``binx_vs_http_small_min_ratio`` (worst ratio
 over chunks <= 256 KiB) and ``binx_vs_http_large_min_ratio`` (chunks >= 1 MiB), and a heatmap of the ratio
 like the RFC's (chunk size by parallel exchanges) in a PNG next to the JSON (``--out x.json`` -> ``x.png``;
@@ -45,7 +49,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import parser, table, write
 
-from sparkbus.bus import BusConfig
+from sparkbus.bus import BusConfig, allocator
 from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, Send
 from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
 from sparkbus.bus.node import Node
@@ -111,7 +115,9 @@ def fill(plan: list[dict[str, int]], repeat: int) -> OutputBuffers:
     return bufs
 
 
-def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any) -> None:
+def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, tune: bool) -> None:
+    if tune:
+        allocator.tune()
     server = BinxServer(fill(plan, repeat), max_wait=0.0)
     codec = EnvelopeCodec(limits=LIMITS)
     ctx = zmq.Context()
@@ -137,7 +143,9 @@ def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any) -> No
     ctx.term()
 
 
-def http_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, stop: Any) -> None:
+def http_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, stop: Any, tune: bool) -> None:
+    if tune:
+        allocator.tune()
     server = HttpExchangeServer(fill(plan, repeat), host="127.0.0.1", port=0, max_wait=0.0).start()
     port_q.put(server.port)
     stop.wait()
@@ -421,7 +429,16 @@ def main() -> None:
     p = parser(__doc__ or "")
     p.add_argument("--max-cell-bytes", type=int, default=1 << 30, help="cap on bytes moved per cell")
     p.add_argument("--repeat", type=int, default=None, help="runs per cell (median kept); 5 quick, 1 full")
+    p.add_argument(
+        "--allocator",
+        choices=("node", "default"),
+        default="node",
+        help="the allocator settings of a bus node in every process (default), or glibc's defaults",
+    )
     args = p.parse_args()
+    tune = args.allocator == "node"
+    if tune:
+        allocator.tune()
     repeat = args.repeat or (5 if args.quick else 1)
     if args.quick:
         sizes, parallel, chunks, cap = [32, 256 * KiB, 1 * MiB], [1, 4], 128, 64 * MiB
@@ -432,8 +449,8 @@ def main() -> None:
     mpctx = mp.get_context("spawn")
     port_q: Any = mpctx.Queue()
     stop = mpctx.Event()
-    binx_proc = mpctx.Process(target=binx_server_main, args=(plan, repeat, port_q), daemon=True)
-    http_proc = mpctx.Process(target=http_server_main, args=(plan, repeat, port_q, stop), daemon=True)
+    binx_proc = mpctx.Process(target=binx_server_main, args=(plan, repeat, port_q, tune), daemon=True)
+    http_proc = mpctx.Process(target=http_server_main, args=(plan, repeat, port_q, stop, tune), daemon=True)
     binx_proc.start()
     binx_port = port_q.get(timeout=120)
     http_proc.start()
@@ -503,6 +520,7 @@ def main() -> None:
             "http.server.ThreadingHTTPServer (HTTP/1.1 keep-alive, TCP_NODELAY both sides) and http.client; "
             "one connection and one thread per exchange"
         ),
+        "allocator": allocator.state(),
         "connections_opened_before_timing": True,
         "one_chunk_per_request": True,
         "matrix": matrix,
