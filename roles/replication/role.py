@@ -171,6 +171,10 @@ class ReplicationRole(Receiving):
             self._on_credit(event)  # sends chunks; the offer stays open until its ack (same as above)
             return out
         elif isinstance(event, PeerUp):
+            if event.peer in self.live:
+                # A PeerUp is a new session: transfers of the old one get no answer on it. The bus sends
+                # PeerLost first; without it an open offer would block its destination for ever.
+                self._abort_peer(event.peer)
             self.live.add(event.peer)
             self._elect()
             self._resend_finalize(event.peer)

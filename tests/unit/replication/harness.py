@@ -4,6 +4,10 @@ Actions of one role become events of another: Send -> MessageReceived (through t
 codec), SendBatch -> BatchReceived, Consumed -> CreditChanged (credit returned at once), SetTimer ->
 TimerFired when the clock reaches it. Each (source, destination, channel) is a FIFO queue; control and
 data are separate channels, as on the bus, and a seeded random choice picks which queue delivers next.
+
+Peer notifications keep the bus's contract: per (node, peer), PeerUp and PeerLost alternate, starting with
+PeerUp, and a node is told a peer is up only while both are up and not cut apart. A node can crash while it
+handles its own PeerUp (a flush on losing leadership, say): its peer is then not told it is up.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class Cluster:
         self.roles: dict[str, ReplicationRole] = {}
         self.up: set[str] = set()
         self.cut_pairs: set[frozenset[str]] = set()
+        # (node, peer): the last notification node got about peer was PeerUp.
+        self.told_up: set[tuple[str, str]] = set()
         self.queues: dict[tuple[str, str, str], deque[Event | _Returned]] = {}
         self.timers: dict[tuple[str, str], float] = {}
         self.credit: dict[tuple[str, str, str], int] = {}
@@ -113,20 +119,30 @@ class Cluster:
     def _linked(self, a: str, b: str) -> bool:
         return a in self.up and b in self.up and frozenset((a, b)) not in self.cut_pairs
 
+    def _tell_up(self, node: str, peer: str) -> None:
+        # Checked at delivery: the PeerUp delivered just before may have crashed one of the two.
+        if self._linked(node, peer) and (node, peer) not in self.told_up:
+            self.told_up.add((node, peer))
+            self._deliver(node, PeerUp(peer=peer))
+
+    def _tell_lost(self, node: str, peer: str, reason: str) -> None:
+        if (node, peer) in self.told_up:
+            self.told_up.discard((node, peer))
+            self._deliver(node, PeerLost(peer=peer, reason=reason))
+
     def _connect_all(self, node: str) -> None:
         for other in self.nodes:
-            if other != node and self._linked(node, other):
-                self._deliver(node, PeerUp(peer=other))
-                self._deliver(other, PeerUp(peer=node))
+            if other != node:
+                self._tell_up(node, other)
+                self._tell_up(other, node)
 
     def _drop_link(self, a: str, b: str, reason: str) -> None:
         for key in [k for k in self.queues if {k[0], k[1]} == {a, b}]:
             del self.queues[key]
         for key in [k for k in self.credit if {k[0], k[1]} == {a, b}]:
             del self.credit[key]
-        for x, y in ((a, b), (b, a)):
-            if x in self.up:
-                self._deliver(x, PeerLost(peer=y, reason=reason))
+        self._tell_lost(a, b, reason)
+        self._tell_lost(b, a, reason)
 
     def cut(self, a: str, b: str) -> None:
         if self._linked(a, b):
@@ -138,16 +154,15 @@ class Cluster:
         if pair not in self.cut_pairs:
             return
         self.cut_pairs.discard(pair)
-        if self._linked(a, b):
-            self._deliver(a, PeerUp(peer=b))
-            self._deliver(b, PeerUp(peer=a))
+        self._tell_up(a, b)
+        self._tell_up(b, a)
 
     def crash(self, node: str) -> None:
         """Kill ``node``: its un-fsynced bytes are lost, its links break."""
         if node not in self.up:
             return
-        peers = [o for o in self.nodes if o != node and self._linked(node, o)]
         self.up.discard(node)
+        self.told_up = {t for t in self.told_up if t[0] != node}  # the restarted role is told afresh
         del self.roles[node]
         for key in [k for k in self.timers if k[0] == node]:
             del self.timers[key]
@@ -158,8 +173,9 @@ class Cluster:
             del self.queues[key]
         for key in [k for k in self.credit if node in (k[0], k[1])]:
             del self.credit[key]
-        for o in peers:
-            self._deliver(o, PeerLost(peer=node, reason="crash"))
+        for o in self.nodes:
+            if o != node:
+                self._tell_lost(o, node, "crash")
 
     def restart(self, node: str) -> None:
         if node in self.up:

@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from sparkbus.bus.contract import PeerUp
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.role import ReplicationConfig
 from sparkbus.roles.replication.storage import FileWriter, Tap
@@ -325,3 +326,37 @@ def test_an_ack_lost_in_a_crash_only_causes_a_re_offer_answered_segment_exists()
     assert_identical(c, NODES, keys)
     for n in "bc":
         assert c.status(n)["counters"].get("fast_forwards") == 1, "nothing arrived a second time"
+
+
+def test_a_peer_up_without_a_peer_lost_ends_the_transfers_of_the_old_session() -> None:
+    """A PeerUp is a new session (bus contract): an offer made on the old one gets no answer on it. The bus
+    sends PeerLost before a new PeerUp; should one come without it, the leader must not wait for ever."""
+    c = Cluster(NODES, [spec(*NODES)], config())
+    keys = write_keys(c, "a", range(4))  # flush_rows=4: a flushes and offers the segment to b and c
+    assert c.role("a").outgoing, "the leader has an offer open"
+    for key in [k for k in c.queues if k[:2] == ("a", "b")]:
+        del c.queues[key]  # the old session's offer to b is lost with it
+    c._deliver("a", PeerUp(peer="b"))
+    c._deliver("b", PeerUp(peer="a"))
+    c.settle(10)
+    assert_identical(c, NODES, keys)
+    assert c.status("a")["outgoing"] == 0
+
+
+def test_a_node_crashing_on_the_peer_up_of_a_heal_is_not_reported_up_to_its_peer() -> None:
+    """The harness keeps the bus's contract: b, leader of its side of a cut, loses leadership when the cut
+    heals and crashes in the flush that follows; a must not be told b is up (it would offer b segments that
+    are dropped, and get a second PeerUp when b restarts)."""
+    c = Cluster(NODES, [spec(*NODES)], config())
+    acked = write_keys(c, "a", range(4))
+    c.cut("a", "b")
+    assert c.leader("b", P) == "b"
+    acked += write_keys(c, "b", range(10, 12), tag="b")
+    c.storages["b", P].arm_crash(1)
+    c.heal("b", "a")
+    assert "b" not in c.up
+    assert "b" not in c.role("a").live
+    c.restart("b")
+    c.settle(30)
+    assert c.status("b")["partitions"][P]["recovered"]["log_records"] == 2
+    assert_identical(c, NODES, acked)
