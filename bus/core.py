@@ -14,7 +14,8 @@ Channels, one ZeroMQ pipe each per pair of nodes and direction (DESIGN.md sectio
 
 A peer is *up* when both directions have a session and the peer's has been confirmed by its first message
 (so the peer has our WELCOME; for a client: when its session exists). A gap in a
-sequence, a stale session, a socket disconnect, or silence past ``peer_timeout`` breaks the link: roles get
+sequence (also at its end: batches a HEARTBEAT counted that stop arriving), a stale session, a socket
+disconnect, or silence past ``peer_timeout`` breaks the link: roles get
 ``PeerLost`` at once, every stream with the peer is dropped, and a new handshake starts (a new session and,
 when it completes, a new ``PeerUp``). Nothing resumes silently.
 """
@@ -279,6 +280,12 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         inbound.data_seq = seq
         inbound.last_recv = now
+        if inbound.data_due:
+            if seq >= inbound.data_due:
+                inbound.data_due = 0
+                inbound.data_due_since = _NEVER
+            else:
+                inbound.data_due_since = now  # they are coming (a backlog drains): wait on from here
         if not inbound.confirmed:
             self._confirm(inbound, now)
         self._on_batch(inbound.peer, stream, msg, now)
@@ -308,7 +315,9 @@ class NodeCore(LinkLayer, StreamLayer):
         cfg = self.config
         for out in self._outbound.values():
             if out.state == "established" and now >= out.last_sent + cfg.heartbeat_interval:
-                self._send_ctl(out, Heartbeat(), now)
+                # The header's stream slot says how many batches this session has sent on data: the
+                # peer finds out if the last of them were lost (docs/PROTOCOL.md section 4).
+                self._send_ctl(out, Heartbeat(), now, str(out.data_seq) if out.data_seq else None)
                 self._counts["heartbeats_out"] += 1
             elif out.state in ("idle", "hello_sent") and now >= out.hello_at + cfg.handshake_timeout:
                 self._send_hello(out, now)
@@ -319,6 +328,8 @@ class NodeCore(LinkLayer, StreamLayer):
                     f"silent for {now - inbound.last_recv:.3f} s (timeout {cfg.peer_timeout} s)",
                     now,
                 )
+            elif now >= inbound.data_due_since + cfg.peer_timeout:
+                self._data_lost(inbound, now)
         while self._timer_heap and self._timer_heap[0][0] <= now:
             at, role_name, key = heapq.heappop(self._timer_heap)
             if self._timers.get((role_name, key)) != at:
@@ -349,7 +360,10 @@ class NodeCore(LinkLayer, StreamLayer):
         if self._inbound:
             timeout = cfg.peer_timeout
             for inbound in self._inbound.values():
-                at = inbound.last_recv + timeout
+                at = inbound.last_recv
+                if inbound.data_due_since < at:  # noqa: PLR1730
+                    at = inbound.data_due_since
+                at += timeout
                 if at < best:  # noqa: PLR1730
                     best = at
         heap = self._timer_heap
@@ -414,6 +428,8 @@ class NodeCore(LinkLayer, StreamLayer):
         peer = inbound.peer
         if isinstance(msg, Heartbeat):
             self._counts["heartbeats_in"] += 1
+            if stream is not None:
+                self._on_data_count(inbound, stream, now)
             return
         if isinstance(msg, Bye):
             self._link_lost(
@@ -442,6 +458,41 @@ class NodeCore(LinkLayer, StreamLayer):
             )
             return
         self._refuse_early(inbound, type(msg), now)
+
+    def _on_data_count(self, inbound: _Inbound, count: str, now: float) -> None:
+        """A HEARTBEAT says its sender has sent ``count`` batches on its data session so far.
+
+        Fewer arrived: the rest may still be on their way (data travel on their own pipe, and may trail
+        the heartbeat under load), so they are awaited until ``peer_timeout`` passes with none of them
+        arriving (from now, or from the latest that came: a slow backlog is not a loss). A cut that loses
+        the last batches of a stream leaves no gap in either sequence (the sender waits for credit, and
+        sends nothing more on data); this count is what shows it.
+        """
+        if not (count.isascii() and count.isdigit() and len(count) <= 20):
+            self._error_to(
+                inbound,
+                ErrorCode.MALFORMED,
+                f"HEARTBEAT: the data count in the header's stream slot must be decimal digits, got {count!r}",
+                REGISTRY.code_of(Heartbeat),
+                now,
+            )
+            return
+        sent = int(count)
+        if sent > inbound.data_seq and not inbound.data_due:
+            # One count awaited at a time: once it is met, the next HEARTBEAT (one interval later on a
+            # direction still idle) sets the next, so a loss shows within peer_timeout plus an interval.
+            inbound.data_due = sent
+            inbound.data_due_since = now
+
+    def _data_lost(self, inbound: _Inbound, now: float) -> None:
+        """Batches a HEARTBEAT counted stopped arriving for ``peer_timeout``: a sequence gap at the end."""
+        missing = inbound.data_due - inbound.data_seq
+        reason = (
+            f"sequence gap on data from {inbound.peer}: its heartbeat counted {inbound.data_due} batches "
+            f"sent, {inbound.data_seq} arrived, none for {self.config.peer_timeout} s ({missing} lost)"
+        )
+        self._refuse_rid(inbound.rid, ErrorCode.SEQUENCE_GAP, reason, now, session=inbound.session)
+        self._link_lost(inbound.peer, reason, now)
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
         self._refusal(code)

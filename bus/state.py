@@ -78,6 +78,11 @@ class _Inbound:
     # A node's session is confirmed by the first sequenced message the peer sends on it (the HEARTBEAT it
     # sends once welcomed): proof that the peer has our WELCOME, so its own direction is open too.
     confirmed: bool = False
+    # Data the peer says it sent that has not arrived: the count of STREAM_BATCH messages a HEARTBEAT
+    # claimed (0: none outstanding), and when that HEARTBEAT or the latest batch since arrived. Data travel
+    # on another pipe and may trail the heartbeat; none of them for ``peer_timeout``, they were lost.
+    data_due: int = 0
+    data_due_since: float = float("inf")
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sparkbus.roles.replication.role import ReplicationConfig
@@ -95,8 +95,16 @@ def play(seed: int, ops: list[tuple[str, str, int]]) -> None:
     c.assert_clean()
 
 
+# A silent cut shorter than the heartbeat interval lost the last chunks of a transfer, and no control
+# message: no sequence showed a gap, and sender and receiver waited for each other for ever (bus/core.py,
+# HEARTBEAT's count of data batches, now finds the loss).
+_SEVEN_WRITES: list[Any] = [("write", "a", 1)] * 7
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), ops=st.lists(op, min_size=10, max_size=40))
+@example(seed=0, ops=[("restart", "a", 0), *_SEVEN_WRITES, ("step", "a", 4), ("cut_silent", "a", 1)])
+@example(seed=1, ops=[*_SEVEN_WRITES, ("crash", "b", 0), ("step", "a", 1), ("cut_silent", "c", 1)])
 def test_every_replica_holds_exactly_the_acknowledged_rows(
     seed: int, ops: list[tuple[str, str, int]]
 ) -> None:
