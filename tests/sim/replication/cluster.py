@@ -70,21 +70,25 @@ class Cluster:
 
     def crash(self, node: str, *, notify: bool = True) -> None:
         """SIGKILL (peers see the disconnect; without ``notify`` only silence): what was not committed or
-        synced is lost."""
+        synced is lost. A peer whose armed storage crash struck while it handled the disconnect dies too."""
         if not self.alive(node):
             return
         self.sim.crash(node, notify=notify)
         for (owner, part), storage in list(self.storages.items()):
             if owner == node:
                 self.storages[owner, part] = storage.crashed()
+        self.reap_struck()
 
     def restart(self, node: str) -> None:
         if self.alive(node):
             return
         self.sim.restart(node, [self._role(node)])
+        self.reap_struck()
 
     def cut(self, a: str, b: str, *, notify: bool = True) -> None:
+        """With ``notify`` both sides handle the disconnect at once: a node struck meanwhile dies."""
         self.sim.cut(a, b, notify=notify)
+        self.reap_struck()
 
     def heal(self, a: str, b: str) -> None:
         self.sim.heal(a, b)
@@ -97,7 +101,12 @@ class Cluster:
 
     def reap_struck(self) -> list[str]:
         """Crash every live node whose storage an armed crash struck (``MemoryStorage.arm_crash``): the
-        node core survives a failing role, a process does not. Returns the nodes crashed."""
+        node core survives a failing role, a process does not. Returns the nodes crashed.
+
+        Every operation that lets a node handle events calls it: ``run`` after each step, ``write`` and
+        ``leader`` after their call, ``crash`` and ``cut``, whose disconnect notices the peers handle at
+        once (inside ``SimBus.crash``/``cut``), and ``restart``. A struck node left alive would go on
+        handling events with a dead storage, which no real process does."""
         struck = sorted({n for (n, _), st in self.storages.items() if st.struck and self.alive(n)})
         for n in struck:
             self.crash(n)

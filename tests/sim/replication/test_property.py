@@ -101,10 +101,30 @@ def play(seed: int, ops: list[tuple[str, str, int]]) -> None:
 _SEVEN_WRITES: list[Any] = [("write", "a", 1)] * 7
 
 
+# A crash or cut noticed at once makes the peers handle the disconnect inside ``SimBus.crash``/``cut``; a
+# peer whose armed storage crash struck there was left running (the harness reaped only while running the
+# clock), went on handling events with a dead storage and counted role errors, or was reaped at the start
+# of the final run and never restarted (SimTimeout on the final read). ``Cluster`` now reaps after both.
+_STRUCK_ON_PEER_CRASH: list[Any] = [("crash", "c", 0), ("crash", "c", 0), ("write", "a", 1)]
+_STRUCK_ON_PEER_CRASH += [("crash_mid", "a", 1), *[("crash", "c", 0)] * 3, ("run", "a", 2)]
+_STRUCK_ON_CUT: list[Any] = [("restart", "b", 0), ("cut", "b", 1), ("crash_mid", "a", 8)]
+_STRUCK_ON_CUT += [("cut_silent", "a", 1), ("write", "a", 2), ("run", "a", 2), ("cut_silent", "b", 1)]
+_STRUCK_ON_CUT += [
+    ("restart", "b", 0),
+    ("step", "c", 15),
+    ("heal", "b", 2),
+    ("step", "b", 8),
+    ("cut", "a", 2),
+]
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), ops=st.lists(op, min_size=10, max_size=40))
 @example(seed=0, ops=[("restart", "a", 0), *_SEVEN_WRITES, ("step", "a", 4), ("cut_silent", "a", 1)])
 @example(seed=1, ops=[*_SEVEN_WRITES, ("crash", "b", 0), ("step", "a", 1), ("cut_silent", "c", 1)])
+@example(seed=0, ops=[*_STRUCK_ON_PEER_CRASH, ("crash", "b", 0), ("crash", "b", 0)])
+@example(seed=0, ops=[*_STRUCK_ON_PEER_CRASH, ("crash", "b", 0), ("crash", "a", 0)])
+@example(seed=27473, ops=_STRUCK_ON_CUT)
 def test_every_replica_holds_exactly_the_acknowledged_rows(
     seed: int, ops: list[tuple[str, str, int]]
 ) -> None:
@@ -117,3 +137,34 @@ def test_fixed_seeds(seed: int) -> None:
     ops += [("write", "a", 2), ("run", "a", 2), ("crash", "a", 0), ("write", "b", 3), ("run", "a", 3)]
     ops += [("restart", "a", 0), ("cut", "a", 1), ("write", "a", 2), ("write", "b", 2), ("run", "a", 2)]
     play(seed, ops)
+
+
+@pytest.mark.parametrize("notify", ["crash", "cut"])
+def test_a_node_struck_while_handling_a_disconnect_dies_there(notify: str) -> None:
+    """The leader's storage crashes in the flush it starts on a peer's disconnect notice: the node is dead
+    from then on (never a live node with role errors), and after restarts no acknowledged row is lost."""
+    c = Cluster([spec(*NODES)], CONFIG, seed=0)
+    assert c.leader("a") == "a"
+    _, error = c.write("a", P, {"key": [0], "v": ["a0"]})
+    assert error is None
+    # Up to the moment the row is old enough to flush, with the flush not yet done: the next event the
+    # role handles flushes.
+    store = c.role("a").local[P].store
+    c.sim.run_until(lambda: store.should_flush(c.sim.now), limit=10)
+    armed = [storage for (owner, _), storage in c.storages.items() if owner == "a"]
+    for storage in armed:
+        storage.arm_crash(1)
+    if notify == "crash":
+        c.crash("b")
+    else:
+        c.cut("a", "b")
+    assert any(storage.struck for storage in armed)
+    assert not c.alive("a")
+    assert set(c.role_errors().values()) == {0}, c.role_errors()
+    for n in NODES:
+        c.restart(n)
+    c.heal("a", "b")
+    c.run(30)
+    for n in NODES:
+        assert c.read(n).get("key") == [0], n
+    c.assert_clean()
