@@ -151,7 +151,7 @@ class PartitionStore:
         self.root: str | None = None
         self.lamport = 0
         self.meta: dict[str, Any] = {}
-        self.schema: pa.Schema | None = None
+        self._schema: pa.Schema | None = None
         self._memtable: list[pa.Table] = []
         self._mem_rows = 0
         self._mem_bytes = 0
@@ -164,6 +164,22 @@ class PartitionStore:
         self._acked_unsaved = False
         self.recovered_log_records = 0
         self.recovered_torn_tail = False
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The partition's Arrow schema, version columns included; None while it holds no rows.
+
+        Read from the newest listed segment the first time it is needed, not when a segment is added: a
+        fast-forward is then the manifest write alone, and a follower that only receives never reads its
+        segments back.
+        """
+        if self._schema is None and self.entries:
+            self._schema = read_schema(self.storage, segment_file(self.entries[-1].segment_id))
+        return self._schema
+
+    @schema.setter
+    def schema(self, value: pa.Schema | None) -> None:
+        self._schema = value
 
     # ------------------------------------------------------------ open / recovery
 
@@ -192,8 +208,8 @@ class PartitionStore:
             for entry in store.entries:
                 if verify_segment(storage, segment_file(entry.segment_id)) != entry.checksum:
                     raise SegmentCorrupt(segment_file(entry.segment_id), "checksum differs from the manifest")
-        if store.schema is None and store.entries:
-            store.schema = read_schema(storage, segment_file(store.entries[-1].segment_id))
+        # Read now, not when first needed: a listed segment that cannot be read fails the open.
+        _ = store.schema
         if store._wal_flushed == 1 << 62:
             store._wal_flushed = store._wal_seq = 0
             storage.delete(WAL)
@@ -432,9 +448,10 @@ class PartitionStore:
         return upsert(pa.concat_tables(tables), self.config.key)
 
     def add_segment(self, entry: SegmentEntry) -> None:
-        """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root."""
-        if self.schema is None:
-            self.schema = read_schema(self.storage, segment_file(entry.segment_id))
+        """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root.
+
+        One manifest write; the file is not read (its schema is read when first needed, ``schema``).
+        """
         self.entries.append(entry)
         self.root = entry.segment_id
         self.lamport = max(self.lamport, entry.max_lsn)

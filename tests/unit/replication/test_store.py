@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -27,6 +28,7 @@ from sparkbus.roles.replication.store import (
     ORIGIN,
     PartitionStore,
     StoreConfig,
+    StoreError,
     segment_file,
     upsert,
 )
@@ -434,3 +436,47 @@ def test_upsert_keeps_distinct_keys_as_they_are_and_resolves_duplicates_by_versi
     assert upsert(distinct, ("key",)) is distinct
     dup = pa.table({"key": [2, 1, 2], "v": ["old", "a", "new"], LSN: [1, 1, 2], ORIGIN: [1, 1, 1]})
     assert upsert(dup, ("key",)).select(["key", "v"]).to_pydict() == {"key": [1, 2], "v": ["a", "new"]}
+
+
+class _CountingStorage(MemoryStorage):
+    """Counts the reads of segment files (``read``, ``open`` and ``view``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segment_reads = 0
+
+    def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+        self.segment_reads += name.startswith("seg-")
+        return super().read(name, offset, size)
+
+    def open(self, name: str) -> Any:
+        self.segment_reads += name.startswith("seg-")
+        return super().open(name)
+
+    def view(self, name: str) -> memoryview:
+        self.segment_reads += name.startswith("seg-")
+        return super().view(name)
+
+
+def test_a_fast_forward_reads_no_segment_and_the_schema_comes_when_needed() -> None:
+    source = PartitionStore.open(MemoryStorage(), P, 1, CFG)
+    source.write(rows(1, 2, 3), 0.0)
+    entry = source.flush()
+    assert entry is not None
+    target_storage = _CountingStorage()
+    target = PartitionStore.open(target_storage, P, 2, CFG)  # (an unlisted file would be removed)
+    write_whole(
+        target_storage, segment_file(entry.segment_id), [source.storage.read(segment_file(entry.segment_id))]
+    )
+    target.add_segment(entry)
+    assert target_storage.segment_reads == 0  # one manifest write, the file untouched
+    assert target.schema == source.schema  # read from the segment now, once
+    assert target_storage.segment_reads > 0
+    reads = target_storage.segment_reads
+    assert target.schema == source.schema and target_storage.segment_reads == reads
+    assert keys_of(target) == [1, 2, 3]
+    # A write into the fast-forwarded store checks its rows against the segment's schema.
+    with pytest.raises(StoreError, match="schema"):
+        target.write(pa.table({"key": pa.array([9], pa.int64()), "w": [1.0]}), 0.0)
+    reopened = PartitionStore.open(target_storage, P, 2, CFG)
+    assert reopened.schema == source.schema and keys_of(reopened) == [1, 2, 3]
