@@ -181,7 +181,8 @@ class NodeCore(LinkLayer, StreamLayer):
         if not inbound.confirmed:
             self._confirm(inbound, now)
         try:
-            msg = self._read_body(frames, code, zmask)
+            # Blobs as they came: the node keeps a large one as a view on ZeroMQ's buffer (no second copy).
+            msg = self._read_body(frames, code, zmask, copy_blobs=False)
         except DecodeError as exc:
             self._body_refused(inbound, code, exc, now)
             return

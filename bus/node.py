@@ -498,9 +498,16 @@ class Node:
         return False
 
     def _drain_control(self) -> bool:
-        """``_drain`` of the ROUTER, written out: every control message a peer sends comes this way."""
+        """``_drain`` of the ROUTER, written out: every control message a peer sends comes this way.
+
+        A frame after the envelope's header and body (a blob: a BinX reply's pages, a peek's rows) at
+        least ``zero_copy_threshold`` long is kept as a memoryview on ZeroMQ's buffer, as the PULL keeps
+        stream batches, and reaches the role without a copy; smaller ones are copied out as bytes, which
+        costs less than the view.
+        """
         sock, on_control, clock = self._router, self.core.on_control, self.clock
         assert sock is not None
+        large = self.config.zero_copy_threshold
         for i in range(_DRAIN_BUDGET):
             try:
                 frame = sock.recv(_NOBLOCK, copy=False)  # the routing id
@@ -510,7 +517,8 @@ class Node:
             parts: list[Any] = []
             while frame.more:
                 frame = sock.recv(_NOBLOCK, copy=False)
-                parts.append(frame.bytes)
+                # One length check for a small frame; the position only for a large one.
+                parts.append(frame.buffer if len(frame) >= large and len(parts) >= 2 else frame.bytes)
             try:
                 on_control(rid, parts, clock())
             except Exception:

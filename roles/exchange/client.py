@@ -3,8 +3,11 @@
 A source is one (peer, task id, buffer id). The caller pulls with the ``LocalCall`` "fetch" (args
 ``peer``, ``task_id``, ``buffer_id``): each call answers with the pages received since the previous call
 (``{"pages": [...], "token": first token, "complete": bool}``), parking until at least one page, the end,
-or an error arrives. The first "fetch" opens the source; "close" (same args) deletes the remote buffer
-and answers once the server acknowledged the DELETE. A "close" of a source that already ended (the
+or an error arrives. A page is ``bytes``, or a ``memoryview`` when its reply's data frame was large enough
+for the node to keep it without a copy (``BusConfig.zero_copy_threshold``): compare, ``len``, join or
+decode it as bytes; ``bytes(page)`` where bytes are needed (a view is not hashable and has no ``+``).
+The first "fetch" opens the source; "close" (same args) deletes the remote buffer and answers once the
+server acknowledged the DELETE. A "close" of a source that already ended (the
 caller has its end or its failure) answers at once, with None or the failure, and opens nothing: the
 client remembers the last ``MAX_ENDED`` ended sources. "abandon" (same args) ends a source at once in
 any state: a parked fetch fails, a DELETE goes out only if the peer is up and nobody waits for its
@@ -220,7 +223,7 @@ class Source:
     complete: bool = False
     end_delivered: bool = False
     closing: bool = False
-    queue: deque[bytes] = field(default_factory=deque)
+    queue: deque[bytes | memoryview] = field(default_factory=deque)  # views: large pages (``_classify``)
     queue_token: int = 0
     queued_bytes: int = 0
     outstanding: int | None = None
@@ -673,10 +676,16 @@ class BinxClient:
             )
         src.instance_id = src.instance_id or reply.instanceId
         n_pages = reply.pageNextToken - reply.pageToken
-        if n_pages == 1 and type(reply.data) is bytes:
-            src.queue.append(reply.data)  # one chunk per reply, already bytes (the bus copied it): no copy
+        if n_pages == 1:
+            # One chunk per reply, as it arrived: bytes, or for a large one (the node's zero-copy
+            # threshold) a memoryview on the ZeroMQ frame the node received it in. No copy either way.
+            src.queue.append(reply.data)
         elif n_pages:
-            src.queue.extend(bytes(p) for p in reply.pages())
+            # Several pages in one blob: views into a received frame stay views (the pages keep the frame
+            # alive, and they all leave together); pages of a small reply, which came as bytes, are copied
+            # out so that a caller gets bytes for them, as before.
+            pages = reply.pages()
+            src.queue.extend(map(bytes, pages) if type(reply.data) is bytes else pages)
         src.queued_bytes += len(reply.data)
         src.token = reply.pageNextToken
         if reply.bufferComplete:
