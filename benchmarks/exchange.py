@@ -63,22 +63,28 @@ LIMITS = Limits(max_frame_bytes=64 * MiB, max_message_bytes=128 * MiB)
 COPY_BELOW = 64 * KiB  # as the bus node: frames below this are copied, larger ones sent without a copy
 
 
-def receive(sock: zmq.Socket[Any], flags: int = 0) -> list[bytes]:
-    """One whole message, frame by frame and copied, as the bus node receives on its control sockets
-    (``bus/node.py`` ``_recv_message``): below 64 KiB a copy costs less than a zero-copy ``Frame``."""
-    parts = [sock.recv(flags)]
-    while sock.getsockopt(zmq.RCVMORE):
-        parts.append(sock.recv(flags))
+def receive(sock: zmq.Socket[Any], flags: int = 0, *, routed: bool = False) -> list[Any]:
+    """One whole message, as the bus node's ROUTER receives a control message (``bus/node.py``
+    ``_drain_control``): frame by frame as ``zmq.Frame``s, whose ``more`` ends the message; a frame after
+    the envelope's header and body (a blob: a BinX reply's pages) of at least 64 KiB is kept as a
+    memoryview on ZeroMQ's buffer, every other frame copied out (below 64 KiB a copy costs less than the
+    view). ``routed``: the message starts with a routing id (a ROUTER), which is not the envelope's."""
+    frame = sock.recv(flags, copy=False)
+    parts: list[Any] = [frame.bytes]
+    first_blob = 3 if routed else 2
+    while frame.more:
+        frame = sock.recv(flags, copy=False)
+        parts.append(frame.buffer if len(frame) >= COPY_BELOW and len(parts) >= first_blob else frame.bytes)
     return parts
 
 
-def drain(sock: zmq.Socket[Any], most: int = 256) -> list[list[bytes]]:
+def drain(sock: zmq.Socket[Any], most: int = 256, *, routed: bool = False) -> list[list[Any]]:
     """The next message (waiting for it, as the node waits in its poll), then every one already queued,
     up to ``most``."""
-    batch = [receive(sock)]
+    batch = [receive(sock, routed=routed)]
     # ZMQ_EVENTS costs about half a refused NOBLOCK receive (no exception).
     while len(batch) < most and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-        batch.append(receive(sock, zmq.NOBLOCK))
+        batch.append(receive(sock, zmq.NOBLOCK, routed=routed))
     return batch
 
 
@@ -127,7 +133,7 @@ def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, tune:
     port_q.put(port)
     while True:
         # As the bus node's loop: read what has arrived, handle it, then send everything the turn produced.
-        batch = drain(sock)
+        batch = drain(sock, routed=True)
         if any(frames[1] == b"STOP" for frames in batch):
             break
         out: list[list[Any]] = []
@@ -195,7 +201,8 @@ class BinxDriver:
         """One loop turn: send what is pending, then handle every reply that has arrived."""
         self._flush()
         for frames in drain(self.sock):
-            msg = self.codec.decode(frames).message
+            # Blobs as received, as the node's core decodes control messages (a large one stays a view).
+            msg = self.codec.decode(frames, copy_blobs=False).message
             self._handle(MessageReceived(peer="srv", message=msg))
 
     def warm_up(self) -> None:
