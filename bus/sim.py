@@ -325,11 +325,12 @@ class SimBus:
             return
         self.delivered += 1
         if d.channel == "ctl":
-            node.core.on_control(d.src.encode(), d.frames, self.now)
+            large = self._configs[d.dst].zero_copy_threshold
+            node.core.on_control(d.src.encode(), _as_received(d.frames, large), self.now)
         elif d.channel == "reply":
             node.core.on_reply(d.src, d.frames, self.now)
         else:
-            node.core.on_data(d.frames, self.now)
+            node.core.on_data(_as_received(d.frames, 0), self.now)
         self._flush(d.dst)
 
     def _flush_all(self) -> None:
@@ -473,6 +474,15 @@ class SimBus:
         heapq.heappush(
             self._queue, _Delivery(at, self._seq, src, dst, channel, [bytes(f) for f in frames], inc)
         )
+
+
+def _as_received(frames: list[Buffer], large: int) -> list[Buffer]:
+    """The frames as a node's sockets hand them over: after the envelope's header and body, a frame of at
+    least ``large`` bytes is a (writable) memoryview, as ZeroMQ's frame buffers are (``Node._drain_control``;
+    the PULL keeps every one), so roles meet in the simulator the views they get on real sockets."""
+    if len(frames) <= 2:
+        return list(frames)
+    return frames[:2] + [memoryview(bytearray(f)) if len(f) >= large else f for f in frames[2:]]
 
 
 def _is_step_of(d: _Delivery, jid: int) -> bool:
