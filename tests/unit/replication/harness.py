@@ -45,9 +45,22 @@ from sparkbus.bus.contract import (
 from sparkbus.codecs import EnvelopeCodec, decode_batch, encode_batch
 from sparkbus.roles.replication.layout import Layout, PartitionSpec
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
-from sparkbus.roles.replication.storage import MemoryStorage, SimulatedCrash
+from sparkbus.roles.replication.segments import SegmentEntry
+from sparkbus.roles.replication.storage import MemoryStorage, SimulatedCrash, Storage
+from sparkbus.roles.replication.store import PartitionStore, StoreConfig
 
 CODEC = EnvelopeCodec()
+
+
+def flushed(
+    storage: Storage, partition: str, config: StoreConfig, rows: pa.Table
+) -> tuple[PartitionStore, SegmentEntry]:
+    """A store of placement 1 on ``storage`` whose ``rows`` were written and flushed into one segment."""
+    store = PartitionStore.open(storage, partition, 1, config)
+    store.write(rows, 0.0)
+    entry = store.flush()
+    assert entry is not None
+    return store, entry
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from sparkbus.roles.replication.segments import (
 from sparkbus.roles.replication.storage import MemoryStorage
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig, segment_file
 
-from .harness import Cluster
+from .harness import Cluster, flushed
 
 P = "t/0"
 CFG = StoreConfig(flush_rows=4, compact_minors=2)
@@ -62,10 +62,7 @@ def rewrite_segments(storage: MemoryStorage, version: int) -> list[str]:
 
 def test_a_new_segment_is_version_4_with_the_xxh3_128_of_its_bytes() -> None:
     st = MemoryStorage()
-    store = PartitionStore.open(st, P, 1, CFG)
-    store.write(rows(1, 2, 3, 4), 0.0)
-    entry = store.flush()
-    assert entry is not None
+    _, entry = flushed(st, P, CFG, rows(1, 2, 3, 4))
     data = st.read(segment_file(entry.segment_id))
     assert data[:8] == MAGIC == b"SBSEG\x04\x00\x00"
     body = data[:-TRAILER_BYTES]
@@ -119,10 +116,7 @@ def test_a_store_refuses_a_file_of_another_version_naming_it(version: int) -> No
 
 def test_trailer_check_picks_the_checksum_from_the_magic_however_the_bytes_are_chunked() -> None:
     st = MemoryStorage()
-    store = PartitionStore.open(st, P, 1, CFG)
-    store.write(rows(*range(4)), 0.0)
-    entry = store.flush()
-    assert entry is not None
+    _, entry = flushed(st, P, CFG, rows(*range(4)))
     v4 = st.read(segment_file(entry.segment_id))
     v3 = as_version(v4, 3)
     rng = random.Random(3)

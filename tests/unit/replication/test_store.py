@@ -33,6 +33,8 @@ from sparkbus.roles.replication.store import (
     upsert,
 )
 
+from .harness import flushed
+
 P = "t/0"
 CFG = StoreConfig(flush_rows=4, compact_minors=2)
 
@@ -100,10 +102,7 @@ def test_an_old_version_merged_late_does_not_overwrite_a_newer_one() -> None:
 
 def test_a_segment_file_detects_truncation_and_bit_flips() -> None:
     st = MemoryStorage()
-    s = PartitionStore.open(st, P, 1, CFG)
-    s.write(rows(1, 2, 3, 4), 0.0)
-    entry = s.flush()
-    assert entry is not None
+    _, entry = flushed(st, P, CFG, rows(1, 2, 3, 4))
     name = segment_file(entry.segment_id)
     assert verify_segment(st, name) == entry.checksum
     data = st.read(name)
@@ -115,10 +114,7 @@ def test_a_segment_file_detects_truncation_and_bit_flips() -> None:
 
 def test_open_refuses_a_listed_segment_that_lost_bytes() -> None:
     st = MemoryStorage()
-    s = PartitionStore.open(st, P, 1, CFG)
-    s.write(rows(1, 2, 3, 4), 0.0)
-    entry = s.flush()
-    assert entry is not None
+    _, entry = flushed(st, P, CFG, rows(1, 2, 3, 4))
     st._files[segment_file(entry.segment_id)] = st.read(segment_file(entry.segment_id))[:-3]
     with pytest.raises(SegmentCorrupt, match=entry.segment_id):
         PartitionStore.open(st, P, 1, CFG)
@@ -200,10 +196,7 @@ def test_recovery_discards_partial_files(tmp_path: Path) -> None:
 def test_a_whole_segment_written_in_place_but_never_listed_is_not_taken(tmp_path: Path) -> None:
     # An incoming segment is written under its final name and committed (fsync) before the manifest lists
     # it. A crash in between leaves a file that looks whole and verifies: it must still be discarded.
-    src = PartitionStore.open(DiskStorage(tmp_path / "src"), P, 1, CFG)
-    src.write(rows(1, 2, 3), 0.0)
-    entry = src.flush()
-    assert entry is not None
+    src, entry = flushed(DiskStorage(tmp_path / "src"), P, CFG, rows(1, 2, 3))
     disk = DiskStorage(tmp_path / "dst")
     dst = PartitionStore.open(disk, P, 2, CFG)
     dst.write(rows(9), 0.0)
@@ -242,10 +235,7 @@ def test_memory_storage_keeps_an_unfinished_in_place_file_through_a_crash() -> N
 
 def test_acked_additions_are_saved_lazily_and_removals_at_once() -> None:
     st = MemoryStorage()
-    s = PartitionStore.open(st, P, 1, CFG)
-    s.write(rows(1), 0.0)
-    entry = s.flush()
-    assert entry is not None
+    s, entry = flushed(st, P, CFG, rows(1))
     s.set_acked(entry.segment_id, frozenset({2, 3}))
     lost = PartitionStore.open(st.crashed(), P, 1, CFG).entry(entry.segment_id)
     assert lost is not None and lost.acked == frozenset()  # lost in a crash before the tick
@@ -459,10 +449,7 @@ class _CountingStorage(MemoryStorage):
 
 
 def test_a_fast_forward_reads_no_segment_and_the_schema_comes_when_needed() -> None:
-    source = PartitionStore.open(MemoryStorage(), P, 1, CFG)
-    source.write(rows(1, 2, 3), 0.0)
-    entry = source.flush()
-    assert entry is not None
+    source, entry = flushed(MemoryStorage(), P, CFG, rows(1, 2, 3))
     target_storage = _CountingStorage()
     target = PartitionStore.open(target_storage, P, 2, CFG)  # (an unlisted file would be removed)
     write_whole(
