@@ -480,8 +480,6 @@ def _as_received(frames: list[Buffer], large: int) -> list[Buffer]:
     """The frames as a node's sockets hand them over: after the envelope's header and body, a frame of at
     least ``large`` bytes is a (writable) memoryview, as ZeroMQ's frame buffers are (``Node._drain_control``;
     the PULL keeps every one), so roles meet in the simulator the views they get on real sockets."""
-    if len(frames) <= 2:
-        return list(frames)
     return frames[:2] + [memoryview(bytearray(f)) if len(f) >= large else f for f in frames[2:]]
 
 
