@@ -168,15 +168,18 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
     if args.no_views:
         return done
-    _write_views(client, args.table, rows)
-    return f"{done} and into the compute controller's table {args.table} for views"
+    _write_views(client, args.table, rows, None if spec is None else spec.key)
+    how = "appended" if spec is None else f"upserted by {', '.join(spec.key)}"
+    return f"{done} and into the compute controller's table {args.table} for views ({how})"
 
 
-def _write_views(client: Client, table: str, rows: pa.Table) -> None:
+def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] | None) -> None:
+    """Into the compute controller's table: an upsert table by ``key`` for a replicated table, so its views
+    count a row loaded twice once, as SQL does; otherwise appended."""
     from sparkbus.roles.client import OperationError  # noqa: PLC0415
 
     try:
-        client.create_table(table, rows.schema)
+        client.create_table(table, rows.schema, key=key)
     except OperationError as exc:
         if "already exists" not in str(exc):
             raise
@@ -512,7 +515,8 @@ def _add_cluster_parsers(sub: Any) -> None:
         "partition's current leader and upserted by key; each partition written is flushed and the command "
         "waits until it is replicated. Any other table: into the gateway node's query catalog as table TABLE. "
         "Either way `sparkbus sql` reads it; the rows also go into the compute controller's table TABLE "
-        "(what views read; created with the file's schema).",
+        "(what views read; created with the file's schema, and keyed like the replicated table, so a row "
+        "loaded twice counts once there too; another table's rows are appended).",
     )
     load_p.add_argument("table", help="the table name")
     load_p.add_argument("path", help="a .parquet file or directory, or a .csv file")

@@ -414,13 +414,18 @@ class Client:
         """Read a view (or table) of the compute controller."""
         return as_table(self.call(Op.PEEK, {"view": view, **args}))
 
-    def create_table(self, name: str, schema: pa.Schema) -> dict[str, Any]:
-        """Create an input table of the compute controller (what views read); returns ``{"upper"}``."""
-        return dict(self.call(Op.CREATE_TABLE, {"name": name, "schema": schema.serialize().to_pybytes()}))
+    def create_table(self, name: str, schema: pa.Schema, key: Sequence[str] | None = None) -> dict[str, Any]:
+        """Create an input table of the compute controller (what views read); returns ``{"upper"}``. With
+        ``key``, an upsert table: a written row replaces the one with the same key, so views count each key
+        once however often it is written."""
+        args: dict[str, Any] = {"name": name, "schema": schema.serialize().to_pybytes()}
+        if key is not None:
+            args["key"] = list(key)
+        return dict(self.call(Op.CREATE_TABLE, args))
 
     def write_table(self, name: str, data: pa.Table) -> int:
-        """Append rows to a compute controller table (``create_table``); returns the write's time. Never
-        retried by default (a write is not idempotent)."""
+        """Write rows to a compute controller table (``create_table``): appended, or upserted by the key of
+        an upsert table; returns the write's time. Never retried by default (an append is not idempotent)."""
         batch = (
             data.combine_chunks().to_batches()[0]
             if data.num_rows

@@ -8,9 +8,12 @@ answers first (protocol-facts 5.5).
 
 Local calls (``LocalCall.name`` and its ``args``):
 
-* ``create_table(name, schema)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes. Result ``{"upper"}``.
+* ``create_table(name, schema, key=None)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes. With ``key``
+  (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
+  replaces the row with the same key. Result ``{"upper"}``.
 * ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
-  ``__diff`` (default +1 per row). The controller assigns the write's time. Result ``{"time"}``.
+  ``__diff`` (default +1 per row; not for an upsert table, whose writes are rows, the last of a key in one
+  batch winning). The controller assigns the write's time. Result ``{"time"}``.
 * ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
 * ``drop_view(name)``.
 * ``peek(view, timestamp=None, literal_constraints=None, finishing=None, target_replica=None)``: completes
@@ -81,6 +84,9 @@ from sparkbus.roles.compute.plans import Finishing, ViewDef
 from sparkbus.roles.compute.reduction import ViewError
 from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
 from sparkbus.roles.compute.times import Frontier, frontier_join, frontier_leq
+
+#: A row-number column the upsert bookkeeping adds and drops (table columns never start with ``__``).
+_ROW = "__row"
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +179,9 @@ class ComputeController:
         self.upper = 1
         self.tables: dict[str, pa.Schema] = {}
         self._table_data: dict[str, list[pa.Table]] = {}
+        #: Upsert tables: their key columns, and their current rows (one per key).
+        self.table_keys: dict[str, list[str]] = {}
+        self._current: dict[str, pa.Table] = {}
         self.collections: dict[str, Collection] = {}
         #: View name -> collection id. Ids are never reused (a dropped id would poison the history).
         self.views: dict[str, str] = {}
@@ -428,6 +437,19 @@ class ComputeController:
             raise LocalProtocolError(f"{name!r} already exists")
         if not schema.names or any(n.startswith("__") for n in schema.names):
             raise LocalProtocolError(f"table {name!r} needs columns, none starting with '__'")
+        key = call.args.get("key")
+        if key is not None:
+            if (
+                not isinstance(key, list | tuple)
+                or not key
+                or len(set(key)) != len(key)
+                or any(k not in schema.names for k in key)
+            ):
+                raise LocalProtocolError(
+                    f"table {name!r}: key {key!r} is not a list of distinct columns of {schema.names}"
+                )
+            self.table_keys[name] = list(key)
+            self._current[name] = schema.empty_table()
         self.tables[name] = schema
         self._used_ids.add(name)
         self._table_data[name] = []
@@ -447,7 +469,12 @@ class ComputeController:
         data = batch.select([n for n in batch.column_names if n != DIFF])
         if not data.schema.equals(schema):
             raise LocalProtocolError(f"write to {name!r}: schema {data.schema} is not the table's {schema}")
-        if diff is None:
+        key = self.table_keys.get(name)
+        if key is not None:
+            if diff is not None:
+                raise LocalProtocolError(f"write to {name!r}: an upsert table takes rows, not __diff")
+            data, diff = self._upsert(name, key, data)
+        elif diff is None:
             diff = pa.repeat(pa.scalar(1, pa.int64()), data.num_rows)
         elif diff.type != pa.int64():
             raise LocalProtocolError(f"write to {name!r}: __diff must be int64, got {diff.type}")
@@ -461,6 +488,35 @@ class ComputeController:
             AppendUpdates(id=name, lower=t, upper=t + 1, advanced=others, updates=encode_table(updates))
         )
         return {"time": t}
+
+    def _upsert(self, name: str, key: list[str], data: pa.Table) -> tuple[pa.Table, pa.Array]:
+        """The updates of writing ``data`` to upsert table ``name``: the replaced rows retracted, the
+        written ones inserted (the last of a key in ``data`` wins). A row written unchanged is retracted and
+        inserted at the same time, which consolidation cancels."""
+        for k in key:
+            if data.column(k).null_count:
+                raise LocalProtocolError(f"write to {name!r}: key column {k!r} has nulls")
+        data = data.combine_chunks()
+        if data.num_rows > 1:
+            # The last row of each key: group the row numbers by key and keep the highest.
+            numbered = data.select(key).append_column(_ROW, pa.array(range(data.num_rows), pa.int64()))
+            last = numbered.group_by(key, use_threads=False).aggregate([(_ROW, "max")])
+            if last.num_rows < data.num_rows:
+                data = data.take(last.column(f"{_ROW}_max"))  # keys in order of first appearance
+        current = self._current[name]
+        numbered = current.select(key).append_column(_ROW, pa.array(range(current.num_rows), pa.int64()))
+        replaced = numbered.join(data.select(key), key, join_type="left semi", use_threads=False)
+        hit = pc.is_in(numbered.column(_ROW), value_set=replaced.column(_ROW))
+        old = current.filter(hit)
+        self._current[name] = pa.concat_tables([current.filter(pc.invert(hit)), data])
+        rows = pa.concat_tables([old, data])
+        diff = pa.concat_arrays(
+            [
+                pa.repeat(pa.scalar(-1, pa.int64()), old.num_rows),
+                pa.repeat(pa.scalar(1, pa.int64()), data.num_rows),
+            ]
+        )
+        return rows, diff
 
     def _call_create_view(self, call: LocalCall) -> Any:
         name, view = call.args["name"], call.args["view"]

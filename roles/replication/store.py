@@ -47,6 +47,8 @@ from sparkbus.roles.replication.storage import Storage, write_whole
 LSN = "_sb_lsn"
 ORIGIN = "_sb_origin"
 HIDDEN = (LSN, ORIGIN)
+#: A row number the upsert sorts by last (never stored).
+_ROW = "_sb_row"
 MANIFEST = "MANIFEST"
 WAL = "WAL"
 _MANIFEST_MAGIC = b"SBMAN\x01\x00\x00"
@@ -118,14 +120,21 @@ def listed_files(storage: Storage) -> set[str]:
 
 
 def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
-    """Keep, per key, the row with the highest (lsn, origin); identical rows collapse to one. Rows whose
-    keys are all distinct come back as they are (in their order); otherwise sorted by key."""
+    """Keep, per key, the row with the highest (lsn, origin), and of one write's rows for a key (the same
+    version) the last, as a later write would replace it; identical rows collapse to one. Rows whose keys
+    are all distinct come back as they are (in their order); otherwise sorted by key."""
     if table.num_rows <= 1:
         return table
     if len(key) == 1 and pc.count_distinct(table.column(key[0])).as_py() == table.num_rows:
         return table  # a hash pass instead of a sort: the common case, a write of new keys
-    order = [(k, "ascending") for k in key] + [(LSN, "descending"), (ORIGIN, "descending")]
-    ordered = table.sort_by(order)
+    order = [(k, "ascending") for k in key] + [
+        (LSN, "descending"),
+        (ORIGIN, "descending"),
+        (_ROW, "descending"),
+    ]
+    sort_columns = table.select([*key, LSN, ORIGIN])
+    sort_columns = sort_columns.append_column(_ROW, pa.array(range(table.num_rows), pa.int64()))
+    ordered = table.take(pc.sort_indices(sort_columns, sort_keys=order))
     n = ordered.num_rows
     changed: pa.Array | None = None
     for k in key:

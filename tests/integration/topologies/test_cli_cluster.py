@@ -181,9 +181,26 @@ def test_load_routes_a_topology_table_to_its_partition_leaders(up: Up, tmp_path:
     assert {p: r["rows"] for p, r in leaders.items()} == expected
     assert {r["partition"]: r["rows"] for r in ours if r["leader"] == 0} == expected
 
-    again = client(up, "load", "orders", str(csv), "--no-views")
+    created = client(
+        up, "view", "create", "order_totals", "--source", "orders", "--agg", "n=count(*)", "--agg",
+        "total=sum(amount)",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+
+    def totals() -> dict[str, float]:
+        res = client(up, "view", "peek", "order_totals", "--json")
+        assert res.returncode == 0, res.stderr
+        return dict(json.loads(res.stdout))
+
+    assert totals() == {"n": n, "total": sum(i * 0.5 for i in range(n))}
+
+    # The same keys with new amounts: upserted by key in the store and in the view's table alike.
+    pcsv.write_csv(rows.set_column(2, "amount", pa.array([float(i) for i in range(n)])), csv)
+    again = client(up, "load", "orders", str(csv))
     assert again.returncode == 0, again.stderr
+    assert "for views (upserted by order_id)" in again.stdout
     assert count() == {"n": n, "d": n}  # upserted by key: no duplicates
+    assert totals() == {"n": n, "total": float(sum(range(n)))}
 
     nulls = tmp_path / "nulls.csv"
     nulls.write_text("order_id,customer,amount\n1,a,1.0\n,b,2.0\n")

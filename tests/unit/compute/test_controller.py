@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from typing import Any
@@ -160,6 +161,88 @@ def test_rehydration_bumps_the_epoch_and_replays_the_reduced_history() -> None:
     cid = c.call("peek", view="v", target_replica="r1", finishing=ORDERED)
     c.run()
     assert [r["k"] for r in peek_rows(c, cid)] == ["a", "b", "c"]
+
+
+def upsert_cluster(key: list[str] | None = None) -> Cluster:
+    """One replica, upsert table ``u`` keyed by ``key`` (default ``k``) and view ``uv`` counting and summing it."""
+    c = Cluster(("r1",))
+    c.up("r1")
+    c.run()
+    c.do("create_table", name="u", schema=SCHEMA, key=key or ["k"])
+    c.do("create_view", name="uv", view=dataclasses.replace(VIEW, source="u"))
+    return c
+
+
+def peek(c: Cluster, view: str, **args: Any) -> list[dict[str, Any]]:
+    cid = c.call("peek", view=view, finishing=ORDERED, **args)
+    c.run()
+    return peek_rows(c, cid)
+
+
+def test_an_upsert_table_replaces_rows_by_key_and_views_count_each_key_once() -> None:
+    c = upsert_cluster()
+    c.do("write", table="u", batch=batch(("a", 1), ("b", 2)))
+    c.do("write", table="u", batch=batch(("a", 5), ("c", 3)))
+    assert peek(c, "u") == [{"k": "a", "v": 5}, {"k": "b", "v": 2}, {"k": "c", "v": 3}]
+    assert peek(c, "uv") == [
+        {"k": "a", "n": 1, "s": 5},
+        {"k": "b", "n": 1, "s": 2},
+        {"k": "c", "n": 1, "s": 3},
+    ]
+    # The same rows again (a file loaded twice) change nothing.
+    before = peek(c, "uv")
+    c.do("write", table="u", batch=batch(("a", 5), ("c", 3)))
+    assert peek(c, "uv") == before
+    # Readers at an earlier time still see the value of then.
+    assert peek(c, "u", timestamp=1) == [{"k": "a", "v": 1}, {"k": "b", "v": 2}]
+
+
+def test_the_last_row_of_a_key_in_one_upsert_write_wins() -> None:
+    c = upsert_cluster()
+    c.do("write", table="u", batch=batch(("a", 1), ("b", 2), ("a", 3), ("b", 4), ("a", 7)))
+    assert peek(c, "u") == [{"k": "a", "v": 7}, {"k": "b", "v": 4}]
+    c.do("write", table="u", batch=batch(("b", 0), ("b", 9)))
+    assert peek(c, "uv") == [{"k": "a", "n": 1, "s": 7}, {"k": "b", "n": 1, "s": 9}]
+
+
+def test_an_upsert_table_keyed_by_every_column_keeps_distinct_rows() -> None:
+    c = upsert_cluster(["k", "v"])
+    c.do("write", table="u", batch=batch(("a", 1), ("a", 2), ("a", 1)))
+    c.do("write", table="u", batch=batch(("a", 2), ("b", 2)))
+    assert peek(c, "uv") == [{"k": "a", "n": 2, "s": 3}, {"k": "b", "n": 1, "s": 2}]
+
+
+def test_a_rehydrated_replica_sees_the_upserted_rows() -> None:
+    c = upsert_cluster()
+    c.do("write", table="u", batch=batch(("a", 1), ("b", 2)))
+    c.cut("r1")
+    c.do("write", table="u", batch=batch(("a", 4)))
+    c.up("r1")
+    c.run()
+    assert peek(c, "uv") == [{"k": "a", "n": 1, "s": 4}, {"k": "b", "n": 1, "s": 2}]
+
+
+def test_upsert_table_errors_leave_the_table_as_it_was() -> None:
+    c = upsert_cluster()
+    c.do("write", table="u", batch=batch(("a", 1)))
+    nulls = ipc(pa.table({"k": pa.array([None, "b"], pa.string()), "v": pa.array([1, 2], pa.int64())}))
+    for name, args, needle in [
+        ("create_table", {"name": "w", "schema": SCHEMA, "key": ["zz"]}, "not a list of distinct columns"),
+        (
+            "create_table",
+            {"name": "w", "schema": SCHEMA, "key": ["k", "k"]},
+            "not a list of distinct columns",
+        ),
+        ("create_table", {"name": "w", "schema": SCHEMA, "key": []}, "not a list of distinct columns"),
+        ("create_table", {"name": "w", "schema": SCHEMA, "key": "k"}, "not a list of distinct columns"),
+        ("write", {"table": "u", "batch": batch(("a", 2), diff=1)}, "not __diff"),
+        ("write", {"table": "u", "batch": nulls}, "key column 'k' has nulls"),
+    ]:
+        cid = c.call(name, **args)
+        error = c.replies[cid].error
+        assert error is not None and needle in error, (name, error)
+    assert "w" not in c.controller.tables
+    assert peek(c, "u") == [{"k": "a", "v": 1}]
 
 
 def test_cancel_peek_races_the_answer() -> None:

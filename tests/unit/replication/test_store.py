@@ -428,6 +428,17 @@ def test_upsert_keeps_distinct_keys_as_they_are_and_resolves_duplicates_by_versi
     assert upsert(dup, ("key",)).select(["key", "v"]).to_pydict() == {"key": [1, 2], "v": ["a", "new"]}
 
 
+def test_upsert_keeps_the_last_row_of_a_key_within_one_write() -> None:
+    # One write's rows share a version: the last of a key wins, as a later write would replace it (and as
+    # the compute controller's upsert tables do). A lower version never wins, wherever it sits.
+    same = pa.table(
+        {"key": [2, 1, 2, 1, 2], "v": ["a", "b", "c", "d", "e"], LSN: [5, 5, 5, 5, 4], ORIGIN: [1] * 5}
+    )
+    assert upsert(same, ("key",)).select(["key", "v"]).to_pydict() == {"key": [1, 2], "v": ["d", "c"]}
+    two = pa.table({"k1": [1, 1, 1], "k2": ["x", "x", "y"], "v": [1, 2, 3], LSN: [7] * 3, ORIGIN: [2] * 3})
+    assert upsert(two, ("k1", "k2")).to_pydict()["v"] == [2, 3]
+
+
 class _CountingStorage(MemoryStorage):
     """Counts the reads of segment files (``read``, ``open`` and ``view``)."""
 
