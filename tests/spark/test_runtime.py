@@ -139,6 +139,42 @@ def test_routed_rows_reach_the_task_their_route_names(spark: Any) -> None:
     assert {"store-0:data_received", "store-1:links_ready", "driver:all_tasks_ready"} <= set(rt.timeline)
 
 
+class _BadRouter:
+    """A router that breaks its contract: one index short, or a task that does not exist."""
+
+    exchange = True
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __call__(self, batch: pa.RecordBatch, tasks: int) -> tuple[pa.RecordBatch, Any]:
+        dest = np.zeros(batch.num_rows, np.int64)
+        if self.how == "short":
+            return batch, dest[:-1]
+        dest[-1] = tasks if self.how == "beyond" else -1
+        return batch, dest
+
+
+@pytest.mark.parametrize(
+    ("how", "cause"),
+    [
+        ("short", "ValueError: the row router gave 1500 rows but no task index for each"),
+        ("beyond", "ValueError: the row router named task 2 for a row, but the tasks are 0 to 1"),
+        ("negative", "ValueError: the row router named task -1 for a row, but the tasks are 0 to 1"),
+    ],
+)
+def test_a_row_router_that_breaks_its_contract_fails_the_stage_without_losing_rows(
+    spark: Any, how: str, cause: str
+) -> None:
+    topo = load(shipped("local.toml"))
+    data = _Routed(spark.range(0, 3000, 1, 2))
+    data.router = _BadRouter(how)  # type: ignore[assignment]
+    with pytest.raises(SparkRuntimeError) as err:
+        SparkRuntime(topo, spark, ProbeFactory(), data=data, ready_timeout=30).start()
+    assert err.value.node in ("store-0", "store-1")
+    assert cause in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize(
     ("mode", "cause"),
     [
