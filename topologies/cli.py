@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from sparkbus.topologies import keys
-from sparkbus.topologies.launcher import status_command, up_command
+from sparkbus.topologies.launcher import running_clusters, status_command, up_command
 from sparkbus.topologies.schema import TopologyError, load
 from sparkbus.topologies.summary import print_summary
 
@@ -98,6 +98,31 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _topology_path(args: argparse.Namespace) -> str:
+    """``--topology``; else ``topologies/processes.toml`` if it is here; else the one cluster ``sparkbus up``
+    runs on this machine.
+
+    Raises:
+        CommandError: none of these, or several clusters running.
+    """
+    if args.topology:
+        return str(args.topology)
+    if Path(DEFAULT_TOPOLOGY).exists():
+        return DEFAULT_TOPOLOGY
+    running = running_clusters()
+    if len(running) == 1:
+        return running[0]
+    if not running:
+        raise CommandError(
+            f"no --topology, no {DEFAULT_TOPOLOGY} here, and no cluster started by `sparkbus up` is running "
+            "(give --topology FILE or --address tcp://...)"
+        )
+    raise CommandError(
+        f"no --topology, and {len(running)} clusters are running: give --topology, one of "
+        f"{', '.join(running)}"
+    )
+
+
 def _connect(args: argparse.Namespace) -> Client:
     """The thin client, by ``--address`` (with ``--cluster-tag``) or by topology file."""
     from sparkbus.topologies.client import connect  # noqa: PLC0415 (pulls in pyarrow and the client)
@@ -109,7 +134,7 @@ def _connect(args: argparse.Namespace) -> Client:
         if not args.cluster_tag:
             raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
         return connect(args.address, cluster_tag=args.cluster_tag, **options)
-    topology = args.topology or DEFAULT_TOPOLOGY
+    topology = _topology_path(args)
     if not Path(topology).exists():
         raise CommandError(f"{topology}: no such topology file (give --topology FILE or --address tcp://...)")
     return connect(topology, cluster_tag=args.cluster_tag, **options)
@@ -197,7 +222,7 @@ def _topology_table(args: argparse.Namespace) -> TableSpec | None:
     ``--topology``, or a table the topology does not declare: loaded into the gateway node's catalog)."""
     if args.address and args.topology is None:
         return None
-    topo = load(args.topology or DEFAULT_TOPOLOGY)
+    topo = load(_topology_path(args))
     return next((t for t in topo.tables if t.name == args.table), None)
 
 
@@ -208,7 +233,7 @@ def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
     options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
     if args.key_dir is not None:
         options["key_dir"] = args.key_dir
-    topology = args.topology or DEFAULT_TOPOLOGY
+    topology = _topology_path(args)
 
     def to_node(node: str) -> Client:
         return connect(topology, cluster_tag=args.cluster_tag, node=node, **options)
@@ -486,8 +511,9 @@ def _client_options(p: argparse.ArgumentParser) -> None:
         "--topology",
         default=None,
         metavar="FILE",
-        help=f"the topology file `sparkbus up` runs (default {DEFAULT_TOPOLOGY}); its gateway nodes and "
-        "keys are found through the state file `up` writes",
+        help=f"the topology file `sparkbus up` runs (default: {DEFAULT_TOPOLOGY} if it is in this "
+        "directory, else the one cluster `sparkbus up` is running); its gateway nodes and keys are found "
+        "through the state file `up` writes",
     )
     where.add_argument("--address", default=None, help="a gateway node's control endpoint, tcp://HOST:PORT")
     where.add_argument(

@@ -373,6 +373,20 @@ def ask_status(address: str, timeout: float = 3.0) -> dict[str, Any]:
         ctx.destroy(linger=0)
 
 
+def running_clusters() -> list[str]:
+    """The topology files of the clusters ``sparkbus up`` is running on this machine for this user (state
+    files whose launcher is alive; a killed launcher's stale file is skipped), sorted."""
+    found = []
+    for path in state_dir().glob("up-*.json"):
+        try:
+            state = json.loads(path.read_text())
+            os.kill(int(state["launcher_pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone, unreadable, or half-written
+        found.append(str(state["topology"]))
+    return sorted(found)
+
+
 def status_targets(target: str) -> dict[str, str]:
     """Node name (or address) -> status endpoint, for a topology file or a ``tcp://`` address."""
     if "://" in target:

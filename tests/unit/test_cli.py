@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkbus.topologies import cli
+from sparkbus.topologies.keys import run_dir
 
 
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,3 +99,40 @@ def test_address_needs_a_cluster_tag_and_a_missing_file_is_named(
     assert "--address needs --cluster-tag" in capsys.readouterr().err
     assert cli.main(["sql", "SELECT 1", "--topology", str(tmp_path / "none.toml")]) == 1
     assert "no such topology file" in capsys.readouterr().err
+
+
+def test_without_a_topology_the_one_running_cluster_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.chdir(tmp_path)  # no topologies/processes.toml here
+    state = run_dir()
+    state.mkdir(parents=True)
+    args = cli.build_parser().parse_args(["sql", "SELECT 1"])
+
+    with pytest.raises(cli.CommandError, match="no cluster started by `sparkbus up` is running"):
+        cli._topology_path(args)
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, timeout=30, check=True
+    )
+    stale = {"topology": "/gone/old.toml", "launcher_pid": int(dead.stdout), "nodes": {}}
+    (state / "up-old-0.json").write_text(json.dumps(stale))  # its launcher was killed: skipped
+    (state / "up-torn-1.json").write_text('{"topology": "/half')  # half-written: skipped
+    live = {"topology": "/there/processes.toml", "launcher_pid": os.getpid(), "nodes": {}}
+    (state / "up-processes-2.json").write_text(json.dumps(live))
+    assert cli._topology_path(args) == "/there/processes.toml"
+
+    (state / "up-b-3.json").write_text(json.dumps({**live, "topology": "/there/b.toml"}))
+    with pytest.raises(
+        cli.CommandError, match=r"2 clusters are running: .*/there/b\.toml, /there/processes\.toml"
+    ):
+        cli._topology_path(args)
+    assert cli.main(["sql", "SELECT 1"]) == 1
+    assert "give --topology" in capsys.readouterr().err
+
+    (tmp_path / "topologies").mkdir()
+    (tmp_path / "topologies" / "processes.toml").write_text("")
+    assert cli._topology_path(args) == "topologies/processes.toml"  # the checkout's file comes first
+    explicit = cli.build_parser().parse_args(["sql", "SELECT 1", "--topology", "/x.toml"])
+    assert cli._topology_path(explicit) == "/x.toml"
