@@ -659,7 +659,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask each node of a cluster started by `sparkbus up FILE` (or one status endpoint "
         "tcp://HOST:PORT) for its peers, sessions, streams and counters.",
     )
-    status.add_argument("target", help="the topology file given to `sparkbus up`, or a tcp:// status address")
+    status.add_argument(
+        "target",
+        nargs="?",
+        help="the topology file given to `sparkbus up`, or a tcp:// status address (default: as for "
+        "`sparkbus sql`, topologies/processes.toml here or the one cluster running)",
+    )
     status.add_argument("--timeout", type=float, default=3.0, help="seconds to wait per node (default 3)")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_cluster_parsers(sub)
@@ -679,7 +684,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up":
         return up_command(args.topology, ready_timeout=args.timeout, skip_unavailable=args.skip_unavailable)
     if args.command == "status":
-        return status_command(args.target, timeout=args.timeout, as_json=args.json)
+        target = args.target
+        if target is None:
+            try:
+                target = _topology_path(argparse.Namespace(topology=None))
+            except CommandError as exc:
+                print(f"sparkbus status: {exc}", file=sys.stderr)
+                return 1
+        return status_command(target, timeout=args.timeout, as_json=args.json)
     if args.command in ("load", "sql", "view"):
         return cluster_command(args)
     if args.command == "keys":

@@ -130,6 +130,8 @@ def test_without_a_topology_the_one_running_cluster_is_used(
         cli._topology_path(args)
     assert cli.main(["sql", "SELECT 1"]) == 1
     assert "give --topology" in capsys.readouterr().err
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err.startswith("sparkbus status: no --topology, and 2 clusters are running")
 
     (tmp_path / "topologies").mkdir()
     (tmp_path / "topologies" / "processes.toml").write_text("")
