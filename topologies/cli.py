@@ -124,7 +124,8 @@ def _topology_path(args: argparse.Namespace) -> str:
 
 
 def _connect(args: argparse.Namespace) -> Client:
-    """The thin client, by ``--address`` (with ``--cluster-tag``) or by topology file."""
+    """The thin client, by ``--address`` (with ``--cluster-tag``) or by ``args.topology`` (which
+    ``cluster_command`` has resolved, ``_topology_path``)."""
     from sparkbus.topologies.client import connect  # noqa: PLC0415 (pulls in pyarrow and the client)
 
     options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
@@ -134,7 +135,7 @@ def _connect(args: argparse.Namespace) -> Client:
         if not args.cluster_tag:
             raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
         return connect(args.address, cluster_tag=args.cluster_tag, **options)
-    topology = _topology_path(args)
+    topology = args.topology
     if not Path(topology).exists():
         raise CommandError(f"{topology}: no such topology file (give --topology FILE or --address tcp://...)")
     return connect(topology, cluster_tag=args.cluster_tag, **options)
@@ -222,7 +223,7 @@ def _topology_table(args: argparse.Namespace) -> TableSpec | None:
     ``--topology``, or a table the topology does not declare: loaded into the gateway node's catalog)."""
     if args.address and args.topology is None:
         return None
-    topo = load(_topology_path(args))
+    topo = load(args.topology)
     return next((t for t in topo.tables if t.name == args.table), None)
 
 
@@ -233,7 +234,7 @@ def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
     options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
     if args.key_dir is not None:
         options["key_dir"] = args.key_dir
-    topology = _topology_path(args)
+    topology = args.topology
 
     def to_node(node: str) -> Client:
         return connect(topology, cluster_tag=args.cluster_tag, node=node, **options)
@@ -482,6 +483,8 @@ def cluster_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "view" and args.view_command == "create":
             view = _view_def(args)  # a bad definition needs no connection
+        if not args.address:
+            args.topology = _topology_path(args)  # once: the calls below all use this file
         with _connect(args) as client:
             if args.command == "load":
                 print(_load(client, args))

@@ -371,11 +371,11 @@ class _RowExchange:
                 rows, dest = self.router(batch, n)
                 if dest is None or len(dest) != rows.num_rows:
                     raise ValueError(f"the row router gave {rows.num_rows} rows but no task index for each")
-                if rows.num_rows and (int(dest.min()) < 0 or int(dest.max()) >= n):
-                    # Such a row would go to no task: lost, not loaded.
+                lo, hi = (int(dest.min()), int(dest.max())) if rows.num_rows else (0, 0)
+                if lo < 0 or hi >= n:  # such a row would go to no task: lost, not loaded
                     raise ValueError(
-                        f"the row router named task {int(dest.min() if dest.min() < 0 else dest.max())} "
-                        f"for a row, but the tasks are 0 to {n - 1}"
+                        f"the row router named task {lo if lo < 0 else hi} for a row, but the tasks are 0 "
+                        f"to {n - 1}"
                     )
                 for i in range(n):
                     part = rows.filter(pa.array(dest == i))
