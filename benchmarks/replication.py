@@ -8,7 +8,11 @@ follower is given a fresh placement, so the leader offers it a large segment aga
 ``assign`` call on the leader to the SEGMENT_ACK there: transit, checksum, fsync, manifest), and
 the plain role streams the same number of bytes in batches of the same size under the same credit (timed
 to the last batch at the receiver; CLOCK_MONOTONIC is one clock for both processes). The ratio is of the
-medians. The write-rate runs drive roles with an in-process pump (actions of one become events of the
+medians. Each round also times the disk alone: as many bytes written in chunks of the same size to a new
+file of the same directory by the writer a follower uses, then fdatasync'd. A follower acks only a durable
+segment, so a replication takes at least about that long: ``durable_write_vs_bus_ratio`` is about the best
+``replication_vs_bus_ratio`` this disk allows, and ``replication_vs_durable_write_ratio`` how close the
+replication came to it (1: the network and the protocol added nothing to the disk's time). The write-rate runs drive roles with an in-process pump (actions of one become events of the
 other).
 """
 
@@ -274,6 +278,22 @@ def _follower(conn: Any, root: str, spec: PartitionSpec, config: ReplicationConf
     node.stop()
 
 
+def durable_write_seconds(directory: Path, size: int, chunk: int) -> float:
+    """Seconds to make ``size`` bytes durable in a new file of ``directory`` with the writer a follower
+    writes a received segment with (space reserved up front, ``chunk``-byte appends, writeback started as
+    it goes, fdatasync at the end): the transfer's disk part alone, without the network or the protocol."""
+    data = b"\x02" * chunk
+    storage = DiskStorage(directory)
+    t0 = time.monotonic()
+    writer = storage.create_in_place("durable-write.bin", size=size)
+    for offset in range(0, size, chunk):
+        writer.append(data if size - offset >= chunk else data[: size - offset])
+    writer.commit()
+    seconds = time.monotonic() - t0
+    storage.delete("durable-write.bin")
+    return seconds
+
+
 def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
     """Replication of one ``n``-row segment over the bus, and a plain stream of as many bytes."""
     config = ReplicationConfig(store=StoreConfig(flush_rows=1 << 30, flush_bytes=1 << 40))
@@ -300,7 +320,7 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
         # have been reset meanwhile, so time nothing before it is up again.
         node.wait_ready(timeout=30)
         size = role.local[P].store.entries[-1].size
-        repl_s, bus_s = [], []
+        repl_s, bus_s, disk_s = [], [], []
         grants: dict[str, list[int]] = {"replication": [], "plain": []}
 
         def granted() -> int:
@@ -332,10 +352,11 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             conn.send(("plain.wait", {}))
             bus_s.append(conn.recv() - t0)
             grants["plain"].append(granted() - after)
+            disk_s.append(durable_write_seconds(tmp, size, config.chunk_bytes))
         reads = [node.call("replication", "read", {"partition": P}, timeout=600)]
         conn.send(("replication.read", {"partition": P}))
         reads.append(conn.recv())
-        repl, bus = statistics.median(repl_s), statistics.median(bus_s)
+        repl, bus, disk = statistics.median(repl_s), statistics.median(bus_s), statistics.median(disk_s)
         return {
             "segment_bytes": size,
             "segment_rows": n,
@@ -344,9 +365,13 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             "replication_mb_per_s": size / repl / 1e6,
             "bus_stream_mb_per_s": size / bus / 1e6,
             "ratio": bus / repl,
+            "durable_write_mb_per_s": size / disk / 1e6,
+            "durable_write_vs_bus_ratio": bus / disk,
+            "replication_vs_durable_write_ratio": disk / repl,
             "identical": reads[0] == reads[1],
             "replication_s": repl_s,
             "bus_s": bus_s,
+            "durable_write_s": disk_s,
             # The receiver's credit grants per segment-sized transfer (medians): with 4 MiB of credit and
             # 1 MiB chunks, one per three chunks, not one per chunk.
             "grants_per_transfer": {k: statistics.median(v) for k, v in grants.items()},
@@ -382,6 +407,8 @@ def main() -> None:
         "write_rows_per_s": {"rf1": w1, "rf2": w2},
         "replication_mb_per_s": mbps,
         "replication_vs_bus_ratio": vs_bus["ratio"],
+        "durable_write_vs_bus_ratio": vs_bus["durable_write_vs_bus_ratio"],
+        "replication_vs_durable_write_ratio": vs_bus["replication_vs_durable_write_ratio"],
         "replication_vs_bus": vs_bus,
         "replicas_identical": same1 and same2 and vs_bus["identical"],
     }
@@ -400,6 +427,17 @@ def main() -> None:
                     f"{vs_bus['ratio']:.2f}",
                     f"goal >= 0.5; {seg_mb:.0f} MB segment: {vs_bus['replication_mb_per_s']:.0f} MB/s "
                     f"replicated, {vs_bus['bus_stream_mb_per_s']:.0f} MB/s plain stream",
+                ),
+                (
+                    "durable_write_vs_bus_ratio",
+                    f"{vs_bus['durable_write_vs_bus_ratio']:.2f}",
+                    f"about the best the ratio above can be here: {seg_mb:.0f} MB made durable at "
+                    f"{vs_bus['durable_write_mb_per_s']:.0f} MB/s",
+                ),
+                (
+                    "replication_vs_durable_write_ratio",
+                    f"{vs_bus['replication_vs_durable_write_ratio']:.2f}",
+                    "the disk's time alone over the replication's (1: as fast as the disk)",
                 ),
                 (
                     "credit grants per transfer",
