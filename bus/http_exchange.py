@@ -35,8 +35,11 @@ stopping). ``fetch`` runs one ``HttpFetch`` of the ``http.client`` role with a c
 
 from __future__ import annotations
 
+import errno
 import http.client
+import os
 import re
+import select
 import socket
 import struct
 import threading
@@ -448,6 +451,8 @@ class HttpExchangeClient:
         self.port = port
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None  # the last socket opened, shut down by ``abort``
+        self._aborted = False
 
     def close(self) -> None:
         """Close the connection."""
@@ -456,13 +461,39 @@ class HttpExchangeClient:
             self._conn = None
 
     def abort(self) -> None:
-        """Break off a request in progress from another thread: its socket is shut down, so the thread
-        blocked in it gets an ``OSError`` at once (used when a node stops)."""
-        conn = self._conn
-        sock = conn.sock if conn is not None else None
+        """Break off a request in progress from another thread, connected or still connecting: its socket
+        is shut down, so the thread blocked in it gets an ``OSError`` at once (used when a node stops).
+        The client makes no request after this one."""
+        self._aborted = True
+        sock = self._sock
         if sock is not None:
-            with suppress(OSError):
+            with suppress(OSError):  # closed already, or not connecting yet (the flag stops that one)
                 sock.shutdown(socket.SHUT_RDWR)
+
+    def _open(
+        self, address: tuple[str, int], timeout: float | None, source: tuple[str, int] | None = None
+    ) -> socket.socket:
+        """``socket.create_connection`` for ``http.client``, abortable while it connects: a connect to a
+        host that does not answer would otherwise hold the thread (and a stopping node) up to ``timeout``.
+        The socket is visible to ``abort`` from its creation, and the wait looks at the abort flag, so an
+        abort before the connect starts is seen too."""
+        error: OSError = OSError(f"no address for {address[0]}")
+        for family, kind, proto, _, addr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            self._sock = sock
+            try:
+                _connect(sock, addr, timeout, lambda: self._aborted)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                if self._aborted:
+                    break
+                continue
+            sock.settimeout(timeout)
+            return sock
+        if self._aborted:
+            raise ConnectionAbortedError(f"connecting to {address[0]}:{address[1]}: aborted") from error
+        raise error
 
     def __enter__(self) -> HttpExchangeClient:
         return self
@@ -474,8 +505,11 @@ class HttpExchangeClient:
         self, method: str, path: str, headers: dict[str, str], wait: float
     ) -> tuple[http.client.HTTPResponse, bytes]:
         for attempt in (0, 1):
+            if self._aborted:
+                raise ConnectionAbortedError(f"{method} {path}: the client was aborted")
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout + wait)
+                self._conn._create_connection = self._open  # type: ignore[attr-defined]
             self._conn.timeout = self.timeout + wait
             try:
                 self._conn.request(method, path, headers=headers)
@@ -606,6 +640,31 @@ def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
         complete=res.complete,
         instance_id=res.instance_id,
     )
+
+
+def _connect(
+    sock: socket.socket, addr: Any, timeout: float | None, aborted: Callable[[], bool], slice_s: float = 0.25
+) -> None:
+    """Connect ``sock`` to ``addr`` within ``timeout`` seconds (None: no limit), giving up at once when
+    the socket is shut down and within ``slice_s`` when ``aborted()`` turns true. A wait that ends is
+    checked: a socket shut down before its connect started wakes the wait without being connected."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sock.setblocking(False)
+    err = sock.connect_ex(addr)
+    if err in (errno.EINPROGRESS, errno.EAGAIN, errno.EALREADY):
+        waiter = select.poll()
+        waiter.register(sock, select.POLLOUT)
+        while not waiter.poll(int(slice_s * 1000)):
+            if aborted():
+                raise ConnectionAbortedError(f"connecting to {addr}: aborted")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"connecting to {addr}: no answer in {timeout} s")
+        if aborted():
+            raise ConnectionAbortedError(f"connecting to {addr}: aborted")
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if err:
+        raise OSError(err, f"connecting to {addr}: {os.strerror(err)}")
+    sock.getpeername()  # OSError (ENOTCONN) unless the connect completed
 
 
 class HttpFetcher:

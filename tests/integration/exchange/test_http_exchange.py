@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from sparkbus.bus import http_exchange
+from sparkbus.bus.contract import HttpFetch, HttpFetched
 from sparkbus.bus.http_exchange import (
     HttpExchangeClient,
     HttpExchangeError,
     HttpExchangeServer,
+    HttpFetcher,
     unframe_pages,
 )
 from sparkbus.roles.exchange import OutputBuffers
@@ -160,3 +165,85 @@ def test_curl_reads_a_buffer(server: HttpExchangeServer) -> None:
         check=True,
     ).stdout
     assert deleted == b"204"
+
+
+# ---------------------------------------------------------------- a server that never answers a connect
+
+NEVER = 600.0  # a client timeout no test waits out: only an abort ends these connects
+
+
+@pytest.fixture
+def unanswered() -> Iterator[int]:
+    """A port whose connects get no answer: a listener with a backlog of 0, filled by connects never
+    accepted, so the kernel drops further SYNs and a connect waits (as to a host that is down)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        fillers.append(s)
+    try:
+        yield port
+    finally:
+        for s in fillers:
+            s.close()
+        srv.close()
+
+
+@pytest.fixture
+def connecting(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a client starts to connect (the real connect follows)."""
+    started = threading.Event()
+    real = http_exchange._connect
+
+    def connect(sock: socket.socket, addr: Any, timeout: float | None, aborted: Callable[[], bool]) -> None:
+        started.set()
+        real(sock, addr, timeout, aborted)
+
+    monkeypatch.setattr(http_exchange, "_connect", connect)
+    return started
+
+
+def test_a_connect_that_gets_no_answer_times_out(unanswered: int) -> None:
+    with HttpExchangeClient("127.0.0.1", unanswered, timeout=0.5) as c, pytest.raises(TimeoutError):
+        c.probe(T, 1, 0)
+
+
+def test_abort_breaks_off_a_connect_that_gets_no_answer(unanswered: int, connecting: threading.Event) -> None:
+    client = HttpExchangeClient("127.0.0.1", unanswered, timeout=NEVER)
+    errors: list[BaseException] = []
+
+    def get() -> None:
+        try:
+            client.get(T, 1, 0, max_bytes=1, max_wait=0.0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=get, daemon=True)
+    t.start()
+    assert connecting.wait(TIMEOUT)
+    client.abort()
+    t.join(TIMEOUT)
+    assert not t.is_alive(), "the connect went on after the abort"
+    assert len(errors) == 1 and isinstance(errors[0], ConnectionAbortedError)
+    with pytest.raises(ConnectionAbortedError, match="aborted"):
+        client.probe(T, 1, 0)  # an aborted client makes no more requests
+
+
+def test_fetcher_close_breaks_off_a_fetch_still_connecting(
+    unanswered: int, connecting: threading.Event
+) -> None:
+    delivered: list[HttpFetched] = []
+    fetcher = HttpFetcher(delivered.append, workers=1, timeout=NEVER, name="test-fetch")
+    fetcher.submit(HttpFetch(job=1, peer="p", task_id=T, buffer_id=1), f"127.0.0.1:{unanswered}")
+    assert connecting.wait(TIMEOUT)
+    done = threading.Thread(target=fetcher.close, daemon=True)
+    done.start()
+    done.join(TIMEOUT)
+    assert not done.is_alive(), "close waited for a connect that gets no answer"
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-fetch") and t.is_alive()]
+    assert delivered == []  # answers after close are dropped, as the node has stopped
