@@ -12,8 +12,9 @@ medians. Each round also times the disk alone: as many bytes written in chunks o
 file of the same directory by the writer a follower uses, then fdatasync'd. A follower acks only a durable
 segment, so a replication takes at least about that long: ``durable_write_vs_bus_ratio`` is about the best
 ``replication_vs_bus_ratio`` this disk allows, and ``replication_vs_durable_write_ratio`` how close the
-replication came to it (1: the network and the protocol added nothing to the disk's time). The write-rate runs drive roles with an in-process pump (actions of one become events of the
-other).
+replication came to it (1: the network and the protocol added nothing to the disk's time).
+
+The write-rate runs drive roles with an in-process pump (actions of one become events of the other).
 """
 
 from __future__ import annotations
