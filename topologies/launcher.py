@@ -381,9 +381,9 @@ def running_clusters() -> list[str]:
         try:
             state = json.loads(path.read_text())
             os.kill(int(state["launcher_pid"]), 0)
+            found.append(str(state["topology"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # gone, unreadable, or half-written
-        found.append(str(state["topology"]))
     return sorted(found)
 
 

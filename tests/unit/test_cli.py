@@ -119,6 +119,8 @@ def test_without_a_topology_the_one_running_cluster_is_used(
     stale = {"topology": "/gone/old.toml", "launcher_pid": int(dead.stdout), "nodes": {}}
     (state / "up-old-0.json").write_text(json.dumps(stale))  # its launcher was killed: skipped
     (state / "up-torn-1.json").write_text('{"topology": "/half')  # half-written: skipped
+    no_topology = {"launcher_pid": os.getpid(), "nodes": {}}
+    (state / "up-odd-4.json").write_text(json.dumps(no_topology))  # not a state file of ours: skipped
     live = {"topology": "/there/processes.toml", "launcher_pid": os.getpid(), "nodes": {}}
     (state / "up-processes-2.json").write_text(json.dumps(live))
     assert cli._topology_path(args) == "/there/processes.toml"
