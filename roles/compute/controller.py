@@ -26,8 +26,9 @@ Local calls (``LocalCall.name`` and its ``args``):
 
 Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assigned by the controller, one
 per write, shared by all tables (a write advances every table's frontier, as Materialize's table writes do);
-a view is compacted to ``write frontier - 1 - compaction_lag``, but never past a pending peek's timestamp or
-the since a dependent view or subscribe still reads at; a cancel with no replica connected is answered at
+a view is compacted to ``write frontier - 1 - compaction_lag`` and a table to ``last write -
+compaction_lag``, but never past a pending peek's timestamp or the since a dependent view or subscribe still
+reads at; a cancel with no replica connected is answered at
 once (MaterializeInc/materialize#11781).
 """
 
@@ -56,7 +57,15 @@ from sparkbus.bus.contract import (
     Send,
 )
 from sparkbus.codecs import DecodeError
-from sparkbus.roles.compute.arrangement import DIFF, TIME, decode_table, encode_table, i64, update_schema
+from sparkbus.roles.compute.arrangement import (
+    DIFF,
+    TIME,
+    Arrangement,
+    decode_table,
+    encode_table,
+    i64,
+    update_schema,
+)
 from sparkbus.roles.compute.dataflow import output_schema
 from sparkbus.roles.compute.history import CommandHistory
 from sparkbus.roles.compute.messages import (
@@ -178,7 +187,8 @@ class ComputeController:
             self.history.push(AllowWrites())
         self.upper = 1
         self.tables: dict[str, pa.Schema] = {}
-        self._table_data: dict[str, list[pa.Table]] = {}
+        #: Each table's updates, compacted as far as ``_compact`` allows (``Arrangement.since``).
+        self._table_data: dict[str, Arrangement] = {}
         #: Upsert tables: their key columns, and their current rows (one per key).
         self.table_keys: dict[str, list[str]] = {}
         self._current: dict[str, pa.Table] = {}
@@ -264,9 +274,10 @@ class ComputeController:
                     self._send_to(replica, self._snapshot(table))
 
     def _snapshot(self, table: str) -> AppendUpdates:
-        parts = self._table_data[table]
-        data = pa.concat_tables(parts) if parts else update_schema(self.tables[table]).empty_table()
-        return AppendUpdates(id=table, lower=0, upper=self.upper, updates=encode_table(data))
+        data = self._table_data[table]
+        return AppendUpdates(
+            id=table, lower=0, upper=self.upper, since=data.since[0], updates=encode_table(data.updates)
+        )
 
     def _lost(self, replica: str) -> None:
         link = self.links[replica]
@@ -378,20 +389,34 @@ class ComputeController:
     # ---------------------------------------------------------------- compaction
 
     def _compact(self) -> None:
-        """Advance each view's since as far as its frontier, pending peeks and dependents allow."""
+        """Advance each view's and table's since as far as its frontier, pending peeks and dependents allow.
+
+        A table's since follows the last write (``upper - 1 - compaction_lag``) as a view's follows its
+        write frontier; the controller's copy of the table is compacted with it, and the replicas are told
+        with ``AllowCompaction``, so neither grows with the number of writes.
+        """
         for coll in list(self.collections.values()):
             if coll.subscribe or not coll.write:
                 continue
-            target = coll.write[0] - 1 - self.compaction_lag
-            for peek in self.peeks.values():
-                if peek.target_id == coll.id:
-                    target = min(target, peek.timestamp)
-            for other in self.collections.values():
-                if other.source == coll.id:
-                    target = min(target, other.as_of if other.subscribe else other.since)
+            target = self._held(coll.id, coll.write[0] - 1 - self.compaction_lag)
             if target > coll.since:
                 coll.since = target
                 self._broadcast(AllowCompaction(id=coll.id, frontier=(target,)))
+        for name, data in self._table_data.items():
+            target = self._held(name, self.upper - 1 - self.compaction_lag)
+            if target > data.since[0]:
+                data.compact((target,))
+                self._broadcast(AllowCompaction(id=name, frontier=(target,)))
+
+    def _held(self, id: str, target: int) -> int:
+        """``target`` lowered to what collection ``id``'s pending peeks and readers still need."""
+        for peek in self.peeks.values():
+            if peek.target_id == id:
+                target = min(target, peek.timestamp)
+        for other in self.collections.values():
+            if other.source == id:
+                target = min(target, other.as_of if other.subscribe else other.since)
+        return target
 
     def _drop_collection(self, id: str) -> None:
         self.collections.pop(id, None)
@@ -417,7 +442,7 @@ class ComputeController:
     def _resolve(self, name: str) -> tuple[pa.Schema, int, str]:
         """The schema, since and collection id of table or view ``name``."""
         if name in self.tables:
-            return self.tables[name], 0, name
+            return self.tables[name], self._table_data[name].since[0], name
         if name not in self.views:
             raise LocalProtocolError(f"no table or view named {name!r}")
         coll = self.collections[self.views[name]]
@@ -452,7 +477,7 @@ class ComputeController:
             self._current[name] = schema.empty_table()
         self.tables[name] = schema
         self._used_ids.add(name)
-        self._table_data[name] = []
+        self._table_data[name] = Arrangement(schema)
         self._storage(self._snapshot(name))
         return {"upper": self.upper}
 
@@ -481,7 +506,7 @@ class ComputeController:
         t = self.upper
         updates = data.append_column(TIME, pa.repeat(pa.scalar(t, pa.int64()), data.num_rows))
         updates = updates.append_column(DIFF, diff).cast(update_schema(schema))
-        self._table_data[name].append(updates)
+        self._table_data[name].append(updates, t + 1)
         self.upper = t + 1
         others = tuple(n for n in self.tables if n != name)
         self._storage(

@@ -257,20 +257,29 @@ class AppendUpdates:
     ``updates`` is an Arrow IPC stream of the table's columns plus ``__time`` and ``__diff`` (int64), every
     time in ``[lower, upper)``. The tables in ``advanced`` have no updates in that interval: their upper
     moves to ``upper`` too, which is how one write advances every table's frontier.
+
+    ``since`` is persist's since: the updates are correct at times ``>= since``, those of earlier times
+    having been advanced to it (a compacted table's contents); 0 for updates as written. A replica that
+    holds the table up to an upper at or below ``since`` cannot tell its own updates in a replay from the
+    new ones, and rebuilds (``ComputeReplica._append``).
     """
 
     id: str
     lower: int
     upper: int
     advanced: tuple[str, ...] = ()
+    since: int = 0
     updates: bytes = blob()
 
     def __post_init__(self) -> None:
         _check_id(self.id, "AppendUpdates.id")
         check_time(self.lower, "AppendUpdates.lower")
         check_time(self.upper, "AppendUpdates.upper")
+        check_time(self.since, "AppendUpdates.since")
         if self.upper < self.lower:
             raise ValueError(f"AppendUpdates {self.id}: upper {self.upper} is below lower {self.lower}")
+        if self.since and self.since >= self.upper:
+            raise ValueError(f"AppendUpdates {self.id}: since {self.since} is not below upper {self.upper}")
         if not self.updates:
             raise ValueError(
                 f"AppendUpdates {self.id}: updates must be an Arrow IPC stream (with the schema)"

@@ -13,7 +13,9 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
 * A peek at an unknown collection, or whose collection is dropped or compacted past its timestamp while it
   waits, is answered with ``PeekResponse(ERROR)`` rather than treated as a protocol violation, since the
   protocol is asynchronous and a graceful answer is what a client can act on.
-* Replica inputs are not compacted; only index arrangements are.
+* A table is compacted by ``AllowCompaction`` with the table's id, as an index is; a table cannot be
+  dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
+  replica's upper for the table is merged by difference (``_append``).
 """
 
 from __future__ import annotations
@@ -391,6 +393,14 @@ class ComputeReplica:
                 self._propagate(flow, flow.apply(updates, upper))
 
     def _compact(self, export_id: str, frontier: Frontier) -> None:
+        table = self.tables.get(export_id)
+        if table is not None:
+            if not frontier:
+                raise RemoteProtocolError(
+                    f"AllowCompaction({export_id!r}, ()) from {self.controller}: a table cannot be dropped"
+                )
+            table.compact(frontier)
+            return
         flow = self._by_export.get(export_id)
         if flow is None:
             return  # already dropped: compaction of a dropped collection is a no-op
@@ -439,14 +449,17 @@ class ComputeReplica:
         ):
             raise RemoteProtocolError(f"{where}: the last columns must be __time and __diff (int64)")
         if updates.num_rows and (
-            pc.min(updates[TIME]).as_py() < msg.lower or pc.max(updates[TIME]).as_py() >= msg.upper
+            pc.min(updates[TIME]).as_py() < max(msg.lower, msg.since)
+            or pc.max(updates[TIME]).as_py() >= msg.upper
         ):
-            raise RemoteProtocolError(f"{where}: an update's time is outside [lower, upper)")
+            raise RemoteProtocolError(
+                f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
+            )
         table = self.tables.get(msg.id)
         if table is None:
             if msg.lower != 0:
                 raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")
-            table = self.tables[msg.id] = Arrangement(data_schema(updates.schema))
+            table = self.tables[msg.id] = Arrangement(data_schema(updates.schema), since=msg.since)
         elif not data_schema(updates.schema).equals(table.schema):
             raise RemoteProtocolError(
                 f"{where}: schema {updates.schema} differs from the table's {table.schema}"
@@ -462,13 +475,23 @@ class ComputeReplica:
         if msg.lower > current:
             raise RemoteProtocolError(f"{where}: the table's upper is {current}, so updates are missing")
         if msg.upper > current:
-            # A replay (after a reconnect) overlaps what this replica already has: keep only the new times.
-            fresh = (
-                updates.filter(pc.greater_equal(updates[TIME], i64(current)))
-                if msg.lower < current
-                else updates
-            )
-            fresh = consolidate(fresh.cast(update_schema(table.schema)))
+            fresh = updates.cast(update_schema(table.schema))
+            if msg.lower < current and msg.since < current:
+                # A replay (after a reconnect) overlaps what this replica already has, and its times below
+                # ``current`` are still below it after compaction: keep only the new times.
+                fresh = fresh.filter(pc.greater_equal(fresh[TIME], i64(current)))
+            elif msg.lower < current:
+                # The replay was compacted to a since at or beyond our upper, so our updates are in it,
+                # advanced to the since, and cannot be told apart: take the difference between the replay
+                # and what we hold, at the since. Reads at times >= since (all the controller allows) see
+                # the table's true contents; the dataflows reading it get the difference as updates.
+                held = table.updates
+                held = held.set_column(
+                    held.schema.get_field_index(TIME), TIME, pa.repeat(i64(msg.since), held.num_rows)
+                ).set_column(held.schema.get_field_index(DIFF), DIFF, pc.negate(held[DIFF]))
+                fresh = pa.concat_tables([fresh, held])
+                table.compact((msg.since,))
+            fresh = consolidate(fresh)
             table.append(fresh, msg.upper)
             self._changed(msg.id, fresh, msg.upper)
         for other in msg.advanced:

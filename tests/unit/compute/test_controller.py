@@ -66,7 +66,7 @@ def peek_rows(c: Cluster, cid: int) -> list[dict[str, Any]]:
 
 
 def test_write_view_peek_end_to_end() -> None:
-    c = cluster()
+    c = cluster(compaction_lag=1)  # time 1 stays readable after the second write
     cid = c.call("peek", view="v", finishing=ORDERED)
     c.run()
     assert peek_rows(c, cid) == [{"k": "a", "n": 2, "s": 4}, {"k": "b", "n": 1, "s": 2}]
@@ -163,9 +163,9 @@ def test_rehydration_bumps_the_epoch_and_replays_the_reduced_history() -> None:
     assert [r["k"] for r in peek_rows(c, cid)] == ["a", "b", "c"]
 
 
-def upsert_cluster(key: list[str] | None = None) -> Cluster:
+def upsert_cluster(key: list[str] | None = None, **kw: Any) -> Cluster:
     """One replica, upsert table ``u`` keyed by ``key`` (default ``k``) and view ``uv`` counting and summing it."""
-    c = Cluster(("r1",))
+    c = Cluster(("r1",), **kw)
     c.up("r1")
     c.run()
     c.do("create_table", name="u", schema=SCHEMA, key=key or ["k"])
@@ -180,7 +180,7 @@ def peek(c: Cluster, view: str, **args: Any) -> list[dict[str, Any]]:
 
 
 def test_an_upsert_table_replaces_rows_by_key_and_views_count_each_key_once() -> None:
-    c = upsert_cluster()
+    c = upsert_cluster(compaction_lag=5)  # so that time 1 stays readable
     c.do("write", table="u", batch=batch(("a", 1), ("b", 2)))
     c.do("write", table="u", batch=batch(("a", 5), ("c", 3)))
     assert peek(c, "u") == [{"k": "a", "v": 5}, {"k": "b", "v": 2}, {"k": "c", "v": 3}]
@@ -220,6 +220,61 @@ def test_a_rehydrated_replica_sees_the_upserted_rows() -> None:
     c.up("r1")
     c.run()
     assert peek(c, "uv") == [{"k": "a", "n": 1, "s": 4}, {"k": "b", "n": 1, "s": 2}]
+
+
+def test_a_table_is_compacted_so_rewriting_the_same_keys_does_not_grow_it() -> None:
+    c = upsert_cluster()
+    for i in range(300):
+        c.do("write", table="u", batch=batch(("a", i), ("b", -i), ("c", 1)))
+    # 300 writes of 3 keys made 1,798 updates (each a retraction and an insert, but for c's); compacted to
+    # the last write, the table is its 3 rows on the controller and on the replica alike.
+    ctl, replica = c.controller, c.replicas["r1"]
+    assert ctl._table_data["u"].since == (ctl.upper - 1,)
+    assert len(ctl._table_data["u"].updates) == 3
+    assert len(replica.tables["u"].updates) == 3
+    assert replica.tables["u"].since == (ctl.upper - 1,)
+    assert peek(c, "u") == [{"k": "a", "v": 299}, {"k": "b", "v": -299}, {"k": "c", "v": 1}]
+    # A replica that comes back gets the compacted table, with its since.
+    snapshot = ctl._snapshot("u")
+    assert (snapshot.lower, snapshot.upper, snapshot.since) == (0, ctl.upper, ctl.upper - 1)
+    assert decode_table(snapshot.updates).num_rows == 3
+
+
+def test_a_table_is_not_compacted_past_a_pending_peek_or_a_reading_view() -> None:
+    c = cluster(compaction_lag=0)
+    cid = c.call("peek", view="t", timestamp=1, target_replica="r1")
+    for _ in range(3):
+        c.call("write", table="t", batch=batch(("q", 1)))
+    while c.pending(CTL, "r2") or c.pending("r2", CTL):
+        for key in ((CTL, "r2"), ("r2", CTL)):
+            if c.pending(*key):
+                c.step(*key)
+    # r1 has not answered: the table stays readable at 1 (and the view reading it holds it no higher).
+    assert c.controller._table_data["t"].since == (1,)
+    c.run()
+    assert sorted(r["k"] for r in peek_rows(c, cid)) == ["a", "a", "b"]
+    assert c.controller._table_data["t"].since == (c.controller.upper - 1,)
+    # A view created later reads the table from its since, and time 1 is now refused.
+    assert c.do("create_view", name="w", view=VIEW)["as_of"] == c.controller.upper - 1
+    cid = c.call("peek", view="t", timestamp=1)
+    assert f"below the since {c.controller.upper - 1} of 't'" in str(c.replies[cid].error)
+
+
+def test_a_replica_back_after_the_table_was_compacted_past_its_upper_counts_nothing_twice() -> None:
+    c = cluster()
+    c.cut("r2")
+    for i in range(5):
+        c.do("write", table="t", batch=batch(("a", 1), ("z", i)))
+    assert c.controller._table_data["t"].since[0] > c.replicas["r2"].tables["t"].upper[0]
+    c.up("r2")
+    c.run()
+    answers = []
+    for r in ("r1", "r2"):
+        cid = c.call("peek", view="v", finishing=ORDERED, target_replica=r)
+        c.run()
+        answers.append(peek_rows(c, cid))
+    assert answers[0] == answers[1]
+    assert answers[1][0] == {"k": "a", "n": 7, "s": 9}
 
 
 def test_upsert_table_errors_leave_the_table_as_it_was() -> None:
@@ -316,8 +371,9 @@ def test_write_frontier_advances_with_any_replica_and_compaction_follows() -> No
     coll = c.controller.collections["v"]
     assert coll.write == (c.controller.upper,)
     assert coll.since == c.controller.upper - 1
-    compactions = [m for m in c.controller.history if isinstance(m, AllowCompaction)]
-    assert all(m.id == "v" for m in compactions)
+    compactions = {m.id: m.frontier for _, to, m in c.sent if to == "r1" and isinstance(m, AllowCompaction)}
+    # The view and the table it reads, both to the last write.
+    assert compactions == {"v": (c.controller.upper - 1,), "t": (c.controller.upper - 1,)}
 
 
 def test_compaction_holds_back_for_a_pending_peek() -> None:

@@ -1,8 +1,9 @@
 """Property: replaying the reduced history builds what replaying the full history builds.
 
 A controller is driven through random operations (tables written, views created over tables and over views,
-views dropped, peeks now and in the future, cancels) with one live replica. Then two fresh replicas get the
-tables' contents and, respectively, every command the controller ever issued and the reduced history. Every
+views dropped, peeks now and in the future, cancels) with one live replica. Then two fresh replicas get,
+respectively, every update and command the controller ever issued, and the table as the controller holds it
+(compacted) with the reduced history. Every
 live view must read the same at every readable time, and every live peek must get the same answer.
 """
 
@@ -147,16 +148,20 @@ def test_reduced_history_builds_the_same_views_and_answers(ops: list[Any], lag: 
     again.reduce()
     assert again.commands == reduced.commands  # reduce() is a fixpoint
 
-    snapshots = [ctl._snapshot(t) for t in ctl.tables]
-    head = [CreateTimely(epoch=1), CreateInstance(), *snapshots]
+    # The reduced history goes with the table as the controller holds it now, compacted; the full history
+    # starts from time 0, so it goes with every update the table ever had.
+    written = [decode_table(m.updates) for src, _, m in c.sent if src == CTL and isinstance(m, AppendUpdates)]
+    whole = AppendUpdates(id="t", lower=0, upper=ctl.upper, updates=encode_table(pa.concat_tables(written)))
+    head_full = [CreateTimely(epoch=1), CreateInstance(), whole]
+    head_reduced = [CreateTimely(epoch=1), CreateInstance(), ctl._snapshot("t")]
     # Close the tables' frontier far ahead so every pending peek can be answered.
     later = ctl.upper + 50
     empty = encode_table(update_schema(SCHEMA).empty_table())
     tail = [AppendUpdates(id="t", lower=ctl.upper, upper=later, updates=empty)]
     body_full = [m for m in full if not isinstance(m, CreateTimely | CreateInstance)]
     body_reduced = [m for m in reduced if not isinstance(m, CreateTimely | CreateInstance)]
-    a, out_a = replay([*head, *body_full, *tail])
-    b, out_b = replay([*head, *body_reduced, *tail])
+    a, out_a = replay([*head_full, *body_full, *tail])
+    b, out_b = replay([*head_reduced, *body_reduced, *tail])
 
     for view_id in (cid for cid, coll in ctl.collections.items() if not coll.subscribe):
         arr_a, arr_b = a.collection(view_id), b.collection(view_id)

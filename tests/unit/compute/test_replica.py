@@ -305,10 +305,77 @@ def test_storage_replays_are_idempotent_and_gaps_are_refused() -> None:
         d.send(table(5, 6))
 
 
+def compacted(upper: int, since: int, values: list[tuple[str, int, int]]) -> AppendUpdates:
+    """The controller's snapshot of table ``t`` compacted to ``since``: ``(key, value, diff)`` at the since."""
+    updates = pa.table(
+        {
+            "k": pa.array([k for k, _, _ in values], pa.string()),
+            "v": pa.array([v for _, v, _ in values], pa.int64()),
+            TIME: pa.array([since] * len(values), pa.int64()),
+            DIFF: pa.array([d for _, _, d in values], pa.int64()),
+        }
+    )
+    return AppendUpdates(id="t", lower=0, upper=upper, since=since, updates=encode_table(updates))
+
+
+def test_a_compacted_replay_beyond_our_upper_is_merged_by_difference() -> None:
+    # The replica holds t up to 3; while it was away the table moved on to 6 and was compacted to 5, so
+    # the rows it holds come back inside the snapshot at time 5, indistinguishable from the new ones.
+    d = started(dataflow(), Schedule(id="v"))
+    d.send(table(1, 2, [("a", 1), ("b", 2)]), table(2, 3, [("a", 10)]))
+    d.send(compacted(6, 5, [("a", 1, 1), ("a", 10, 1), ("b", 2, 1), ("c", 7, 1)]))
+    t = d.replica.tables["t"]
+    assert t.since == (5,) and t.upper == (6,)
+    assert sorted(map(repr, t.read_at(5).to_pylist())) == sorted(
+        map(repr, [{"k": "a", "v": 1}, {"k": "a", "v": 10}, {"k": "b", "v": 2}, {"k": "c", "v": 7}])
+    )
+    # The view reading it got the difference, not the snapshot again: nothing is counted twice.
+    assert peek_rows(d.send(peek("p", 5)), "p") == [
+        {"k": "a", "s": 11},
+        {"k": "b", "s": 2},
+        {"k": "c", "s": 7},
+    ]
+    # Rows deleted while it was away are gone too.
+    d.send(compacted(8, 7, [("c", 7, 1)]))
+    assert peek_rows(d.send(peek("q", 7)), "q") == [{"k": "c", "s": 7}]
+
+
+def test_a_compacted_replay_below_our_upper_keeps_only_the_new_times() -> None:
+    d = started(dataflow(), Schedule(id="v"))
+    d.send(table(1, 4, [("a", 1)], t=1), table(4, 5, [("b", 2)]))
+    # Compacted to 2: time 1's row is at 2 in the replay, still below our upper 5, so it is not new.
+    replay = pa.table(
+        {"k": ["a", "b", "c"], "v": [1, 2, 3], TIME: [2, 4, 5], DIFF: [1, 1, 1]},
+        schema=pa.schema([("k", pa.string()), ("v", pa.int64()), (TIME, pa.int64()), (DIFF, pa.int64())]),
+    )
+    d.send(AppendUpdates(id="t", lower=0, upper=6, since=2, updates=encode_table(replay)))
+    assert peek_rows(d.send(peek("p", 5)), "p") == [
+        {"k": "a", "s": 1},
+        {"k": "b", "s": 2},
+        {"k": "c", "s": 3},
+    ]
+
+
+def test_allow_compaction_compacts_a_table_and_cannot_drop_it() -> None:
+    d = started()
+    d.send(table(1, 2, [("a", 1)]), table(2, 3, [("a", 1)], t=2), table(3, 4, [("a", 5)]))
+    assert len(d.replica.tables["t"].updates) == 3
+    d.send(AllowCompaction(id="t", frontier=(3,)))
+    t = d.replica.tables["t"]
+    assert t.since == (3,)
+    assert t.updates.to_pylist() == [
+        {"k": "a", "v": 1, TIME: 3, DIFF: 2},
+        {"k": "a", "v": 5, TIME: 3, DIFF: 1},
+    ]
+    with pytest.raises(RemoteProtocolError, match="cannot be dropped"):
+        d.send(AllowCompaction(id="t", frontier=()))
+
+
 @pytest.mark.parametrize(
     ("message", "needle"),
     [
         (AppendUpdates(id="t", lower=1, upper=2, updates=b"junk"), "IPC"),
+        (AppendUpdates(id="t", lower=0, upper=4, since=3, updates=rows([("a", 1)], 2)), "below the since"),
         (AppendUpdates(id="t", lower=1, upper=2, updates=rows([("a", 1)], 7)), "outside"),
         (AppendUpdates(id="u", lower=3, upper=4, updates=rows([], 3)), "first append"),
         (AppendUpdates(id="t", lower=1, upper=2, advanced=("zz",), updates=rows([], 1)), "advanced"),
