@@ -240,15 +240,22 @@ def test_a_table_is_compacted_so_rewriting_the_same_keys_does_not_grow_it() -> N
     assert decode_table(snapshot.updates).num_rows == 3
 
 
-def test_a_table_is_not_compacted_past_a_pending_peek_or_a_reading_view() -> None:
-    c = cluster(compaction_lag=0)
-    cid = c.call("peek", view="t", timestamp=1, target_replica="r1")
+def peek_at_1_while_r2_races_ahead(c: Cluster, view: str) -> int:
+    """A peek of ``view`` at time 1 for r1, which does not hear of it yet, while three writes go by and r2
+    takes them all in (advancing the view's frontier)."""
+    cid = c.call("peek", view=view, timestamp=1, target_replica="r1")
     for _ in range(3):
         c.call("write", table="t", batch=batch(("q", 1)))
     while c.pending(CTL, "r2") or c.pending("r2", CTL):
         for key in ((CTL, "r2"), ("r2", CTL)):
             if c.pending(*key):
                 c.step(*key)
+    return cid
+
+
+def test_a_table_is_not_compacted_past_a_pending_peek_or_a_reading_view() -> None:
+    c = cluster(compaction_lag=0)
+    cid = peek_at_1_while_r2_races_ahead(c, "t")
     # r1 has not answered: the table stays readable at 1 (and the view reading it holds it no higher).
     assert c.controller._table_data["t"].since == (1,)
     c.run()
@@ -378,14 +385,7 @@ def test_write_frontier_advances_with_any_replica_and_compaction_follows() -> No
 
 def test_compaction_holds_back_for_a_pending_peek() -> None:
     c = cluster(compaction_lag=0)
-    cid = c.call("peek", view="v", timestamp=1, target_replica="r1")
-    # r1 does not hear of the peek yet, while r2 races ahead and advances the view's frontier.
-    for _ in range(3):
-        c.call("write", table="t", batch=batch(("q", 1)))
-    while c.pending(CTL, "r2") or c.pending("r2", CTL):
-        for key in ((CTL, "r2"), ("r2", CTL)):
-            if c.pending(*key):
-                c.step(*key)
+    cid = peek_at_1_while_r2_races_ahead(c, "v")
     assert c.controller.collections["v"].write == (c.controller.upper,)
     assert c.controller.collections["v"].since == 1
     c.run()
