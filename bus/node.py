@@ -42,6 +42,7 @@ from typing import Any, cast
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
+from zmq.backend import zmq_poll as _zmq_poll
 from zmq.utils.monitor import parse_monitor_message
 
 from sparkbus.bus import allocator, security
@@ -146,7 +147,8 @@ class Node:
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._calls: dict[int, Future[Any]] = {}
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        # Set by stop(), read by the loop once per turn (a plain flag: Event.is_set is a call of its own).
+        self._stopping = False
         self._ready = threading.Event()
         self.error: BaseException | None = None
         self._graceful = False
@@ -155,6 +157,8 @@ class Node:
         self._ctl_refused: set[str] = set()
         # Sockets the loop sent on this turn, whose ZMQ_EVENTS it reads before it sleeps (see ``_run``).
         self._touched: set[zmq.Socket[bytes]] = set()
+        # The ROUTER's zmq_poll item, which the loop sets up (see ``_run``).
+        self._router_item: list[tuple[zmq.Socket[bytes], int]] = []
         self._keys: security.KeyPair | None = None
         self._zap_domain: str | None = None
         # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
@@ -360,7 +364,7 @@ class Node:
         if self._thread is None:
             self._close()
             return
-        self._stopping.set()
+        self._stopping = True
         # The loop may see the flag on its own and close its sockets first; then there is nobody to wake.
         with contextlib.suppress(RuntimeError):
             self._submit(lambda: None)
@@ -416,6 +420,10 @@ class Node:
             fd = int(sock.getsockopt(zmq.FD))
             by_fd[fd] = sock
             fds.register(fd, select.POLLIN)
+        # Each socket's own poll item: zmq_poll of one socket asks it for ZMQ_EVENTS without the enum lookup
+        # pyzmq's getsockopt makes in Python on every call (the poll(2) of its ZMQ_FD it adds costs less).
+        items = {sock: [(sock, _POLLIN)] for sock in handlers}
+        self._router_item = items[router]
         self._touched.clear()
         more: set[zmq.Socket[bytes]] = set(handlers)  # not known to be empty: read without waiting
         try:
@@ -423,11 +431,12 @@ class Node:
                 self._ask_jobs()
                 self._flush()
             wait_ms = 0
-            while not self._stopping.is_set():
+            heartbeat = self.config.heartbeat_interval
+            while not self._stopping:
                 touched = self._touched
                 if touched:
                     for sock in touched:
-                        if cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+                        if _zmq_poll(items[sock], 0):
                             more.add(sock)
                     touched.clear()
                 ready = more
@@ -435,9 +444,12 @@ class Node:
                 for fd, _ in fds.poll(0 if ready else wait_ms):
                     ready.add(by_fd[fd])
                 started = clock()
-                self._serve(ready, handlers, rank, more)
+                # _serve, written out: a turn usually serves one socket (a message, its answer).
+                for sock in sorted(ready, key=rank.__getitem__) if len(ready) > 1 else ready:
+                    if handlers[sock]():
+                        more.add(sock)
                 now = clock()
-                if now - started > self.config.heartbeat_interval:
+                if now - started > heartbeat:
                     # We were busy long enough for peers' heartbeats to queue up unread: read them before
                     # judging anyone silent, or our own stall would be blamed on the peers.
                     self._serve(set(handlers), handlers, rank, more)
@@ -505,7 +517,7 @@ class Node:
         stream batches, and reaches the role without a copy; smaller ones are copied out as bytes, which
         costs less than the view.
         """
-        sock, on_control, clock = self._router, self.core.on_control, self.clock
+        sock, on_control, clock, item = self._router, self.core.on_control, self.clock, self._router_item
         assert sock is not None
         large = self.config.zero_copy_threshold
         for i in range(_DRAIN_BUDGET):
@@ -524,7 +536,7 @@ class Node:
             except Exception:
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
                 log.exception("node %s: error handling a message", self.node_id)
-            if i == 0 and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+            if i == 0 and not _zmq_poll(item, 0):
                 return False
         return True
 
@@ -545,7 +557,7 @@ class Node:
                 # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
                 log.exception("node %s: error handling a message", self.node_id)
-            if i == 0 and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+            if i == 0 and not _events(sock, _EVENTS) & _POLLIN:
                 # A lone message (a request, an answer): asking is cheaper than the failing recv that
                 # would say so. Under load, the failing recv ends the drain once.
                 return False
@@ -631,8 +643,15 @@ class Node:
         )
 
     def _flush(self) -> None:
-        for out in self.core.take():
-            if isinstance(out, Completed):
+        core = self.core
+        outs = core.out  # core.take(), without the call
+        if outs:
+            core.out = []
+            for out in outs:
+                if type(out) is Transmit:
+                    self._transmit(out)
+                    continue
+                assert isinstance(out, Completed)
                 if out.call_id == self._jobs_call:
                     self._run_jobs(out.result)
                     continue
@@ -642,9 +661,6 @@ class Node:
                         fut.set_result(out.result)
                     else:
                         fut.set_exception(RuntimeError(out.error))
-                continue
-            assert isinstance(out, Transmit)
-            self._transmit(out)
         if self._jobs_again:  # the answers of the jobs just started, or the next "jobs" call's answer
             self._jobs_again = False
             self._flush()
@@ -817,6 +833,8 @@ _LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
 _send = _BackendSocket.send
+#: ``getsockopt`` of an int option, typed as one (``typing.cast`` would be a call per use).
+_events = cast(Callable[[zmq.Socket[bytes], int], int], _BackendSocket.get)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)

@@ -22,7 +22,7 @@ def test_stop_after_the_loop_closed_its_sockets_does_not_raise() -> None:
     assert thread is not None
     # What a stop racing the loop's own poll timeout looks like: the loop reads the flag and closes every
     # socket, the wake-up socket included, before stop() sends its wake-up.
-    node._stopping.set()
+    node._stopping = True
     thread.join(5.0)
     assert not thread.is_alive()
     node.stop()
@@ -32,7 +32,7 @@ def test_stop_after_the_loop_closed_its_sockets_does_not_raise() -> None:
 
 def test_calls_after_the_loop_ended_name_the_node() -> None:
     node = _started()
-    node._stopping.set()
+    node._stopping = True
     assert node._thread is not None
     node._thread.join(5.0)
     with pytest.raises(RuntimeError, match="node lonely is not running"):
