@@ -460,6 +460,10 @@ class ComputeController:
             schema = pa.ipc.read_schema(pa.py_buffer(schema))
         if name in self.tables or name in self.views:
             raise LocalProtocolError(f"{name!r} already exists")
+        if name in self._used_ids:
+            # A table's collection id is its name, and ids are never reused: the commands of the collection
+            # that had it (a dropped view) are still in the history and would apply to the table.
+            raise LocalProtocolError(f"{name!r} was the id of a dropped collection; choose another name")
         if not schema.names or any(n.startswith("__") for n in schema.names):
             raise LocalProtocolError(f"table {name!r} needs columns, none starting with '__'")
         key = call.args.get("key")

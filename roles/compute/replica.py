@@ -271,6 +271,19 @@ class ComputeReplica:
             )
             self.halts += 1
             self._reset_state()
+        # A table the new connection starts below the since we compacted ours to (a restarted controller
+        # rebuilding its tables) cannot be served from what we hold: it is loaded again from the snapshot, and
+        # the dataflows reading it are built again.
+        reloaded = {
+            c.id
+            for c in commands
+            if isinstance(c, AppendUpdates)
+            and c.lower == 0
+            and c.id in self.tables
+            and c.since < self.tables[c.id].since[0]
+        }
+        for table_id in reloaded:
+            del self.tables[table_id]
         old_flows = list(self.dataflows)
         by_exports = {frozenset(f.desc.export_ids): f for f in old_flows}
         retained: set[int] = set()
@@ -278,7 +291,11 @@ class ComputeReplica:
         for command in commands:
             if isinstance(command, CreateDataflow):
                 old = by_exports.get(frozenset(command.export_ids))
-                if old is not None and self._reusable(old, command, retained):
+                if old is not None and not old.scheduled:
+                    # Built but never run (the link broke between CreateDataflow and Schedule): nothing
+                    # to keep, and its as_of may be below what its import has since been compacted to.
+                    old = None
+                if old is not None and self._reusable(old, command, retained, reloaded):
                     retained.add(id(old))
                     old.floor = command.as_of[0]
                     plan.extend(AllowCompaction(id=e, frontier=command.as_of) for e in command.index_exports)
@@ -310,8 +327,12 @@ class ComputeReplica:
             else:
                 self._execute(command)
 
-    def _reusable(self, old: LiveDataflow, new: CreateDataflow, retained: set[int]) -> bool:
+    def _reusable(
+        self, old: LiveDataflow, new: CreateDataflow, retained: set[int], reloaded: set[str]
+    ) -> bool:
         if not old.desc.compatible_with(new) or old.desc.sink_exports or new.sink_exports:
+            return False
+        if new.view.source in reloaded:
             return False
         if len(old.index_since) != len(old.desc.index_exports):
             return False  # an export was dropped: compacted beyond any as_of
@@ -456,6 +477,15 @@ class ComputeReplica:
                 f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
             )
         table = self.tables.get(msg.id)
+        if table is not None and msg.lower == 0 and msg.since < table.since[0]:
+            # The table anew from a controller that holds it from below our since (a restarted one):
+            # loaded again, which only a table no dataflow reads can be (``_initialize`` sees to that).
+            if any(f.desc.view.source == msg.id for f in self.dataflows):
+                raise RemoteProtocolError(
+                    f"{where}: the table starts again below its since {table.since[0]}, and dataflows read it"
+                )
+            del self.tables[msg.id]
+            table = None
         if table is None:
             if msg.lower != 0:
                 raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")

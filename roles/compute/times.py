@@ -22,10 +22,14 @@ def check_frontier(frontier: Frontier, what: str) -> None:
         check_time(t, what)
 
 
+#: The largest timestamp: times travel in Arrow's int64 ``__time`` columns.
+MAX_TIME = 2**63 - 1
+
+
 def check_time(t: int, what: str) -> None:
-    """Raise ``ValueError`` naming ``what`` unless ``t`` is a non-negative int timestamp."""
-    if type(t) is not int or t < 0:
-        raise ValueError(f"{what} must be a non-negative int timestamp, got {t!r}")
+    """Raise ``ValueError`` naming ``what`` unless ``t`` is a non-negative int timestamp (at most ``MAX_TIME``)."""
+    if type(t) is not int or not 0 <= t <= MAX_TIME:
+        raise ValueError(f"{what} must be an int timestamp from 0 to 2**63 - 1, got {t!r}")
 
 
 def frontier_leq(a: Frontier, b: Frontier) -> bool:

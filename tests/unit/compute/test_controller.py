@@ -16,6 +16,8 @@ from sparkbus.roles.compute import (
     Aggregate,
     AllowCompaction,
     CancelPeek,
+    ComputeController,
+    CreateDataflow,
     CreateTimely,
     Finishing,
     Frontiers,
@@ -282,6 +284,62 @@ def test_a_replica_back_after_the_table_was_compacted_past_its_upper_counts_noth
         answers.append(peek_rows(c, cid))
     assert answers[0] == answers[1]
     assert answers[1][0] == {"k": "a", "n": 7, "s": 9}
+
+
+def test_a_replica_cut_between_create_dataflow_and_schedule_builds_the_view_again() -> None:
+    # r1 gets v's CreateDataflow (as_of 1) but not its Schedule; the table is then compacted to 4 while r1
+    # is away. The unscheduled dataflow computed nothing, so r1 builds v anew at the new as_of rather than
+    # keep one that would read the table below its since.
+    c = cluster()
+    c.call("create_view", name="w", view=VIEW)
+    while not isinstance(c.step(CTL, "r1"), CreateDataflow):
+        pass
+    assert not c.replicas["r1"].dataflow("w").scheduled  # type: ignore[union-attr]
+    c.cut("r1")
+    c.run()
+    for i in range(3):
+        c.do("write", table="t", batch=batch(("a", 10 + i)))
+    c.up("r1")
+    c.run()
+    cid = c.call("peek", view="w", finishing=ORDERED, target_replica="r1")
+    c.run()
+    assert peek_rows(c, cid) == [{"k": "a", "n": 5, "s": 37}, {"k": "b", "n": 1, "s": 2}]
+    assert c.replicas["r1"].reconciliation_failures == 0
+
+
+def test_a_restarted_controller_that_holds_a_table_from_below_the_replicas_since_reloads_it() -> None:
+    c = cluster(("r1",))
+    for i in range(3):
+        c.do("write", table="t", batch=batch(("a", i)))
+    assert c.replicas["r1"].tables["t"].since[0] > 1
+    # A new controller process rebuilds the table and the view before it replays the writes, so it holds
+    # the table from since 0 and builds the view at as_of 0, below what r1 compacted its table to.
+    c.cut("r1")
+    c.controller = ComputeController(replicas=["r1"], generation=1)
+    c.do("create_table", name="t", schema=SCHEMA)
+    c.do("create_view", name="v", view=VIEW)
+    c.up("r1")
+    c.run()
+    for data in (batch(("a", 1), ("b", 2), ("a", 3)), batch(("a", 0)), batch(("a", 1)), batch(("a", 2))):
+        c.do("write", table="t", batch=data)
+    assert peek(c, "v") == [{"k": "a", "n": 5, "s": 7}, {"k": "b", "n": 1, "s": 2}]
+    assert sorted((r["k"], r["v"]) for r in peek(c, "t")) == [
+        ("a", 0),
+        ("a", 1),
+        ("a", 1),
+        ("a", 2),
+        ("a", 3),
+        ("b", 2),
+    ]
+
+
+def test_a_table_may_not_take_the_id_of_a_dropped_view() -> None:
+    # Collection ids are never reused: the dropped view's commands are still in the history.
+    c = cluster(("r1",))
+    c.do("create_view", name="x", view=VIEW)
+    c.do("drop_view", name="x")
+    cid = c.call("create_table", name="x", schema=SCHEMA)
+    assert "'x' was the id of a dropped collection" in str(c.replies[cid].error)
 
 
 def test_upsert_table_errors_leave_the_table_as_it_was() -> None:

@@ -140,6 +140,7 @@ def test_codes_are_in_the_compute_range() -> None:
         (lambda: AppendUpdates(id="t", lower=1, upper=2, updates=b""), "Arrow IPC"),
         (lambda: AppendUpdates(id="t", lower=0, upper=2, since=2, updates=b"x"), "not below upper"),
         (lambda: AppendUpdates(id="t", lower=0, upper=2, since=-1, updates=b"x"), "since"),
+        (lambda: AppendUpdates(id="t", lower=0, upper=2**63, updates=b"x"), "from 0 to 2"),
         (lambda: UpdateConfiguration(max_result_size=0), "max_result_size"),
         (lambda: ViewDef(source="t", project=()), "project"),
         (lambda: ViewDef(source="t", group_by=("k", "k")), "twice"),

@@ -356,6 +356,19 @@ def test_a_compacted_replay_below_our_upper_keeps_only_the_new_times() -> None:
     ]
 
 
+def test_a_table_started_again_below_our_since_is_reloaded_unless_a_dataflow_reads_it() -> None:
+    d = started()
+    d.send(table(1, 2, [("a", 1)]), table(2, 3, [("b", 2)]), AllowCompaction(id="t", frontier=(2,)))
+    # The table anew (a restarted controller's, from since 0): what we held is replaced, not merged.
+    d.send(table(0, 2, [("c", 3)], t=1))
+    t = d.replica.tables["t"]
+    assert (t.since, t.upper) == ((0,), (2,))
+    assert t.read_at(1).to_pylist() == [{"k": "c", "v": 3}]
+    d.send(AllowCompaction(id="t", frontier=(1,)), dataflow("v", 1), Schedule(id="v"))
+    with pytest.raises(RemoteProtocolError, match="dataflows read it"):
+        d.send(table(0, 2))
+
+
 def test_allow_compaction_compacts_a_table_and_cannot_drop_it() -> None:
     d = started()
     d.send(table(1, 2, [("a", 1)]), table(2, 3, [("a", 1)], t=2), table(3, 4, [("a", 5)]))
