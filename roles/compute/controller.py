@@ -27,8 +27,8 @@ Local calls (``LocalCall.name`` and its ``args``):
 Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assigned by the controller, one
 per write, shared by all tables (a write advances every table's frontier, as Materialize's table writes do);
 a view is compacted to ``write frontier - 1 - compaction_lag`` and a table to ``last write -
-compaction_lag``, but never past a pending peek's timestamp or the since a dependent view or subscribe still
-reads at; a cancel with no replica connected is answered at
+compaction_lag``, but never past a pending peek's timestamp, the since a dependent view still reads at, or
+one below the upper a subscribe has delivered; a cancel with no replica connected is answered at
 once (MaterializeInc/materialize#11781).
 """
 
@@ -385,6 +385,13 @@ class ComputeController:
                 updates = updates.filter(pc.greater_equal(updates[TIME], i64(sub.upper)))
             sub.batches.append((sub.upper, new_upper, encode_table(updates), None))
         sub.upper = new_upper
+        coll = self.collections.get(msg.id)
+        if coll is not None and new_upper - 1 > coll.since:
+            # What it reads follows what it delivered: a subscribe built again (a replica rehydrated) starts
+            # at the last delivered time, whose snapshot the span filter above drops, so its view and the
+            # table under it may be compacted up to there instead of staying at the first as_of.
+            coll.since = new_upper - 1
+            self._broadcast(AllowCompaction(id=msg.id, frontier=(coll.since,)))
 
     # ---------------------------------------------------------------- compaction
 
@@ -415,7 +422,7 @@ class ComputeController:
                 target = min(target, peek.timestamp)
         for other in self.collections.values():
             if other.source == id:
-                target = min(target, other.as_of if other.subscribe else other.since)
+                target = min(target, other.since)
         return target
 
     def _drop_collection(self, id: str) -> None:
