@@ -157,8 +157,8 @@ class Node:
         self._ctl_refused: set[str] = set()
         # Sockets the loop sent on this turn, whose ZMQ_EVENTS it reads before it sleeps (see ``_run``).
         self._touched: set[zmq.Socket[bytes]] = set()
-        # The ROUTER's zmq_poll item, which the loop sets up (see ``_run``).
-        self._router_item: list[tuple[zmq.Socket[bytes], int]] = []
+        # Each socket's zmq_poll item, for asking it for ZMQ_EVENTS (set up by ``_run``).
+        self._poll_items: dict[zmq.Socket[bytes], list[tuple[zmq.Socket[bytes], int]]] = {}
         self._keys: security.KeyPair | None = None
         self._zap_domain: str | None = None
         # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
@@ -423,7 +423,7 @@ class Node:
         # Each socket's own poll item: zmq_poll of one socket asks it for ZMQ_EVENTS without the enum lookup
         # pyzmq's getsockopt makes in Python on every call (the poll(2) of its ZMQ_FD it adds costs less).
         items = {sock: [(sock, _POLLIN)] for sock in handlers}
-        self._router_item = items[router]
+        self._poll_items = items
         self._touched.clear()
         more: set[zmq.Socket[bytes]] = set(handlers)  # not known to be empty: read without waiting
         try:
@@ -517,8 +517,9 @@ class Node:
         stream batches, and reaches the role without a copy; smaller ones are copied out as bytes, which
         costs less than the view.
         """
-        sock, on_control, clock, item = self._router, self.core.on_control, self.clock, self._router_item
+        sock, on_control, clock = self._router, self.core.on_control, self.clock
         assert sock is not None
+        item = self._poll_items[sock]
         large = self.config.zero_copy_threshold
         for i in range(_DRAIN_BUDGET):
             try:
@@ -557,7 +558,7 @@ class Node:
                 # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
                 log.exception("node %s: error handling a message", self.node_id)
-            if i == 0 and not _events(sock, _EVENTS) & _POLLIN:
+            if i == 0 and not _zmq_poll(self._poll_items[sock], 0):
                 # A lone message (a request, an answer): asking is cheaper than the failing recv that
                 # would say so. Under load, the failing recv ends the drain once.
                 return False
@@ -833,11 +834,8 @@ _LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
 _send = _BackendSocket.send
-#: ``getsockopt`` of an int option, typed as one (``typing.cast`` would be a call per use).
-_events = cast(Callable[[zmq.Socket[bytes], int], int], _BackendSocket.get)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
