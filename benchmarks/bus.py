@@ -16,7 +16,11 @@ figures:
 * control rate: 100-byte control messages per second, against raw DEALER -> ROUTER, timed the same way;
 * round trip: a control ping answered by the peer, against raw DEALER/ROUTER echo; the p50 of each side
   is taken over the pings of all its rounds (the first tenth of each round left out), and the JSON keeps
-  each round's p50 too;
+  each round's p50 too. The echo answers on the connection the ping came in on (the peer's ROUTER
+  sends); a node answers on a second one, as the bus is wired: each node sends control through its own
+  DEALER to the other's ROUTER. So the raw side also times that wiring, a raw DEALER to the peer's
+  ROUTER and the peer's DEALER back to ours (``rtt_p50_raw_bus_wiring_us``,
+  ``rtt_p50_ratio_bus_wiring``); ``rtt_p50_ratio`` stays over the echo;
 * peer loss: SIGKILL of a peer process to the ``PeerLost`` event, default settings (1 kill with
   ``--quick``, the median of 3 otherwise; a fresh pair each time, since the peer dies).
 
@@ -251,13 +255,15 @@ def _raw_peer(conn: Any, tune: bool) -> None:
     if tune:
         allocator.tune()
     ctx = zmq.Context()
-    pull, router = ctx.socket(zmq.PULL), ctx.socket(zmq.ROUTER)
-    for sock in (pull, router):
+    pull, router, dealer = ctx.socket(zmq.PULL), ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    for sock in (pull, router, dealer):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
+    for sock in (pull, router):
         sock.bind("tcp://127.0.0.1:0")
     conn.send((pull.getsockopt_string(zmq.LAST_ENDPOINT), router.getsockopt_string(zmq.LAST_ENDPOINT)))
+    dealer.connect(conn.recv())  # back to the other side's ROUTER, as a node's answers go
     while True:
         cmd = conn.recv()
         if cmd is None:
@@ -270,6 +276,11 @@ def _raw_peer(conn: Any, tune: bool) -> None:
                 sock.send_multipart(sock.recv_multipart(copy=False))
             conn.send(None)
             continue
+        if what == "forward":
+            for _ in range(count):
+                dealer.send_multipart(sock.recv_multipart(copy=False)[1:])
+            conn.send(None)
+            continue
         first = last = 0.0
         for i in range(count):
             sock.recv_multipart(copy=False)
@@ -279,12 +290,13 @@ def _raw_peer(conn: Any, tune: bool) -> None:
         conn.send((first, last))
     pull.close()
     router.close()
+    dealer.close()
     ctx.term()
 
 
 class RawPair:
     """A PUSH and a DEALER here, connected to a PULL and a ROUTER in a process of its own (with the
-    node's allocator settings if ``tune``)."""
+    node's allocator settings if ``tune``); and a ROUTER here that the other process's DEALER connects to."""
 
     def __init__(self, *, tune: bool = False) -> None:
         ctx_mp = mp.get_context("spawn")
@@ -294,12 +306,16 @@ class RawPair:
         pull_ep, router_ep = self.conn.recv()
         self.ctx = zmq.Context()
         self.push, self.dealer = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.DEALER)
-        for sock, ep in ((self.push, pull_ep), (self.dealer, router_ep)):
+        self.router = self.ctx.socket(zmq.ROUTER)
+        for sock in (self.push, self.dealer, self.router):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 100_000)
             sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.setsockopt(zmq.RCVTIMEO, 60_000)
-            sock.connect(ep)
+        self.push.connect(pull_ep)
+        self.dealer.connect(router_ep)
+        self.router.bind("tcp://127.0.0.1:0")
+        self.conn.send(self.router.getsockopt_string(zmq.LAST_ENDPOINT))
 
     def _send(self, sock: zmq.Socket[bytes], what: str, size: int, count: int) -> float:
         self.conn.send((what, count))
@@ -330,11 +346,26 @@ class RawPair:
         assert self.conn.recv() is None
         return _after_warmup(times)
 
+    def rtt_bus_wiring(self, size: int, count: int) -> list[float]:
+        """``rtt`` with the answer on a second connection: the peer's DEALER to our ROUTER."""
+        self.conn.send(("forward", count))
+        assert self.conn.recv() == "ready"
+        payload, out, back = b"x" * size, self.dealer, self.router
+        times = []
+        for _ in range(count):
+            t0 = time.monotonic()
+            out.send(payload)
+            back.recv_multipart(copy=False)
+            times.append(time.monotonic() - t0)
+        assert self.conn.recv() is None
+        return _after_warmup(times)
+
     def close(self) -> None:
         self.conn.send(None)
         self.proc.join(10)
         self.push.close()
         self.dealer.close()
+        self.router.close()
         self.ctx.term()
 
 
@@ -390,10 +421,13 @@ MEASURES: dict[str, Callable[[Pair, int], Any]] = {
     "stream_64kib": lambda pair, n: pair.stream(64 * 1024, n),
     "control": lambda pair, n: pair.control(100, n),
     "rtt": lambda pair, n: pair.rtt(100, n),
+    "rtt_bus_wiring": lambda pair, n: pair.rtt_bus_wiring(100, n),  # type: ignore[union-attr]
 }
 
 
 STREAMS = ("stream_1mib", "stream_64kib")
+#: Figures of the raw pair only (the bus's own round trip is ``rtt``).
+RAW_ONLY = ("rtt_bus_wiring",)
 
 
 def _round(i: int, counts: dict[str, int]) -> tuple[dict[str, Any], ...]:
@@ -407,11 +441,12 @@ def _round(i: int, counts: dict[str, int]) -> tuple[dict[str, Any], ...]:
             if pair is not tuned:  # it times only the streams
                 pair.control(100, 2000)
                 pair.rtt(100, 200)
+        raw.rtt_bus_wiring(100, 200)
         got: tuple[dict[str, Any], ...] = ({}, {}, {})
         sides = [(got[0], bus), (got[1], raw), (got[2], tuned)]
         for figure, measure in MEASURES.items():
             for into, pair in sides[i % 3 :] + sides[: i % 3]:
-                if pair is not tuned or figure in STREAMS:
+                if pair is raw or (pair is bus and figure not in RAW_ONLY) or figure in STREAMS:
                     into[figure] = measure(pair, counts[figure])
         return got
     finally:
@@ -436,7 +471,11 @@ def main() -> None:
     q = args.quick
     rounds = 3 if q else 7
     counts = dict(
-        zip(MEASURES, (400, 4000, 20_000, 1000) if q else (2000, 20_000, 60_000, 5000), strict=True)
+        zip(
+            MEASURES,
+            (400, 4000, 20_000, 1000, 1000) if q else (2000, 20_000, 60_000, 5000, 5000),
+            strict=True,
+        )
     )
     f: dict[str, Any] = {"rounds": rounds, "load_average_before": list(os.getloadavg())}
     b: list[dict[str, Any]] = []
@@ -464,6 +503,13 @@ def main() -> None:
     f["rtt_p50_raw_us_rounds"] = [statistics.median(x) * 1e6 for x in rt]
     f["rtt_p50_ratio_rounds"] = [
         x / y for x, y in zip(f["rtt_p50_bus_us_rounds"], f["rtt_p50_raw_us_rounds"], strict=True)
+    ]
+    wt = [x["rtt_bus_wiring"] for x in r]
+    f["rtt_p50_raw_bus_wiring_us"] = statistics.median(itertools.chain(*wt)) * 1e6
+    f["rtt_p50_ratio_bus_wiring"] = f["rtt_p50_bus_us"] / f["rtt_p50_raw_bus_wiring_us"]
+    f["rtt_p50_raw_bus_wiring_us_rounds"] = [statistics.median(x) * 1e6 for x in wt]
+    f["rtt_p50_ratio_bus_wiring_rounds"] = [
+        x / y for x, y in zip(f["rtt_p50_bus_us_rounds"], f["rtt_p50_raw_bus_wiring_us_rounds"], strict=True)
     ]
     kills = [peer_loss_kill_ms() for _ in range(1 if q else 3)]
     f["peer_loss_kill_ms"] = statistics.median(kills)
@@ -512,6 +558,13 @@ def _rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
             "control 100 B (msg/s)", "control_bus_msg_s", "control_raw_msg_s", "control_rate_ratio", ">= 0.5"
         ),
         row("round trip p50 (us)", "rtt_p50_bus_us", "rtt_p50_raw_us", "rtt_p50_ratio", "<= 1.5"),
+        row(
+            "  raw answering on a second link",
+            "rtt_p50_bus_us",
+            "rtt_p50_raw_bus_wiring_us",
+            "rtt_p50_ratio_bus_wiring",
+            "",
+        ),
         ("peer loss after SIGKILL (ms)", f"{f['peer_loss_kill_ms']:.1f}", "", "", "<= 1000", ""),
     ]
 
