@@ -521,9 +521,12 @@ class NodeCore(LinkLayer, StreamLayer):
         self._emit("reply", rid, self._encode(msg, session=session))
 
     def _send_ctl(self, out: _Outbound, msg: Any, now: float, stream: str | None = None) -> None:
+        # Encoded before the sequence number moves on: a message that cannot be encoded must not leave a
+        # gap, which the peer would take for a lost message and break the link over.
+        frames = self._encode(msg, session=out.session, seq=out.seq + 1, stream=stream)
         out.seq += 1
         out.last_sent = now
-        self._emit("ctl", out.peer, self._encode(msg, session=out.session, seq=out.seq, stream=stream))
+        self._emit("ctl", out.peer, frames)
 
     def _emit(self, channel: str, to: str | bytes, frames: list[Buffer]) -> None:
         self._n_out[channel] += 1
@@ -649,15 +652,17 @@ class NodeCore(LinkLayer, StreamLayer):
             raise c.LocalProtocolError(
                 f"cannot send {type(action.message).__name__}: peer {peer} is not connected"
             )
-        self._n_messages_out += 1
         if self._inbound[peer].kind == "client":
             self._send_to_peer(peer, action.message, now)
+            self._n_messages_out += 1
             return
-        # _send_to_peer and _emit for a node, inline: the path of every message a role sends.
+        # _send_to_peer and _emit for a node, inline: the path of every message a role sends. Encoded
+        # before the sequence number moves on (see _send_ctl).
         out = self._outbound[peer]
+        frames = self._encode(action.message, session=out.session, seq=out.seq + 1)
         out.seq += 1
         out.last_sent = now
-        frames = self._encode(action.message, session=out.session, seq=out.seq)
+        self._n_messages_out += 1
         self._n_out["ctl"] += 1
         self._n_bytes_out += sum(map(len, frames))
         self.out.append(Transmit("ctl", peer, frames))
@@ -665,17 +670,11 @@ class NodeCore(LinkLayer, StreamLayer):
     def _send_to_peer(self, peer: str, msg: Any, now: float, stream: str | None = None) -> None:
         inbound = self._inbound[peer]
         if inbound.kind == "client":
-            inbound.reply_seq += 1
-            self._emit(
-                "reply",
-                inbound.rid,
-                self._encode(msg, session=inbound.session, seq=inbound.reply_seq, stream=stream),
-            )
+            frames = self._encode(msg, session=inbound.session, seq=inbound.reply_seq + 1, stream=stream)
+            inbound.reply_seq += 1  # after the encoding, as in _send_ctl
+            self._emit("reply", inbound.rid, frames)
             return
-        out = self._outbound[peer]  # _send_ctl, inline: the path of every message a role sends
-        out.seq += 1
-        out.last_sent = now
-        self._emit("ctl", peer, self._encode(msg, session=out.session, seq=out.seq, stream=stream))
+        self._send_ctl(self._outbound[peer], msg, now, stream)
 
     def _drain_local(self, now: float) -> None:
         while self._local:

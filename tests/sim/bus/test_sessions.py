@@ -57,6 +57,19 @@ def test_a_stream_stays_within_credit_and_delivers_everything(seed: int) -> None
     assert a.of(c.CreditChanged), "the receiver must have granted credit back"
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_message_that_cannot_be_encoded_is_the_roles_error_and_the_link_goes_on(seed: int) -> None:
+    sim, a, b = pair(seed)
+    bad = Note(text=2**64)  # type: ignore[arg-type]  # msgpack has no integer this large
+    do(sim, "a", c.Send(peer="b", message=bad), c.Send(peer="b", message=Note(text="after")))
+    sim.run_until_idle()
+    # The refused message took no sequence number: the next one is not a gap that breaks the link.
+    assert [e.message.text for e in b.of(MessageReceived)] == ["after"]
+    assert a.of(HandlerFailed)[0].event == c.Send(peer="b", message=bad)
+    assert not a.of(PeerLost) and not b.of(PeerLost)
+    assert sim.node("b").core.refusals["SEQUENCE_GAP"] == 0
+
+
 def test_batch_beyond_credit_is_a_local_error_told_to_the_role() -> None:
     sim, a, _b = pair(1)
     do(
