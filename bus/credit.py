@@ -156,7 +156,8 @@ class CreditReceiver:
 
         Raises:
             RemoteProtocolError: the sender broke the rules: wrong ordinal, a batch after the last one,
-                more bytes than it had credit for, or a remaining credit larger than the stream's.
+                an empty batch that is not the last, more bytes than it had credit for, or a remaining
+                credit larger than the stream's.
         """
         if self.done:
             raise RemoteProtocolError(f"stream {self.stream}: batch {ordinal} after the last one")
@@ -164,6 +165,8 @@ class CreditReceiver:
             raise RemoteProtocolError(
                 f"stream {self.stream}: batch ordinal {ordinal}, expected {self.expected_ordinal}"
             )
+        if size == 0 and not last:
+            raise RemoteProtocolError(f"stream {self.stream}: empty batch {ordinal} that is not the last")
         if size > self.local:
             raise RemoteProtocolError(
                 f"stream {self.stream}: batch of {size} bytes exceeds the {self.local} granted"

@@ -60,11 +60,21 @@ def test_receiver_refuses_protocol_violations() -> None:
         r.received(0, 101, 0, last=False)
     with pytest.raises(RemoteProtocolError, match="out of range"):
         r.received(0, 10, 1000, last=False)
+    # Only the last batch may be empty (the sender's rule, checked on arrival too).
+    with pytest.raises(RemoteProtocolError, match="empty batch 0 that is not the last"):
+        r.received(0, 0, 100, last=False)
     r.received(0, 10, 90, last=True)
     with pytest.raises(RemoteProtocolError, match="after the last"):
         r.received(1, 10, 80, last=False)
     with pytest.raises(LocalProtocolError, match="consumed"):
         r.consumed(11)
+
+
+def test_an_empty_last_batch_ends_the_stream() -> None:
+    r = CreditReceiver("q/1", 100)
+    r.received(0, 10, 90, last=False)
+    r.received(1, 0, 90, last=True)
+    assert r.done and r.acked == 1
 
 
 def test_grant_policy_is_mustangs_40_percent_rule() -> None:
