@@ -90,6 +90,7 @@ class _Out:
     file: str
     size: int
     temp: bool
+    sender: int
     stream: str = ""
     state: OutState = OutState.OFFERED
     offset: int = 0
@@ -97,6 +98,9 @@ class _Out:
     chunks: int = 0
     # The segment file, mapped from the first chunk to the last: chunks are slices of it, not reads.
     view: memoryview | None = None
+    # The sending replica was dropped or re-placed (``ReplicationRole._abandon``): the transfer is ended
+    # short and its answer changes nothing.
+    abandoned: bool = False
 
     def close_view(self) -> None:
         # Dropped, not released: ZeroMQ may still hold slices of it until their frames are sent.
@@ -208,6 +212,8 @@ class ReplicationRole(Receiving):
         """Open, re-open (new placement) or drop this node's replica of ``spec``."""
         me = spec.replica_on(self.node)
         current = self.local.get(spec.partition)
+        if current is not None and (me is None or current.me.placement != me.placement):
+            self._end_transfers(current)
         if me is None:
             if current is not None:
                 current.store.reset()
@@ -473,7 +479,13 @@ class ReplicationRole(Receiving):
             )
             temp = True
         self.outgoing[dest] = _Out(
-            dest=dest, peer=replica.node, segment_id=entry.segment_id, file=file, size=size, temp=temp
+            dest=dest,
+            peer=replica.node,
+            segment_id=entry.segment_id,
+            file=file,
+            size=size,
+            temp=temp,
+            sender=rep.me.placement,
         )
         self._count("offers")
         self._emit(
@@ -504,13 +516,58 @@ class ReplicationRole(Receiving):
     def _end_out(self, out: _Out, retry: bool) -> None:
         self.outgoing.pop(out.dest, None)
         out.close_view()
-        if out.state is OutState.DONE and out.stream and out.offset < out.size and out.peer in self.live:
+        short = out.offset < out.size and not out.abandoned  # an abandoned one closed its stream already
+        if out.state is OutState.DONE and out.stream and short and out.peer in self.live:
             self._emit(CloseStream(peer=out.peer, stream=out.stream))  # ended before its last batch
         rep = self.local.get(out.dest[0])
         if out.temp and rep is not None:
             rep.store.storage.delete(out.file)
         if retry:
             self.retry_at[out.dest] = self._now + self.config.retry_after
+
+    def _end_transfers(self, rep: LocalReplica) -> None:
+        """``rep`` is dropped or re-placed: end every transfer of its placement (spec 3.6).
+
+        Outgoing ones are ended short (``_abandon``) so their receivers free their slots; incoming ones
+        are answered with an error ack, so their senders retry later against the placement we hold then.
+        Left open, an accepted offer waits for ever for chunks its sender no longer sends, and with one
+        offer at a time per destination nothing reaches that receiver again.
+        """
+        partition = rep.spec.partition
+        for out in [o for o in self.outgoing.values() if o.dest[0] == partition]:
+            self._abandon(out, rep)
+        for inc in [i for i in self.incoming.values() if i.offer.partition == partition]:
+            self._fail_in(inc, f"{self.node} no longer holds placement {inc.offer.target} of {partition}")
+
+    def _abandon(self, out: _Out, rep: LocalReplica | None) -> None:
+        """End an offer whose sending replica is gone, without leaving its receiver waiting.
+
+        The protocol has no cancel: a stream that is open ends with an empty last batch and a summary of
+        what was sent, which the receiver finds short of the offer and answers with an error ack. An
+        offer not answered yet is ended the same way once accepted, or simply when declined. The answer
+        changes nothing (``abandoned``): the segment belonged to the old placement.
+        """
+        if not out.abandoned:
+            out.abandoned = True
+            self._count("abandoned_offers")
+            if out.temp and rep is not None:
+                rep.store.storage.delete(out.file)  # a split rewrite of the old placement's segment
+                out.temp = False
+        if out.state is not OutState.SENDING:
+            return  # OFFERED: ended when answered; DRAINED: every byte sent, the ack ends it
+        out.close_view()
+        out.chunks += 1
+        out.state = next_out(out.state, OutEvent.DRAINED, out.what)
+        self._emit(SendBatch(peer=out.peer, stream=out.stream, data=b"", last=True))
+        self._emit(CloseStream(peer=out.peer, stream=out.stream))
+        self._emit(
+            Send(
+                peer=out.peer,
+                message=SegmentTransited(
+                    partition=out.dest[1], segment_id=out.segment_id, size=out.offset, chunks=out.chunks
+                ),
+            )
+        )
 
     def _mark_acked(self, out: _Out) -> None:
         rep = self.local.get(out.dest[0])
@@ -526,7 +583,7 @@ class ReplicationRole(Receiving):
         out.credit = msg.credit
         out.stream = msg.stream
         self._emit(OpenStream(peer=peer, stream=msg.stream, credit=msg.credit))
-        self._pump(out)
+        self._pump(out)  # an abandoned offer is ended short there
 
     def _on_credit(self, event: CreditChanged) -> None:
         out = next(
@@ -543,7 +600,8 @@ class ReplicationRole(Receiving):
         if out.state is not OutState.SENDING:
             return
         rep = self.local.get(out.dest[0])
-        if rep is None:
+        if out.abandoned or rep is None or rep.me.placement != out.sender:
+            self._abandon(out, rep)  # its file is not ours any more: end the stream short
             return
         stream = out.stream
         if out.view is None and out.offset < out.size:
@@ -577,7 +635,9 @@ class ReplicationRole(Receiving):
         out.state = next_out(out.state, OutEvent.DECLINED, out.what)
         self._count(f"declined_{msg.reason.name}")
         rep = self.local.get(out.dest[0])
-        if msg.reason is DeclineReason.SEGMENT_EXISTS:
+        if out.abandoned:
+            self._end_out(out, retry=False)
+        elif msg.reason is DeclineReason.SEGMENT_EXISTS:
             self._mark_acked(out)
             self._end_out(out, retry=False)
         elif msg.reason is DeclineReason.OUT_OF_ORDER and rep is not None and rep.leads:
@@ -598,7 +658,10 @@ class ReplicationRole(Receiving):
     def _on_acked(self, peer: str, msg: SegmentAcked) -> None:
         out = self._out_for(peer, msg.partition, msg.segment_id)
         out.state = next_out(out.state, OutEvent.ACKED, out.what)
-        if msg.ok:
+        if out.abandoned:
+            self._count("abandoned_ended")
+            self._end_out(out, retry=False)
+        elif msg.ok:
             self._count("acked")
             self._mark_acked(out)
             self._end_out(out, retry=False)

@@ -161,6 +161,37 @@ def test_aba_reassigned_leader_gets_a_new_placement_and_loses_nothing(seed: int)
     c.assert_clean()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replica_unassigned_with_offers_open_ends_them_and_replicates_again(seed: int) -> None:
+    """Spec 3.6 with a's last offers still open when it is unassigned (no settle in between).
+
+    The offers of a's old placement used to stay open: once accepted, the sender found no replica to
+    read from and sent nothing, the receiver waited for chunks for ever, and with one offer at a time
+    per destination the re-assigned leader never replicated to that follower again.
+    """
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.write_keys("a", range(10))
+    c.settle(10)
+    c.write_keys("a", range(10, 14))  # a flushes and offers the new segment to b and c ...
+    assert c.role("a").outgoing, "offers are open"
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:  # ... and is unassigned before they are answered
+        c.call(n, "assign", spec=without_a)
+    c.settle(5)
+    c.write_keys("b", range(50, 56), "b")
+    c.settle(10)
+    again = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=11), *without_a.replicas))
+    for n in NODES:
+        c.call(n, "assign", spec=again)
+    later = c.write_keys("a", range(500, 510), "a2")
+    assert later == list(range(500, 510))
+    c.settle(60)
+    for n in NODES:
+        assert set(later) <= set(c.read(n).get("key", [])), n
+    assert c.counters("a").get("abandoned_offers", 0) > 0
+    c.assert_clean()
+
+
 @pytest.mark.parametrize("async_split", [False, True])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_split_while_a_replica_is_offline(async_split: bool, seed: int) -> None:
