@@ -119,7 +119,8 @@ class StreamLayer(NodeState):
                 f"stream {action.stream} to {action.peer} is not open (OpenStream first)"
             )
         sender = entry[1]
-        size = len(action.data)
+        data = action.data
+        size = len(data) if type(data) is bytes else _nbytes(action.stream, data)
         ordinal, remaining = sender.spend(size, action.last)
         if action.last:
             del st.senders[action.stream]
@@ -134,12 +135,9 @@ class StreamLayer(NodeState):
             self._send_to_peer(action.peer, batch, now, action.stream)
             return
         out = self._outbound[action.peer]
-        out.data_seq += 1
-        self._emit(
-            "data",
-            action.peer,
-            self.codec.encode(batch, session=out.session, seq=out.data_seq, stream=action.stream),
-        )
+        frames = self.codec.encode(batch, session=out.session, seq=out.data_seq + 1, stream=action.stream)
+        out.data_seq += 1  # after the encoding, as on ctl (NodeCore._send_ctl)
+        self._emit("data", action.peer, frames)
 
     def _local_batch(self, stream: str, batch: StreamBatch, now: float) -> None:
         # Loopback streams keep the same credit discipline as remote ones.
@@ -200,3 +198,18 @@ class StreamLayer(NodeState):
             return
         if self.is_up(peer):
             self._send_to_peer(peer, fc, now, stream)
+
+
+def _nbytes(stream: str, data: object) -> int:
+    """The bytes of a batch given as a buffer other than ``bytes`` (a memoryview counts bytes, not items).
+
+    Raises:
+        LocalProtocolError: ``data`` is not a buffer (a str, a list): checked before any credit is spent,
+            so the stream goes on as if the batch had not been tried.
+    """
+    try:
+        return memoryview(data).nbytes  # type: ignore[arg-type]
+    except TypeError:
+        raise c.LocalProtocolError(
+            f"stream {stream}: batch data must be bytes-like, not {type(data).__name__}"
+        ) from None

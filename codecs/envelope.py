@@ -259,7 +259,10 @@ class EnvelopeCodec:
             body = pack(plain)
         payload: list[Buffer] = [body]
         for n in shape.blob_fields:
-            payload.append(getattr(msg, n))
+            blob = getattr(msg, n)
+            if type(blob) is not bytes and not isinstance(blob, memoryview):
+                _check_blob(shape.name, n, blob)
+            payload.append(blob)
         zmask = 0
         if self.compression is not None:
             for i, frame in enumerate(payload):
@@ -417,3 +420,11 @@ class EnvelopeCodec:
         if zmask >> i & 1:
             return self._inflate.decompress(frame, message_type=name, part=f"<frame {i + 1}>")
         return frame
+
+
+def _check_blob(name: str, field: str, blob: Any) -> None:
+    """Raise ``EncodeError`` unless ``blob`` is a buffer ZeroMQ can send as a frame (a str is not)."""
+    try:
+        memoryview(blob)
+    except TypeError:
+        raise EncodeError(f"{name}.{field}: a blob must be bytes-like, not {type(blob).__name__}") from None

@@ -21,6 +21,7 @@ from sparkbus.bus import BusConfig, ErrorCode, MessageReceived, PeerLost, PeerUp
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
 from sparkbus.bus.node import Endpoints, Node, context
+from sparkbus.bus.state import Transmit
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
 from .peer_proc import Note
@@ -190,3 +191,19 @@ def test_garbage_at_both_sockets_leaves_the_node_serving(cluster: tuple[Node, Pr
     finally:
         evil_ctl.close()
         evil_data.close()
+
+
+def test_a_frame_zeromq_cannot_send_is_counted_and_the_loop_goes_on(
+    cluster: tuple[Node, Probe, Peer],
+) -> None:
+    node, probe, _ = cluster
+    node.wait_ready(timeout=10)
+
+    def inject() -> None:  # what no role can produce (the codec refuses it): a bug below the core
+        node.core.out.append(Transmit("data", "p", ["not a buffer"]))  # type: ignore[list-item]
+        node._flush()
+
+    node._submit(inject)
+    node.call("echo", "send", {"actions": [Send(peer="p", message=Note(text="after"))]})
+    assert probe.wait_for(MessageReceived).message.text == "echo:after"  # type: ignore[attr-defined]
+    assert node.status()["drops"]["data_bad_frame"] == 1

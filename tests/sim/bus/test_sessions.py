@@ -70,6 +70,19 @@ def test_a_message_that_cannot_be_encoded_is_the_roles_error_and_the_link_goes_o
     assert sim.node("b").core.refusals["SEQUENCE_GAP"] == 0
 
 
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_a_batch_that_is_not_a_buffer_is_the_roles_error_and_the_stream_goes_on(seed: int) -> None:
+    sim, a, b = pair(seed)
+    bad = c.SendBatch(peer="b", stream="rec/s", data="not bytes")  # type: ignore[arg-type]
+    do(sim, "a", c.OpenStream(peer="b", stream="rec/s", credit=1000), bad)
+    assert "must be bytes-like, not str" in a.of(HandlerFailed)[0].error
+    # No credit spent, no ordinal or data sequence number taken: the next batch is the stream's first.
+    do(sim, "a", c.SendBatch(peer="b", stream="rec/s", data=b"x" * 10, last=True))
+    sim.run_until_idle()
+    assert [(e.ordinal, e.size, e.last) for e in b.of(c.BatchReceived)] == [(0, 10, True)]
+    assert not a.of(PeerLost) and not b.of(PeerLost)
+
+
 def test_batch_beyond_credit_is_a_local_error_told_to_the_role() -> None:
     sim, a, _b = pair(1)
     do(

@@ -158,6 +158,12 @@ def test_blob_travels_as_its_own_frame_and_can_stay_zero_copy() -> None:
     assert codec.decode(view).message.data == b"z" * 100_000
 
 
+def test_a_blob_must_be_a_buffer() -> None:
+    assert codec.encode(sample(data=bytearray(b"ab")))[2] == bytearray(b"ab")
+    with pytest.raises(EncodeError, match=r"\.data: a blob must be bytes-like, not str"):
+        codec.encode(sample(data="not bytes"))
+
+
 def test_compression_sets_the_mask_and_round_trips() -> None:
     zc = EnvelopeCodec(TEST_REGISTRY, compression=Compression(level=3, min_size=1024))
     frames = zc.encode(sample(data=b"a" * 50_000))
