@@ -220,12 +220,35 @@ class ReplicationRole(Receiving):
                 del self.local[spec.partition]
             return
         if current is not None and current.me.placement == me.placement:
-            current.spec, current.me = spec, me
+            current.spec, current.me = self._with_saved_split(spec, current.store), me
             return
         store = PartitionStore.open(
             self.storage_for(spec.partition), spec.partition, me.placement, self.config.store, self._now
         )
+        spec = self._with_saved_split(spec, store)
         self.local[spec.partition] = LocalReplica(spec=spec, me=me, store=store)
+
+    def _with_saved_split(self, spec: PartitionSpec, store: PartitionStore) -> PartitionSpec:
+        """``spec`` with the split its replica's manifest records (``_save_split``), if it names none.
+
+        The layout comes from the topology, which knows nothing of a split: without this a replica
+        restarted in UNLOAD has no target to push to and nobody to re-send the finalize to.
+        """
+        saved = store.meta.get("split")
+        if spec.split_targets or not saved:
+            return spec
+        targets = tuple(SplitTarget(partition=t[0], low=t[1], high=t[2]) for t in saved["targets"])
+        spec = replace(spec, split_targets=targets, async_split=bool(saved["async_split"]))
+        self.layout.partitions[spec.partition] = spec
+        return spec
+
+    @staticmethod
+    def _save_split(rep: LocalReplica) -> None:
+        """Record ``rep``'s split targets in its manifest (saved with the next manifest write)."""
+        rep.store.meta["split"] = {
+            "targets": [[t.partition, t.low, t.high] for t in rep.spec.split_targets],
+            "async_split": rep.spec.async_split,
+        }
 
     def _elect(self) -> None:
         live = frozenset(self.live)
@@ -278,7 +301,9 @@ class ReplicationRole(Receiving):
         for replica in rep.spec.replicas:
             if replica.node != self.node:
                 self._replicate_to(rep, rep.spec.partition, replica)
-        if rep.spec.split_targets and not rep.spec.async_split:
+        if rep.spec.split_targets and rep.spec.async_split:
+            self._finalize_split(rep)  # only after a restart between the split call and its finalize
+        elif rep.spec.split_targets:
             for target in rep.spec.split_targets:
                 leader = self._leader_of(target.partition)
                 if leader is not None:
@@ -419,6 +444,7 @@ class ReplicationRole(Receiving):
             self._set_spec(replace(spec, split_targets=msg.targets, async_split=msg.async_split))
         source = self.local.get(msg.partition)
         if source is not None and source.lifecycle in (Lifecycle.LOAD, Lifecycle.SERVE):
+            self._save_split(source)  # saved with the lifecycle, in one manifest write
             source.set_lifecycle(Lifecycle.UNLOAD)
             self._count("splits_finalized")
         for t in msg.targets:
@@ -813,6 +839,9 @@ class ReplicationRole(Receiving):
             raise TypeError("targets must be a non-empty sequence of SplitTarget")
         spec = replace(rep.spec, split_targets=targets, async_split=bool(args.get("async_split", False)))
         self._set_spec(spec)
+        rep = self.local[spec.partition]
+        self._save_split(rep)  # a leader restarted before the finalize resumes the split
+        rep.store.save_manifest()
         if spec.async_split:
             self._finalize_split(self.local[spec.partition])
         return None
