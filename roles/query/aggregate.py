@@ -116,6 +116,11 @@ def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa
 
 def finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
     """Answers from merged states (one row per group): avg divides, count_distinct counts."""
+    with _arrow_errors():
+        return _finalize(table, keys, aggs)
+
+
+def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
     columns: dict[str, pa.ChunkedArray | pa.Array] = {k: table.column(k) for k in keys}
     for a in aggs:
         if a.func == "avg":
@@ -150,13 +155,21 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
     return table.column(name)
 
 
-def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
+@contextmanager
+def _arrow_errors() -> Iterator[None]:
+    """Arrow's complaints about the data (a type it cannot aggregate, a value it cannot cast) as
+    ``ExecutionError``, so the query fails with ``DATA_EXCEPTION`` naming them."""
     try:
+        yield
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise ExecutionError(f"aggregate: {exc}") from None
+
+
+def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
+    with _arrow_errors():
         if not keys:
             return _apply_global(table, specs)
         return _decoded(_apply_grouped(table, keys, specs, ordered=ordered), keys)
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
-        raise ExecutionError(f"aggregate: {exc}") from None
 
 
 _ARANGE: list[pa.Array] = [pa.array([], pa.int64())]

@@ -209,8 +209,53 @@ class QueryRole:
         elif isinstance(event, c.PeerLost):
             self._on_peer_lost(event.peer, out)
         elif isinstance(event, c.HandlerFailed):
-            self.counters["handler_failed"] += 1
+            self._on_handler_failed(event, out)
         return out
+
+    def _on_handler_failed(self, ev: c.HandlerFailed, out: list[c.Action]) -> None:
+        """Our ``handle`` raised (or the bus could not carry out one of our actions): the actions of that
+        call were dropped, so the query the event belonged to could wait for ever. End it instead."""
+        self.counters["handler_failed"] += 1
+        qid = self._query_of(ev.event)
+        q = self.queries.get(qid) if qid is not None else None
+        if q is None:
+            return
+        if isinstance(ev.event, c.MessageReceived) and not self._has_say(q, ev.event.peer):
+            return  # a peer outside the query cannot end it (its message was refused, nothing changed)
+        text = f"internal error on {self.member} at {type(ev.event).__name__}: {ev.error}"
+        self._fail(q, ErrorCode.GENERIC, text, self.member, out)
+
+    def _query_of(self, event: Any) -> QueryId | None:
+        """The query an event (or an action of ours) belongs to, when it can be known."""
+        stream = getattr(event, "stream", None)
+        if isinstance(stream, str):
+            try:
+                return parse_stream_key(stream)[0]
+            except ValueError:
+                return None
+        if isinstance(event, c.MessageReceived | c.Send):
+            qid = getattr(event.message, "query_id", None)
+            return qid if isinstance(qid, QueryId) else None
+        if isinstance(event, c.LocalCall | c.Reply):
+            return self.calls.get(event.call_id)
+        if isinstance(event, c.CallResult | c.Call):
+            return self._tags.get(event.tag)
+        if isinstance(event, c.TimerFired) and event.key.startswith(_TIMEOUT_TIMER):
+            try:
+                return QueryId.parse(event.key[len(_TIMEOUT_TIMER) :])
+            except ValueError:
+                return None
+        return None
+
+    def _has_say(self, q: _Query, peer: str) -> bool:
+        """Whether ``peer`` takes part in ``q`` (its initiator, or one of its participants)."""
+        return peer in (self.member, q.id.member) or (q.start is not None and peer in q.start.participants)
+
+    def _failed_unexpectedly(self, q: _Query, exc: Exception, where: str, out: list[c.Action]) -> None:
+        """An operator raised something no check foresaw (a bug, or data it cannot handle): the query ends
+        with ``DATA_EXCEPTION`` naming it, rather than waiting for ever."""
+        self.counters["unexpected_errors"] += 1
+        self._fail(q, ErrorCode.DATA_EXCEPTION, f"{where}: {type(exc).__name__}: {exc}", self.member, out)
 
     # ------------------------------------------------------------------ local calls
 
@@ -226,6 +271,16 @@ class QueryRole:
                 out.append(c.Reply(call_id=call.call_id, error=f"unknown call {call.name!r}"))
         except QueryError as exc:
             out.append(c.Reply(call_id=call.call_id, error=exc.describe()))
+        except Exception as exc:
+            # Not foreseen by any check: the call is still answered (through its query, if it has one).
+            qid = self.calls.get(call.call_id)
+            q = self.queries.get(qid) if qid is not None else None
+            if q is not None:
+                self._failed_unexpectedly(q, exc, call.name, out)
+            else:
+                self.counters["unexpected_errors"] += 1
+                error = QueryError(ErrorCode.GENERIC, f"{call.name}: {type(exc).__name__}: {exc}")
+                out.append(c.Reply(call_id=call.call_id, error=error.describe()))
 
     def _load(self, args: dict[str, Any]) -> int:
         table, batches = args.get("table"), args.get("batches")
@@ -285,7 +340,13 @@ class QueryRole:
         except (TypeError, ValueError) as exc:
             raise QueryError(ErrorCode.PARSING, str(exc)) from None
         q = _Query(
-            id=qid, phase=Phase.PENDING, created=now, initiator=True, call_id=call.call_id, exchange=kind
+            id=qid,
+            phase=Phase.PENDING,
+            created=now,
+            initiator=True,
+            start=start,  # before start goes out: whatever fails from here on cancels its participants
+            call_id=call.call_id,
+            exchange=kind,
         )
         self.queries[qid] = q
         self.calls[call.call_id] = qid
@@ -362,6 +423,9 @@ class QueryRole:
         except QueryError as exc:
             self._fail(q, exc.code, exc.message, self.member, out)
             return
+        except Exception as exc:
+            self._failed_unexpectedly(q, exc, f"fragment {run.fragment.id}", out)
+            return
         send = run.fragment.send
         if send is None:
             self._deliver(q, table, out)
@@ -375,6 +439,9 @@ class QueryRole:
                 parts = list(engine.hash_partition(table, send.keys, len(receivers)))
             except QueryError as exc:
                 self._fail(q, exc.code, exc.message, self.member, out)
+                return
+            except Exception as exc:
+                self._failed_unexpectedly(q, exc, "hash partition", out)
                 return
         else:
             parts = [table] * len(receivers)
@@ -460,6 +527,9 @@ class QueryRole:
                 run.inbox.add(page)
         except QueryError as exc:
             self._fail(q, exc.code, f"pages from {peer}: {exc.message}", self.member, out)
+            return
+        except Exception as exc:
+            self._failed_unexpectedly(q, exc, f"pages from {peer}", out)
             return
         self.counters["batches_in"] += len(data)
         if complete:
@@ -595,6 +665,9 @@ class QueryRole:
             run.inbox.add(ev.data)
         except QueryError as exc:
             self._fail(q, exc.code, f"batch from {ev.peer}: {exc.message}", self.member, out)
+            return
+        except Exception as exc:
+            self._failed_unexpectedly(q, exc, f"batch from {ev.peer}", out)
             return
         self.counters["batches_in"] += 1
         out.append(c.Consumed(peer=ev.peer, stream=ev.stream, size=ev.size))

@@ -1,0 +1,54 @@
+"""Seeded simulations: a role's handler that raises, through the real bus, still ends its query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sparkbus.roles.query.role import QueryRole
+
+from .cluster import Cluster
+
+SEEDS = [1, 2, 3]
+
+
+def failing_on(member: str, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``QueryRole.<method>`` raise on ``member`` only (the bus then delivers ``HandlerFailed``)."""
+    original = getattr(QueryRole, method)
+
+    def failing(self: QueryRole, *args: Any) -> Any:
+        if self.member == member:
+            raise KeyError("lost")
+        return original(self, *args)
+
+    monkeypatch.setattr(QueryRole, method, failing)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_participant_handler_that_raises_fails_the_query(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Cluster(seed)
+    failing_on("p1", "_pump", monkeypatch)
+    got, err = c.outcome(c.execute("SELECT x FROM t"))
+    assert got is None and err is not None
+    assert (
+        err.startswith("[-1 GENERIC] internal error on p1 at MessageReceived: KeyError") and "on p1)" in err
+    )
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_initiator_handler_that_raises_answers_the_call(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Cluster(seed)
+    failing_on("i", "_deliver", monkeypatch)
+    got, err = c.outcome(c.execute("SELECT k, count(*) AS n FROM t GROUP BY k", repartition=True))
+    assert got is None and err is not None
+    assert err.startswith("[-1 GENERIC] internal error on i at BatchReceived: KeyError")
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    assert c.roles["i"].counters["handler_failed"] == 1
