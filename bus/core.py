@@ -605,7 +605,11 @@ class NodeCore(LinkLayer, StreamLayer):
                     del known.receivers[action.stream]
                 else:
                     known.senders.pop(action.stream, None)
-                    known.receivers.pop(action.stream, None)
+                    ending = known.receivers.pop(action.stream, None)
+                    if ending is not None and not ending.done:
+                        self._stream_ended(known, action.stream, ending.expected_ordinal)
+                    elif ending is None and action.stream in known.accepted:
+                        self._stream_ended(known, action.stream, 0)
                 known.accepted.pop(action.stream, None)
         elif isinstance(action, c.SetTimer):
             self._timers[(role.name, action.key)] = action.at

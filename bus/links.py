@@ -282,6 +282,7 @@ class LinkLayer(NodeState):
         st.senders.clear()
         st.receivers.clear()
         st.accepted.clear()
+        st.ended.clear()
         if st.up:
             st.up = False
             self._counts["peers_lost"] += 1

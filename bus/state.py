@@ -91,6 +91,10 @@ class _Peer:
     senders: dict[str, tuple[str, CreditSender]] = field(default_factory=dict)  # stream -> (role, credit)
     receivers: dict[str, CreditReceiver] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)  # stream -> credit, before its first batch
+    # Incoming streams this side ended before their last batch (closed on cancel, or refused), with the
+    # ordinal their sender goes on from: its batches still in flight are dropped, not taken for a new
+    # stream (whose ordinal 0 would be a violation). Cleared with the link, bounded by ``max_streams``.
+    ended: dict[str, int] = field(default_factory=dict)
 
 
 class NodeState:

@@ -19,25 +19,26 @@ class StreamLayer(NodeState):
         if not st.up:
             self._refuse_early(inbound, StreamBatch, now)
             return
+        recv = st.receivers.get(stream)
+        if recv is None and stream in st.ended:
+            if msg.ordinal > 0 or st.ended[stream] == 0:
+                # The rest of a stream this side ended (closed on cancel, or refused): dropped, counted.
+                self._counts["dropped_batches_ended_stream"] += 1
+                if msg.last:
+                    del st.ended[stream]
+                else:
+                    st.ended[stream] = msg.ordinal + 1
+                return
+            del st.ended[stream]  # ordinal 0 after the old one's: a new stream under the same key
         if role is None:
-            self._error_to(
-                inbound,
-                ErrorCode.NO_ROLE,
-                f"stream {stream}: node {self.node_id} runs no such role",
-                REGISTRY.code_of(StreamBatch),
-                now,
+            self._refuse_stream(
+                inbound, st, stream, msg, ErrorCode.NO_ROLE, f"node {self.node_id} runs no such role", now
             )
             return
-        recv = st.receivers.get(stream)
         if recv is None:
             if len(st.receivers) >= self.config.max_streams:
-                self._error_to(
-                    inbound,
-                    ErrorCode.TOO_MANY_STREAMS,
-                    f"stream {stream}: {self.config.max_streams} open already",
-                    REGISTRY.code_of(StreamBatch),
-                    now,
-                )
+                text = f"{self.config.max_streams} open already"
+                self._refuse_stream(inbound, st, stream, msg, ErrorCode.TOO_MANY_STREAMS, text, now)
                 return
             credit = st.accepted.pop(stream, self.config.initial_credit)
             recv = st.receivers[stream] = CreditReceiver(stream, credit, self.config.low_watermark)
@@ -64,6 +65,27 @@ class StreamLayer(NodeState):
             ),
             now,
         )
+
+    def _refuse_stream(
+        self,
+        inbound: _Inbound,
+        st: _Peer,
+        stream: str,
+        msg: StreamBatch,
+        code: ErrorCode,
+        text: str,
+        now: float,
+    ) -> None:
+        """Refuse a stream on its first batch: ERROR to the sender, and its other batches dropped."""
+        self._error_to(inbound, code, f"stream {stream}: {text}", REGISTRY.code_of(StreamBatch), now)
+        if not msg.last:
+            self._stream_ended(st, stream, msg.ordinal + 1)
+
+    def _stream_ended(self, st: _Peer, stream: str, next_ordinal: int) -> None:
+        """Remember that ``stream`` from this peer ended here before its last batch (see ``_Peer.ended``)."""
+        if len(st.ended) >= self.config.max_streams:
+            del st.ended[next(iter(st.ended))]  # the oldest: its sender has long stopped, or never will
+        st.ended[stream] = next_ordinal
 
     def _on_flow_control(self, inbound: _Inbound, stream: str | None, msg: FlowControl, now: float) -> None:
         st = self._peers[inbound.peer]

@@ -83,6 +83,60 @@ def test_a_batch_that_is_not_a_buffer_is_the_roles_error_and_the_stream_goes_on(
     assert not a.of(PeerLost) and not b.of(PeerLost)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_closing_an_incoming_stream_mid_flight_drops_its_rest_and_keeps_the_link(seed: int) -> None:
+    sim, a, b = pair(seed)
+    batches = [c.SendBatch(peer="b", stream="rec/q", data=b"x" * 100) for _ in range(10)]
+    do(sim, "a", c.OpenStream(peer="b", stream="rec/q", credit=1 << 20), *batches)
+    sim.run_until(lambda: len(b.of(c.BatchReceived)) >= 3, limit=5)
+    got = len(b.of(c.BatchReceived))
+    do(sim, "b", c.CloseStream(peer="a", stream="rec/q"))  # a cancel, with batches still in flight
+    sim.run_until_idle()
+    core = sim.node("b").core
+    assert len(b.of(c.BatchReceived)) == got < 10
+    assert core.counters["dropped_batches_ended_stream"] == 10 - got
+    assert core.refusals["STREAM_VIOLATION"] == 0 and not a.of(PeerLost) and not b.of(PeerLost)
+    # The key may name a new stream later (ordinal 0 again), once the sender has closed its side too.
+    do(
+        sim,
+        "a",
+        c.CloseStream(peer="b", stream="rec/q"),
+        c.OpenStream(peer="b", stream="rec/q", credit=1 << 20),
+        c.SendBatch(peer="b", stream="rec/q", data=b"new", last=True),
+    )
+    sim.run_until_idle()
+    last = b.of(c.BatchReceived)[-1]
+    assert (last.ordinal, last.data, last.last) == (0, b"new", True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_a_refused_stream_stays_refused_when_a_slot_frees(seed: int) -> None:
+    # b takes 2 streams from a peer; a may open more (the nodes of a cluster may differ in this).
+    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t"))
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a])
+    sim.add_node("b", [b], BusConfig(cluster_tag="t", max_streams=2))
+    sim.start()
+    sim.run_until(sim.all_up, limit=5)
+
+    def batch(stream: str, last: bool = False) -> c.SendBatch:
+        return c.SendBatch(peer="b", stream=stream, data=b"x" * 100, last=last)
+
+    opened = [c.OpenStream(peer="b", stream=f"rec/s{i}", credit=1 << 20) for i in range(3)]
+    do(sim, "a", *opened, batch("rec/s0"), batch("rec/s1"), batch("rec/s2"))
+    sim.run_until_idle()
+    core = sim.node("b").core
+    assert core.refusals["TOO_MANY_STREAMS"] == 1
+    do(sim, "a", batch("rec/s0", last=True))  # s0 ends: a slot is free
+    sim.run_until_idle()
+    do(sim, "a", batch("rec/s2"), batch("rec/s2", last=True))  # the rest of the refused stream
+    sim.run_until_idle()
+    assert core.counters["dropped_batches_ended_stream"] == 2
+    assert {e.stream for e in b.of(c.BatchReceived)} == {"rec/s0", "rec/s1"}  # type: ignore[attr-defined]
+    assert core.refusals["STREAM_VIOLATION"] == 0 and not a.of(PeerLost)
+    assert "rec/s2" not in core._peers["a"].ended  # its last batch has come: nothing left to drop
+
+
 def test_batch_beyond_credit_is_a_local_error_told_to_the_role() -> None:
     sim, a, _b = pair(1)
     do(
