@@ -588,6 +588,11 @@ class NodeCore(LinkLayer, StreamLayer):
             st.senders[action.stream] = (role.name, CreditSender(action.stream, action.credit))
         elif isinstance(action, c.AcceptStream):
             st = self._stream_peer(action.peer, action.stream)
+            if type(action.credit) is not int or action.credit <= 0:
+                # Checked here, where the role is told (HandlerFailed), not at the first batch.
+                raise c.LocalProtocolError(
+                    f"stream {action.stream}: credit must be a positive int, got {action.credit!r}"
+                )
             if action.stream not in st.receivers:
                 st.accepted[action.stream] = action.credit
         elif isinstance(action, c.Consumed):

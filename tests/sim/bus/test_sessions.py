@@ -137,6 +137,21 @@ def test_a_refused_stream_stays_refused_when_a_slot_frees(seed: int) -> None:
     assert "rec/s2" not in core._peers["a"].ended  # its last batch has come: nothing left to drop
 
 
+def test_accepting_a_stream_with_no_credit_is_the_roles_error() -> None:
+    sim, a, b = pair(1)
+    do(sim, "b", c.AcceptStream(peer="a", stream="rec/s", credit=0))
+    assert "credit must be a positive int, got 0" in b.of(HandlerFailed)[0].error
+    # Nothing was recorded: the stream's first batch opens it with the node's default credit.
+    do(
+        sim,
+        "a",
+        c.OpenStream(peer="b", stream="rec/s", credit=100),
+        c.SendBatch(peer="b", stream="rec/s", data=b"x"),
+    )
+    sim.run_until_idle()
+    assert [e.size for e in b.of(c.BatchReceived)] == [1]  # type: ignore[attr-defined]
+
+
 def test_batch_beyond_credit_is_a_local_error_told_to_the_role() -> None:
     sim, a, _b = pair(1)
     do(
