@@ -6,7 +6,9 @@ states into answers. ``single(t) == finalize(partial(t))`` and for any split of 
 ``finalize(combine(concat(partial(part) ...))) == single(t)``.
 
 States per aggregate ``name``: ``count`` -> int64 count; ``sum``/``min``/``max`` -> the value; ``avg`` ->
-``name$sum`` and ``name$count``; ``count_distinct`` -> a list of the distinct non-null values.
+``name$sum`` (float64: as Spark SQL's ``Average``, every value is cast to double before it is added, so an
+average of large integers neither overflows nor meets a lossy cast) and ``name$count``; ``count_distinct``
+-> a list of the distinct non-null values.
 
 Groups are numbered densely (``dictionary_encode`` per key column, combined), then one Arrow hash
 aggregation over the group number computes every state; NULL is a group of its own, as in SQL.
@@ -77,7 +79,7 @@ def _partial_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
     out: list[_Spec] = []
     for a in aggs:
         if a.func == "avg":
-            out += [(f"{a.name}$sum", a.column, "sum"), (f"{a.name}$count", a.column, "count")]
+            out += [(f"{a.name}$sum", a.column, "fsum"), (f"{a.name}$count", a.column, "count")]
         elif a.func == "count_distinct":
             out.append((a.name, a.column, "distinct"))
         else:
@@ -124,7 +126,7 @@ def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> 
     columns: dict[str, pa.ChunkedArray | pa.Array] = {k: table.column(k) for k in keys}
     for a in aggs:
         if a.func == "avg":
-            total = pc.cast(table.column(f"{a.name}$sum"), pa.float64())
+            total = pc.cast(table.column(f"{a.name}$sum"), pa.float64(), safe=False)
             count = pc.cast(table.column(f"{a.name}$count"), pa.float64())
             columns[a.name] = pc.if_else(
                 pc.equal(count, 0.0), pa.scalar(None, pa.float64()), pc.divide(total, count)
@@ -167,9 +169,25 @@ def _arrow_errors() -> Iterator[None]:
 
 def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
     with _arrow_errors():
+        specs = _resolved(table, specs)
         if not keys:
             return _apply_global(table, specs)
         return _decoded(_apply_grouped(table, keys, specs, ordered=ordered), keys)
+
+
+def _resolved(table: pa.Table, specs: list[_Spec]) -> list[_Spec]:
+    """``fsum`` (a sum in float64) over a float64 column is a plain ``sum``, which it then shares."""
+    return [
+        (name, col, "sum")
+        if kernel == "fsum" and col is not None and _column(table, col).type == pa.float64()
+        else (name, col, kernel)
+        for name, col, kernel in specs
+    ]
+
+
+def _as_float(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Values cast to float64 as Spark casts a sum's input to double (large integers round)."""
+    return pc.cast(values, pa.float64(), safe=False)
 
 
 _ARANGE: list[pa.Array] = [pa.array([], pa.int64())]
@@ -207,6 +225,8 @@ def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
             result: pa.Scalar = pc.count(values)
         elif kernel == "sum":
             result = pc.sum(values, min_count=1)
+        elif kernel == "fsum":
+            result = pc.sum(_as_float(values), min_count=1)
         elif kernel == "sum0":
             result = pc.sum(values, min_count=0)
         elif kernel in ("min", "max"):
@@ -263,7 +283,15 @@ def _decoded(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     return table
 
 
-_HASH = {"count": "count", "sum": "sum", "sum0": "sum", "min": "min", "max": "max", "distinct": "distinct"}
+_HASH = {
+    "count": "count",
+    "sum": "sum",
+    "sum0": "sum",
+    "fsum": "sum",
+    "min": "min",
+    "max": "max",
+    "distinct": "distinct",
+}
 
 
 def _apply_grouped(
@@ -294,14 +322,15 @@ def _apply_hashed(
     outputs: list[str] = []
     shared: dict[tuple[str | None, str], str] = {}
     for i, (_, col, kernel) in enumerate(specs):
-        key = (col, _HASH[kernel])
+        key = (col, kernel if kernel == "fsum" else _HASH[kernel])
         if key not in shared:
             if col is None:
                 # COUNT(*): every row of the group, NULL keys included.
                 aggregations.append(("__k0", "count", pc.CountOptions(mode="all")))
                 shared[key] = "__k0_count"
             else:
-                inputs[f"__c{i}"] = _column(table, col)
+                values = _column(table, col)
+                inputs[f"__c{i}"] = _as_float(values) if kernel == "fsum" else values
                 aggregations.append((f"__c{i}", _HASH[kernel]))
                 shared[key] = f"__c{i}_{_HASH[kernel]}"
         outputs.append(shared[key])
@@ -383,7 +412,7 @@ def _apply_dense(
     for _, col, kernel in specs:
         if kernel == "count":
             continue
-        if kernel not in ("sum", "sum0", "min", "max") or col is None:
+        if kernel not in ("sum", "sum0", "fsum", "min", "max") or col is None:
             return None
         t = _column(table, col).type
         if t not in _SIGNED and (t != pa.float64() or kernel in ("min", "max")):
@@ -539,12 +568,14 @@ def _dense_aggregate(
     floating = arr.type == pa.float64()
     zero = pa.scalar(0.0) if floating else pa.scalar(0, arr.type)
     filled = pc.fill_null(arr, zero) if arr.null_count else arr
+    # fsum (AVG's sum) adds the values cast to float64 whatever their size, as the hash aggregation does.
+    in_float = floating or kernel == "fsum"
     with _copied("weights", filled, np.float64) as weights:
-        if not floating and max(-float(weights.min()), float(weights.max())) * len(weights) >= _EXACT:
+        if not in_float and max(-float(weights.min()), float(weights.max())) * len(weights) >= _EXACT:
             return None  # a bound on every partial sum's magnitude, without a temporary array
         sums = np.bincount(ids, weights=weights, minlength=bins)[present]
     empty = None if kernel == "sum0" else valid[present] == 0
-    if floating:
+    if in_float:
         return pa.array(sums, pa.float64(), mask=empty)
     return pa.array(sums.astype(np.int64), pa.int64(), mask=empty)
 
@@ -563,7 +594,8 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
             merges.append((i, col or ""))
             continue
         # COUNT(*) counts the group number, which is never null.
-        inputs[f"__c{i}"] = g if col is None else _column(table, col)
+        values = g if col is None else _column(table, col)
+        inputs[f"__c{i}"] = _as_float(values) if kernel == "fsum" else values
         aggregations.append((f"__c{i}", _HASH[kernel]))
     grouped = pa.table(inputs).group_by(["__g"], use_threads=False).aggregate(aggregations)
     grouped = grouped.sort_by("__g")
