@@ -7,6 +7,7 @@ moved on while they travelled.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,12 +31,22 @@ from sparkbus.roles.replication.messages import (
     parse_stream,
     stream_key,
 )
-from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, TrailerCheck, is_referenced
+from sparkbus.roles.replication.segments import (
+    SegmentCorrupt,
+    SegmentEntry,
+    TrailerCheck,
+    is_referenced,
+    read_schema,
+)
 from sparkbus.roles.replication.storage import FileWriter
-from sparkbus.roles.replication.store import segment_file
+from sparkbus.roles.replication.store import StoreError, segment_file
 from sparkbus.roles.replication.transfers import InEvent, InState, next_in
 
+log = logging.getLogger(__name__)
+
 Decision = Literal["ff", "merge"] | DeclineReason
+#: How many refused segments a role remembers (``Receiving.refused``); the oldest is forgotten first.
+REFUSED_MAX = 1024
 
 
 @dataclass(kw_only=True)
@@ -67,6 +78,10 @@ class Receiving:
     local: dict[str, LocalReplica]
     incoming: dict[tuple[str, str], _In]
     accepts: int
+    # Segments whose bytes were received whole and refused (they cannot join the partition), by
+    # (partition, segment id, checksum), with the reason: the same offer again is declined INVALID at
+    # once instead of travelling again to be refused again. Forgotten when the replica is re-placed.
+    refused: dict[tuple[str, str, bytes], str]
     _now: float
 
     def _emit(self, action: Action) -> None:
@@ -125,6 +140,9 @@ class Receiving:
         decision = self._decide(rep, offer, peer)
         if isinstance(decision, DeclineReason):
             return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
+        refused = self.refused.get((offer.partition, offer.segment_id, offer.checksum))
+        if refused is not None:
+            return decline(DeclineReason.INVALID, f"refused before: {refused}")
         self.accepts += 1
         stream = stream_key(offer.partition, offer.segment_id, self.accepts)
         # Written straight under the segment's name: no rename (and directory sync) at the end. Until
@@ -232,6 +250,11 @@ class Receiving:
         temp = inc.name
         # The partition may have moved on while the bytes travelled: decide again on what we have now.
         decision = self._decide(rep, offer, inc.peer)
+        if decision in ("ff", "merge"):
+            try:
+                store.check_segment_schema(read_schema(store.storage, temp), temp)
+            except (StoreError, SegmentCorrupt) as exc:
+                return self._refuse_in(rep, inc, str(exc))
         if decision == "ff":
             if store.entry(offer.segment_id) is not None:
                 store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
@@ -252,7 +275,11 @@ class Receiving:
             )
             self._count("fast_forwards")
         elif decision == "merge":
-            store.merge_segment_file(temp, self._now)
+            try:
+                store.merge_segment_file(temp, self._now)
+            except (StoreError, SegmentCorrupt) as exc:
+                # Rows merged before the failing batch stay (merging them again changes nothing).
+                return self._refuse_in(rep, inc, str(exc))
             self._drop_received(rep, inc)
             self._count("merges")
             self._flush(rep)
@@ -262,6 +289,29 @@ class Receiving:
                 return self._send_ack(inc, rep, f"segment no longer applies: {decision.name}")
         self._send_ack(inc, rep, "")
         return None
+
+    def _refuse_in(self, rep: LocalReplica, inc: _In, reason: str) -> None:
+        """A whole, verified segment that cannot join the partition: drop it and ack with the error.
+
+        Raised there, the error left the transfer without an answer and its sender waiting for ever (two
+        leaders of a new partition during a cut wrote rows of different schemas). The sender retries
+        later; the same offer is then declined INVALID without travelling (``refused``).
+        """
+        offer = inc.offer
+        self._count("incoming_refused")
+        log.warning(
+            "replication %s: refused %s/%s from %s: %s",
+            self.node,
+            offer.partition,
+            offer.segment_id,
+            inc.peer,
+            reason,
+        )
+        if len(self.refused) >= REFUSED_MAX:
+            del self.refused[next(iter(self.refused))]
+        self.refused[offer.partition, offer.segment_id, offer.checksum] = reason
+        self._drop_received(rep, inc)
+        self._send_ack(inc, rep, f"refused: {reason}")
 
     def _drop_received(self, rep: LocalReplica, inc: _In) -> None:
         """Delete a received file that is not kept as a segment (merged, or no longer needed)."""

@@ -142,6 +142,7 @@ class ReplicationRole(Receiving):
         self.local: dict[str, LocalReplica] = {}
         self.outgoing: dict[tuple[str, str, int], _Out] = {}
         self.incoming: dict[tuple[str, str], _In] = {}
+        self.refused: dict[tuple[str, str, bytes], str] = {}
         self.accepts = 0
         self.retry_at: dict[tuple[str, str, int], float] = {}
         self.counters: dict[str, int] = {}
@@ -560,6 +561,7 @@ class ReplicationRole(Receiving):
         offer at a time per destination nothing reaches that receiver again.
         """
         partition = rep.spec.partition
+        self.refused = {k: v for k, v in self.refused.items() if k[0] != partition}  # a new, empty store
         for out in [o for o in self.outgoing.values() if o.dest[0] == partition]:
             self._abandon(out, rep)
         for inc in [i for i in self.incoming.values() if i.offer.partition == partition]:

@@ -119,6 +119,11 @@ def listed_files(storage: Storage) -> set[str]:
     return {segment_file(p["segment_id"]) for p in read_manifest(storage)["entries"]}
 
 
+def _columns(schema: pa.Schema) -> str:
+    """``schema`` on one line, for messages: ``(key int64, v string)``."""
+    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
+
+
 def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
     """Keep, per key, the row with the highest (lsn, origin), and of one write's rows for a key (the same
     version) the last, as a later write would replace it; identical rows collapse to one. Rows whose keys
@@ -296,6 +301,25 @@ class PartitionStore:
             if table.column(k).null_count:
                 raise StoreError(f"{self.partition}: key column {k!r} has nulls")
         return table
+
+    def check_segment_schema(self, schema: pa.Schema, name: str) -> None:
+        """Refuse a segment from another replica whose rows could not join this partition's.
+
+        Raises:
+            StoreError: no version columns, a key column missing, or other user columns than ours.
+        """
+        for column in HIDDEN:
+            if schema.get_field_index(column) < 0 or schema.field(column).type != pa.int64():
+                raise StoreError(f"{self.partition}: segment {name} lacks the int64 version column {column}")
+        user = pa.schema([f for f in schema if f.name not in HIDDEN])
+        missing = [k for k in self.config.key if k not in user.names]
+        if missing:
+            raise StoreError(f"{self.partition}: segment {name} lacks key column(s) {missing}")
+        if self.schema is not None and not user.equals(self._user_schema()):
+            raise StoreError(
+                f"{self.partition}: segment {name} has columns {_columns(user)}, "
+                f"the partition has {_columns(self._user_schema())}"
+            )
 
     def _user_schema(self) -> pa.Schema:
         assert self.schema is not None

@@ -119,3 +119,36 @@ def test_out_of_order_for_a_stale_minor(seed: int) -> None:
     declined(c, "a", "b", "OUT_OF_ORDER")
     c.assert_identical(NODES, keys)
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_segment_that_cannot_join_the_partition_is_refused_not_left_waiting(seed: int) -> None:
+    """Two leaders of a new partition during a cut write rows of different schemas.
+
+    When the cut heals, each side's segments reach the other: the leader's merge of b's segment raised
+    inside the completion and the transfer got no ack, so its sender waited for ever; a follower
+    fast-forwarding the leader's major took a segment its schema could not read. Both are refused now:
+    an error ack, then INVALID for the same offer, and each side keeps its acknowledged rows.
+    """
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    assert c.write("a", P, {"key": [1, 2, 3, 4], "v": ["w", "x", "y", "z"]})[1] is None
+    assert c.write("b", P, {"key": [5, 6, 7, 8], "n": [1.0, 2.0, 3.0, 4.0]})[1] is None
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(60)
+    assert set(c.role_errors().values()) == {0}, c.role_errors()
+    assert c.write("a", P, {"key": [9], "v": ["q"]})[1] is None
+    c.settle(10)
+    assert c.read("a") == {"key": [1, 2, 3, 4, 9], "v": ["w", "x", "y", "z", "q"]}
+    for n in "bc":
+        assert c.read(n) == {"key": [5, 6, 7, 8], "n": [1.0, 2.0, 3.0, 4.0]}, n
+        assert c.counters(n).get("incoming_refused", 0) >= 1, n  # a's major: another schema
+    counters = c.counters("a")
+    assert 1 <= counters.get("incoming_refused", 0) <= 2, counters  # b's segment, once per sender
+    declined(c, "b", "a", "INVALID")  # offered again: declined without travelling
+    for role in c.live_roles().values():  # no transfer waits for an answer that never comes
+        assert not role.incoming
+        assert all(o.state.name == "OFFERED" for o in role.outgoing.values())
