@@ -44,7 +44,7 @@ class BusConfig:
             memory pressure).
         low_watermark: flow control is sent when the sender's credit is at or below this fraction of the
             stream's maximum and the receiver's free memory is above it (Mustang's 0.4).
-        max_peers: sessions beyond this are refused.
+        max_peers: thin-client sessions beyond this are refused (the topology's nodes always get one).
         max_streams: open streams per peer beyond this are refused.
         hwm: ZeroMQ high-water mark per pipe, in messages (credits bound memory; this is a backstop).
         zero_copy_threshold: frames at least this large are sent without copying.

@@ -106,11 +106,16 @@ class LinkLayer(NodeState):
         else:
             peer = f"client:{rid.hex()}"
         old = self._inbound.get(peer)
-        if old is None and len(self._inbound) >= cfg.max_peers:
+        # Thin clients only: the topology bounds the nodes, and clients must never lock them out.
+        if (
+            old is None
+            and hello.kind == "client"
+            and sum(i.kind == "client" for i in self._inbound.values()) >= cfg.max_peers
+        ):
             self._refuse_rid(
                 rid,
                 ErrorCode.TOO_MANY_PEERS,
-                f"this node already has {cfg.max_peers} sessions",
+                f"this node already has {cfg.max_peers} client sessions",
                 now,
                 hello.attempt,
             )

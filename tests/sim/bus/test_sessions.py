@@ -244,6 +244,19 @@ def refusal(sim: SimBus, node: str, rid: str, frames: list[bytes]) -> Reject:
     return msg
 
 
+def test_max_peers_bounds_thin_clients_and_never_locks_out_the_topologys_nodes() -> None:
+    sim, a, _b = pair(1, max_peers=2)
+    core = sim.node("a").core
+    for i in range(2):
+        core.on_control(f"c{i}".encode(), hello(node_id=f"c{i}"), sim.now)
+    assert refusal(sim, "a", "c2", hello(node_id="c2")).code == ErrorCode.TOO_MANY_PEERS
+    # The link to b drops and comes back while both client slots are taken: b still gets its session.
+    sim.cut("a", "b")
+    sim.heal("a", "b")
+    sim.run_until(sim.all_up, limit=10)
+    assert core.is_up("b") and core.refusals["TOO_MANY_PEERS"] == 1
+
+
 def test_wrong_magic_cluster_and_version_are_refused_with_codes() -> None:
     sim, a, _b = pair(1)
     assert refusal(sim, "a", "m", hello(magic=b"IGNI")).code == ErrorCode.HANDSHAKE_HEADER
