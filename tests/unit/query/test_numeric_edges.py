@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-from sparkbus.roles.query import aggregate
+from sparkbus.roles.query import aggregate, engine
 from sparkbus.roles.query.plan import AggCall
 from sparkbus.roles.query.sql import parse_sql
 
@@ -49,3 +50,27 @@ def test_avg_and_sum_of_one_integer_column_keep_their_own_types(rows: int) -> No
         mine = [v for v in range(rows) if v % 3 == k]
         assert got.column("s")[k].as_py() == sum(mine)
         assert got.column("a")[k].as_py() == pytest.approx(sum(mine) / len(mine), rel=1e-15)
+
+
+def test_uint64_keys_past_2_63_hash_partition_by_their_bits() -> None:
+    big = 2**63 + 5
+    keys = pa.array([1, big, None, 7, big, 2**64 - 1], pa.uint64())
+    parts = engine.hash_partition(pa.table({"u": keys}), ["u"], 3)
+    assert sorted(r["u"] or -1 for p in parts for r in p.to_pylist()) == sorted(
+        v if v is not None else -1 for v in keys.to_pylist()
+    )
+    holding = [i for i, p in enumerate(parts) if big in p.column("u").to_pylist()]
+    assert len(holding) == 1  # equal keys in one part
+    # Below 2**63 a uint64 key lands where the same int64 key does.
+    small = pa.array(range(50))
+    signed = engine.hash_partition(pa.table({"u": small}), ["u"], 3)
+    unsigned = engine.hash_partition(pa.table({"u": pc.cast(small, pa.uint64())}), ["u"], 3)
+    assert [p.column("u").to_pylist() for p in signed] == [p.column("u").to_pylist() for p in unsigned]
+
+
+def test_repartitioned_group_by_on_a_uint64_key_past_2_63() -> None:
+    p1 = pa.table({"u": pa.array([1, 2**63 + 5], pa.uint64()), "v": [1, 2]})
+    p2 = pa.table({"u": pa.array([1, 7], pa.uint64()), "v": [3, 4]})
+    want = sorted([{"u": 2**63 + 5, "s": 2}, {"u": 1, "s": 4}, {"u": 7, "s": 4}], key=repr)
+    for repartition in (False, True):
+        assert sql("SELECT u, sum(v) AS s FROM t GROUP BY u", [p1, p2], repartition=repartition) == want
