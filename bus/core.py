@@ -315,7 +315,7 @@ class NodeCore(LinkLayer, StreamLayer):
         """Heartbeats, liveness, handshake retries and role timers due at ``now``."""
         cfg = self.config
         for out in self._outbound.values():
-            if out.state == "established" and now >= out.last_sent + cfg.heartbeat_interval:
+            if out.state == "established" and now >= out.last_sent + out.heartbeat:
                 # The header's stream slot says how many batches this session has sent on data: the
                 # peer finds out if the last of them were lost (docs/PROTOCOL.md section 4).
                 self._send_ctl(out, Heartbeat(), now, str(out.data_seq) if out.data_seq else None)
@@ -351,7 +351,7 @@ class NodeCore(LinkLayer, StreamLayer):
         for out in self._outbound.values():
             state = out.state
             if state == "established":
-                at = out.last_sent + cfg.heartbeat_interval
+                at = out.last_sent + out.heartbeat
             elif state in {"hello_sent", "idle"}:
                 at = out.hello_at + cfg.handshake_timeout
             else:

@@ -191,6 +191,7 @@ class LinkLayer(NodeState):
         out.data_seq = 0
         out.last_sent = now
         out.features = msg.features
+        out.heartbeat = heartbeat_interval(self.config.heartbeat_interval, msg.idle_timeout_ms)
         self._counts["sessions_opened"] += 1
         # Confirm the session at once: the peer is up only once it has heard from us on it.
         self._send_ctl(out, Heartbeat(), now)
@@ -300,3 +301,18 @@ def _dropped_attempt(hello: Hello) -> int:
     """The attempt of our HELLO whose session the peer has dropped since, as its HELLO names it (0: none)."""
     value = hello.extensions.get(DROPPED_ATTEMPT, "")
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 20 else 0
+
+
+#: IEP-83: the shortest heartbeat interval a server's idle timeout may ask for (seconds).
+MIN_RECOMMENDED_HEARTBEAT = 0.5
+
+
+def heartbeat_interval(configured: float, idle_timeout_ms: int) -> float:
+    """The heartbeat interval towards a peer whose WELCOME gave ``idle_timeout_ms`` (IEP-83).
+
+    ``min(configured, idle_timeout / 3)``, the third no shorter than 500 ms; the configured interval
+    alone when the peer has no idle timeout (0 or less).
+    """
+    if idle_timeout_ms <= 0:
+        return configured
+    return min(configured, max(MIN_RECOMMENDED_HEARTBEAT, idle_timeout_ms / 3000))

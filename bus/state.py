@@ -53,6 +53,7 @@ class _Outbound:
     seq: int = 0
     data_seq: int = 0
     last_sent: float = 0.0
+    heartbeat: float = 0.0  # this direction's heartbeat interval, set by WELCOME (IEP-83's rule)
     hello_at: float = 0.0
     refused: str = ""
     features: bytes = b""

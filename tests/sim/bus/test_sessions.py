@@ -7,6 +7,7 @@ import pytest
 
 from sparkbus.bus import BusConfig, ErrorCode, HandlerFailed, MessageReceived, PeerLost, PeerUp, SimBus
 from sparkbus.bus import contract as c
+from sparkbus.bus.links import heartbeat_interval
 from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
@@ -138,7 +139,7 @@ def test_a_refused_stream_stays_refused_when_a_slot_frees(seed: int) -> None:
 
 
 def test_accepting_a_stream_with_no_credit_is_the_roles_error() -> None:
-    sim, a, b = pair(1)
+    sim, _a, b = pair(1)
     do(sim, "b", c.AcceptStream(peer="a", stream="rec/s", credit=0))
     assert "credit must be a positive int, got 0" in b.of(HandlerFailed)[0].error
     # Nothing was recorded: the stream's first batch opens it with the node's default credit.
@@ -196,6 +197,28 @@ def test_silent_peer_is_lost_after_the_timeout(seed: int) -> None:
     assert "silent" in a.of(PeerLost)[0].reason
 
 
+@pytest.mark.parametrize(
+    ("configured", "idle_ms", "interval"),
+    [(0.3, 1500, 0.3), (3.0, 2400, 0.8), (3.0, 900, 0.5), (0.1, 900, 0.1), (3.0, 0, 3.0)],
+)
+def test_the_heartbeat_interval_follows_the_peers_idle_timeout(
+    configured: float, idle_ms: int, interval: float
+) -> None:
+    assert heartbeat_interval(configured, idle_ms) == pytest.approx(interval)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_a_peer_with_a_shorter_timeout_is_heard_from_in_time(seed: int) -> None:
+    sim = SimBus(seed=seed, config=BusConfig(cluster_tag="t"))
+    a, b = Recorder(), Recorder()
+    sim.add_node("a", [a], BusConfig(cluster_tag="t", heartbeat_interval=0.3, peer_timeout=2.4))
+    sim.add_node("b", [b], BusConfig(cluster_tag="t", heartbeat_interval=3.0, peer_timeout=6.0))
+    sim.start()
+    sim.run_until(sim.all_up, limit=5)
+    sim.run_for(20.0)  # idle: b heartbeats every 0.8 s (a's 2.4 s idle timeout / 3), not every 3 s
+    assert not a.of(PeerLost) and not b.of(PeerLost)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_heartbeats_keep_an_idle_link_alive(seed: int) -> None:
     sim, a, b = pair(seed, heartbeat_interval=0.1, peer_timeout=0.5)
@@ -245,7 +268,7 @@ def refusal(sim: SimBus, node: str, rid: str, frames: list[bytes]) -> Reject:
 
 
 def test_max_peers_bounds_thin_clients_and_never_locks_out_the_topologys_nodes() -> None:
-    sim, a, _b = pair(1, max_peers=2)
+    sim, _a, _b = pair(1, max_peers=2)
     core = sim.node("a").core
     for i in range(2):
         core.on_control(f"c{i}".encode(), hello(node_id=f"c{i}"), sim.now)
