@@ -375,7 +375,7 @@ def run(
             # A sort under a limit keeps only the limit's rows: the bounded selection finds exactly them.
             limit = ops[i + 1]
             assert isinstance(limit, Limit)
-            table = top_k(table, op.keys, limit.offset + limit.count).slice(limit.offset, limit.count)
+            table = top_k(table, op.keys, limit.rows).slice(limit.offset, limit.count)
             skip = True
         else:
             table = _step(op, table, params)
@@ -527,7 +527,8 @@ def _first_in_order(
     partition has not produced ``count`` rows gives up: filtering the whole partition is cheaper then.
     """
     found: list[pa.Table] = []
-    got, start, step, n = 0, 0, max(256, 8 * count), len(order)
+    got, start, n = 0, 0, len(order)
+    step = max(256, 8 * min(count, n))
     while got < count and start < n:
         if start > n // 8:
             return None
@@ -629,9 +630,9 @@ class Inbox:
         if isinstance(above, Aggregate) and above.phase == "final":
             return aggregate.combine(table, above.keys, above.aggs)
         if isinstance(above, MergeSort) and isinstance(above2, Limit):
-            return top_k(table, above.keys, above2.count + above2.offset)
+            return top_k(table, above.keys, above2.rows)
         if isinstance(above, Limit):
-            return table.slice(0, above.count + above.offset)
+            return table.slice(0, above.rows)
         return table
 
 

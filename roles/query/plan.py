@@ -24,6 +24,9 @@ AGG_FUNCS: tuple[str, ...] = ("count", "sum", "min", "max", "avg", "count_distin
 Phase = Literal["single", "partial", "final"]
 SendMode = Literal["gather", "hash"]
 _MAX_DEPTH = 64
+#: the most rows a count or an offset names: more than any table holds, and two of them add up within
+#: int64 (SQL clamps larger LIMIT and OFFSET values to it; a plan carrying more is refused)
+MAX_ROWS = 1 << 62
 
 
 def _name(value: Any, what: str) -> None:
@@ -164,8 +167,8 @@ class TopK:
     def __post_init__(self) -> None:
         if not self.keys:
             raise PlanError("top_k.keys", "a top-k needs at least one key")
-        if type(self.count) is not int or self.count < 0:
-            raise PlanError("top_k.count", f"expected an int >= 0, got {self.count!r}")
+        if type(self.count) is not int or not 0 <= self.count <= MAX_ROWS:
+            raise PlanError("top_k.count", f"expected an int in 0..2**62, got {self.count!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -178,8 +181,13 @@ class Limit:
 
     def __post_init__(self) -> None:
         for label, v in (("count", self.count), ("offset", self.offset)):
-            if type(v) is not int or v < 0:
-                raise PlanError(f"limit.{label}", f"expected an int >= 0, got {v!r}")
+            if type(v) is not int or not 0 <= v <= MAX_ROWS:
+                raise PlanError(f"limit.{label}", f"expected an int in 0..2**62, got {v!r}")
+
+    @property
+    def rows(self) -> int:
+        """The rows this limit needs from below it (``offset + count``, at most ``MAX_ROWS``)."""
+        return min(self.offset + self.count, MAX_ROWS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -101,13 +101,13 @@ def plan_fragments(
     elif isinstance(head, Sort) and len(rest) > 1 and isinstance(rest[1], Limit):
         limit = rest[1]
         assert isinstance(limit, Limit)
-        leaf_top = [TopK(input=head.input, keys=head.keys, count=limit.count + limit.offset)]
+        leaf_top = [TopK(input=head.input, keys=head.keys, count=limit.rows)]
         root_ops, after = [MergeSort(input=head.input, keys=head.keys), limit], rest[2:]
     elif isinstance(head, Sort):
         leaf_top = [head]
         root_ops, after = [MergeSort(input=head.input, keys=head.keys)], rest[1:]
     elif isinstance(head, Limit):
-        leaf_top = [Limit(input=head.input, count=head.count + head.offset)]
+        leaf_top = [Limit(input=head.input, count=head.rows)]
         root_ops, after = [head], rest[1:]
     else:
         raise PlanError("plan", f"cannot distribute {type(head).__name__}")

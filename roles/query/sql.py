@@ -20,6 +20,7 @@ from sqlglot import exp
 from sparkbus.roles.query.errors import SqlError
 from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param
 from sparkbus.roles.query.plan import (
+    MAX_ROWS,
     AggCall,
     Aggregate,
     Filter,
@@ -61,7 +62,6 @@ _AGGS: dict[type[exp.Expr], str] = {
     exp.Avg: "avg",
 }
 _CLAUSES = {"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "kind"}
-_NO_LIMIT = 1 << 62
 
 Hook = Callable[[exp.Expr], Expr | None]
 
@@ -316,14 +316,16 @@ class _Translator:
         limit, offset = self.select.args.get("limit"), self.select.args.get("offset")
         if limit is None and offset is None:
             return node
-        count = self._count(limit.expression, "LIMIT") if limit is not None else _NO_LIMIT
+        count = self._count(limit.expression, "LIMIT") if limit is not None else MAX_ROWS
         skip = self._count(offset.expression, "OFFSET") if offset is not None else 0
         return Limit(input=node, count=count, offset=skip)
 
     def _count(self, node: exp.Expr, clause: str) -> int:
+        """A LIMIT or OFFSET value; beyond ``MAX_ROWS`` (more rows than any table holds) it is ``MAX_ROWS``,
+        so ``LIMIT 9223372036854775807`` means "no limit" and the planner's sums stay within int64."""
         if not isinstance(node, exp.Literal) or node.is_string or not node.this.isdigit():
             raise self.error(f"{clause} takes a non-negative integer", node)
-        return int(node.this)
+        return min(int(node.this), MAX_ROWS)
 
     def _finish(
         self, node: PlanNode, names: list[str], keys: list[SortKey], hidden: list[tuple[str, Expr]]

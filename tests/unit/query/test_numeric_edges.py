@@ -7,7 +7,8 @@ import pyarrow.compute as pc
 import pytest
 
 from sparkbus.roles.query import aggregate, engine
-from sparkbus.roles.query.plan import AggCall
+from sparkbus.roles.query.errors import PlanError
+from sparkbus.roles.query.plan import AggCall, Limit, Scan, SortKey, TopK
 from sparkbus.roles.query.sql import parse_sql
 
 from .helpers import distributed, split
@@ -74,3 +75,41 @@ def test_repartitioned_group_by_on_a_uint64_key_past_2_63() -> None:
     want = sorted([{"u": 2**63 + 5, "s": 2}, {"u": 1, "s": 4}, {"u": 7, "s": 4}], key=repr)
     for repartition in (False, True):
         assert sql("SELECT u, sum(v) AS s FROM t GROUP BY u", [p1, p2], repartition=repartition) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "rows"),
+    [
+        ("SELECT x FROM t ORDER BY x LIMIT 9223372036854775807 OFFSET 1", [2, 3, 4, 5]),
+        ("SELECT x FROM t ORDER BY x DESC LIMIT 2 OFFSET 99999999999999999999", []),
+        ("SELECT x FROM t LIMIT 99999999999999999999999 OFFSET 1", None),  # any 4 of the 5
+    ],
+)
+def test_limits_beyond_any_table_are_no_limits(text: str, rows: list[int] | None) -> None:
+    table = pa.table({"x": pa.array([5, 3, 1, 4, 2], pa.int64())})
+    got = distributed(parse_sql(text), split(table, [2]))
+    assert got is not None
+    if rows is None:
+        assert got.num_rows == 4
+    else:
+        assert got.column("x").to_pylist() == rows
+
+
+def test_a_huge_limit_through_a_kept_sort_order() -> None:
+    # The second top-k over the same partition version reads it through its kept order.
+    store = engine.PartitionStore()
+    store.load("t", pa.table({"x": pa.array(range(10_000, 0, -1), pa.int64())}))
+    plan = TopK(input=Scan(table="t"), keys=(SortKey(column="x"),), count=2**62)  # a participant's leaf
+    for _ in range(3):
+        got = engine.run(plan, store)
+        assert got is not None and got.column("x").to_pylist() == list(range(1, 10_001))
+
+
+def test_plans_naming_more_rows_than_max_rows_are_refused() -> None:
+    with pytest.raises(PlanError, match=r"limit\.count: expected an int in 0..2\*\*62"):
+        Limit(input=Scan(table="t"), count=2**62 + 1)
+    with pytest.raises(PlanError, match=r"limit\.offset"):
+        Limit(input=Scan(table="t"), count=1, offset=2**63)
+    with pytest.raises(PlanError, match=r"top_k\.count"):
+        TopK(input=Scan(table="t"), keys=(SortKey(column="x"),), count=2**64)
+    assert Limit(input=Scan(table="t"), count=2**62, offset=2**62).rows == 2**62
