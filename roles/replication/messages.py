@@ -24,6 +24,8 @@ from sparkbus.codecs import message
 from sparkbus.roles.replication.layout import SplitTarget
 
 _MAX_ID = 256
+#: Counts and versions travel as msgpack integers; everything above int64 is refused at decode.
+_MAX_INT = (1 << 63) - 1
 
 
 class DeclineReason(enum.IntEnum):
@@ -73,8 +75,8 @@ class SegmentOffered:
         if self.base_id is None and not self.major:
             raise ValueError(f"segment {self.segment_id}: base_id None requires major")
         for name in ("rows", "max_lsn", "size", "sender", "target"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) <= _MAX_INT:
+                raise ValueError(f"{name} must be in 0..2**63-1, got {getattr(self, name)}")
         if len(self.included) > 4096:
             raise ValueError(f"included lists {len(self.included)} ids, limit is 4096")
 

@@ -8,6 +8,7 @@ moved on while they travelled.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,15 +37,34 @@ from sparkbus.roles.replication.segments import (
     SegmentEntry,
     TrailerCheck,
     is_referenced,
+    read_header,
     read_schema,
 )
 from sparkbus.roles.replication.storage import FileWriter
-from sparkbus.roles.replication.store import StoreError, segment_file
+from sparkbus.roles.replication.store import MAX_LSN, StoreError, segment_file
 from sparkbus.roles.replication.transfers import InEvent, InState, next_in
 
 log = logging.getLogger(__name__)
 
 Decision = Literal["ff", "merge"] | DeclineReason
+#: A segment id as ``PartitionStore`` makes them: the writing placement in hex, a dot, its number there.
+#: An offered id becomes a file name and a manifest entry, so nothing else is taken.
+SEGMENT_ID = re.compile(r"[0-9a-f]{1,16}\.[0-9]{1,20}")
+
+
+def offer_problem(offer: SegmentOffered) -> str | None:
+    """Why ``offer`` cannot be taken whatever the partition's state, or None."""
+    for what, value in (("segment_id", offer.segment_id), ("base_id", offer.base_id)):
+        if value is not None and not SEGMENT_ID.fullmatch(value):
+            return f"{what} {value[:40]!r} is not a segment id (<placement hex>.<number>)"
+    for value in offer.included:
+        if not SEGMENT_ID.fullmatch(value):
+            return f"included id {value[:40]!r} is not a segment id"
+    if offer.max_lsn > MAX_LSN:
+        return f"max_lsn {offer.max_lsn} is above {MAX_LSN}"
+    return None
+
+
 #: How many refused segments a role remembers (``Receiving.refused``); the oldest is forgotten first.
 REFUSED_MAX = 1024
 
@@ -134,6 +154,10 @@ class Receiving:
         key = (offer.partition, offer.segment_id)
         if key in self.incoming or any(k[1] == offer.segment_id for k in self.incoming):
             return decline(DeclineReason.INFLIGHT, "the same segment is already incoming")
+        problem = offer_problem(offer)
+        if problem is not None:
+            self._count("offers_refused")
+            return decline(DeclineReason.INVALID, problem)
         rep = self.local.get(offer.partition)
         if rep is None:
             return decline(DeclineReason.INVALID, f"{self.node} holds no replica of {offer.partition}")
@@ -143,6 +167,16 @@ class Receiving:
         refused = self.refused.get((offer.partition, offer.segment_id, offer.checksum))
         if refused is not None:
             return decline(DeclineReason.INVALID, f"refused before: {refused}")
+        try:
+            self._accept(rep, offer, peer)
+        except (OSError, StoreError, SegmentCorrupt) as exc:
+            # Raised, it left the offer without an answer and its sender's destination blocked.
+            self._count("offer_errors")
+            log.warning("replication %s: cannot receive %s/%s: %s", self.node, key[0], key[1], exc)
+            return decline(DeclineReason.INVALID, f"cannot receive: {exc}")
+        return None
+
+    def _accept(self, rep: LocalReplica, offer: SegmentOffered, peer: str) -> None:
         self.accepts += 1
         stream = stream_key(offer.partition, offer.segment_id, self.accepts)
         # Written straight under the segment's name: no rename (and directory sync) at the end. Until
@@ -157,7 +191,7 @@ class Receiving:
         else:
             name = f"in-{offer.segment_id}"
             writer = rep.store.storage.create(name)
-        self.incoming[key] = _In(
+        self.incoming[offer.partition, offer.segment_id] = _In(
             offer=offer, peer=peer, stream=stream, name=name, writer=writer, check=check, tapped=tapped
         )
         credit = self.config.credit_bytes
@@ -170,7 +204,6 @@ class Receiving:
                 ),
             )
         )
-        return None
 
     def _on_batch(self, event: BatchReceived) -> bool:
         """Write a chunk of a transfer; true when the transfer ended with it (completed or failed)."""
@@ -187,7 +220,11 @@ class Receiving:
         if inc.received > inc.offer.size:
             self._fail_in(inc, f"received {inc.received} bytes, offered {inc.offer.size}")
             return True
-        inc.writer.append(data)
+        try:
+            inc.writer.append(data)
+        except OSError as exc:
+            self._fail_in(inc, f"cannot write: {exc}")
+            return True
         if not inc.tapped:
             inc.check.feed(data)
         if inc.state is InState.COMPLETE:
@@ -243,7 +280,10 @@ class Receiving:
             return self._fail_in(inc, str(exc))
         if checksum != offer.checksum:
             return self._fail_in(inc, "checksum differs from the offer")
-        inc.writer.commit()
+        try:
+            inc.writer.commit()
+        except OSError as exc:
+            return self._fail_in(inc, f"cannot write: {exc}")
         self.incoming.pop((offer.partition, offer.segment_id))
         self._emit(CloseStream(peer=inc.peer, stream=inc.stream))
         store = rep.store
@@ -252,7 +292,7 @@ class Receiving:
         decision = self._decide(rep, offer, inc.peer)
         if decision in ("ff", "merge"):
             try:
-                store.check_segment_schema(read_schema(store.storage, temp), temp)
+                self._check_received(rep, inc)
             except (StoreError, SegmentCorrupt) as exc:
                 return self._refuse_in(rep, inc, str(exc))
         if decision == "ff":
@@ -289,6 +329,30 @@ class Receiving:
                 return self._send_ack(inc, rep, f"segment no longer applies: {decision.name}")
         self._send_ack(inc, rep, "")
         return None
+
+    def _check_received(self, rep: LocalReplica, inc: _In) -> None:
+        """The whole received file is the segment offered, and its rows can join the partition.
+
+        A fast-forward lists the offer's fields as the segment's entry without reading the rows, so they
+        must be the file's own: a header of another id, partition, row count or version was acked and
+        listed as offered before.
+
+        Raises:
+            SegmentCorrupt: the header differs from the offer.
+            StoreError: the rows cannot join the partition (``PartitionStore.check_segment_schema``).
+        """
+        offer, storage = inc.offer, rep.store.storage
+        header, _ = read_header(storage, inc.name)
+        offered = (offer.segment_id, offer.base_id, tuple(offer.included), offer.major, offer.rows)
+        found = (header.segment_id, header.base_id, header.included, header.major, header.rows)
+        if (*offered, offer.max_lsn, offer.partition) != (*found, header.max_lsn, header.partition):
+            raise SegmentCorrupt(
+                inc.name,
+                f"header says {header.partition}/{header.segment_id} (base {header.base_id}, "
+                f"{header.rows} rows, max_lsn {header.max_lsn}), the offer {offer.partition}/"
+                f"{offer.segment_id} (base {offer.base_id}, {offer.rows} rows, max_lsn {offer.max_lsn})",
+            )
+        rep.store.check_segment_schema(read_schema(storage, inc.name), inc.name)
 
     def _refuse_in(self, rep: LocalReplica, inc: _In, reason: str) -> None:
         """A whole, verified segment that cannot join the partition: drop it and ack with the error.

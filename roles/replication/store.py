@@ -49,6 +49,9 @@ ORIGIN = "_sb_origin"
 HIDDEN = (LSN, ORIGIN)
 #: A row number the upsert sorts by last (never stored).
 _ROW = "_sb_row"
+#: The highest row version a replica takes (writes, merges, fast-forwards): far above any count of writes,
+#: far enough below int64's limit that a replica at it can still version 2**62 writes.
+MAX_LSN = 1 << 62
 MANIFEST = "MANIFEST"
 WAL = "WAL"
 _MANIFEST_MAGIC = b"SBMAN\x01\x00\x00"
@@ -351,6 +354,8 @@ class PartitionStore:
         self._check_schema(rows)
         rows = rows.select([f.name for f in rows.schema if f.name not in HIDDEN])
         n = rows.num_rows
+        if self.lamport >= MAX_LSN:
+            raise StoreError(f"{self.partition}: row versions exhausted (clock at {self.lamport})")
         self.lamport += 1
         rows = rows.append_column(LSN, pa.repeat(pa.scalar(self.lamport, pa.int64()), n))
         return rows.append_column(ORIGIN, pa.repeat(pa.scalar(self.placement, pa.int64()), n))
@@ -361,7 +366,10 @@ class PartitionStore:
         if LSN not in rows.schema.names or ORIGIN not in rows.schema.names:
             raise StoreError(f"{self.partition}: merged rows lack the version columns")
         if rows.num_rows:
-            self.lamport = max(self.lamport, int(pc.max(rows.column(LSN)).as_py()))
+            top = int(pc.max(rows.column(LSN)).as_py())
+            if top > MAX_LSN:
+                raise StoreError(f"{self.partition}: merged rows have version {top}, above {MAX_LSN}")
+            self.lamport = max(self.lamport, top)
         return self._log_and_apply(rows, now)
 
     def merge_segment_file(self, name: str, now: float) -> int:

@@ -1,0 +1,214 @@
+"""What a peer sends is checked before it reaches the disk or the segment list.
+
+An offer's ids become file names and manifest entries, and a fast-forward lists the offer's fields as
+the segment's entry: an id the store could not keep, a version that would overflow the clock, or a
+file whose header is not the segment offered is refused, with an answer the sender acts on (a decline
+or an error ack), never with an exception that leaves the sender waiting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus.contract import BatchReceived, LocalCall, MessageReceived, PeerLost, PeerUp, Reply, Send
+from sparkbus.codecs import encode_batch
+from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
+from sparkbus.roles.replication.messages import (
+    DeclineReason,
+    SegmentAccepted,
+    SegmentAcked,
+    SegmentDeclined,
+    SegmentOffered,
+    SegmentTransited,
+)
+from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
+from sparkbus.roles.replication.segments import SegmentEntry
+from sparkbus.roles.replication.storage import DiskStorage, FileWriter, MemoryStorage, Storage, Tap
+from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError
+
+P = "t/0"
+SPEC = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2)))
+
+
+def segment(partition: str = P, placement: int = 1) -> tuple[SegmentEntry, bytes]:
+    """A real segment (2 rows) written by a store of ``partition`` at ``placement``."""
+    store = PartitionStore.open(MemoryStorage(), partition, placement, StoreConfig())
+    store.write(pa.table({"key": [1, 2], "v": ["x", "y"]}), 0.0)
+    entry = store.flush()
+    assert entry is not None
+    return entry, store.storage.read(f"seg-{entry.segment_id}")
+
+
+def follower(storage: Storage | None = None) -> ReplicationRole:
+    disk = storage or MemoryStorage()
+    role = ReplicationRole("b", Layout.of([SPEC]), lambda p: disk, ReplicationConfig())
+    list(role.handle(PeerUp(peer="a"), 0.0))
+    return role
+
+
+def offer_of(entry: SegmentEntry, data: bytes, **change: Any) -> SegmentOffered:
+    fields: dict[str, Any] = {
+        "partition": P,
+        "segment_id": entry.segment_id,
+        "base_id": entry.base_id,
+        "included": entry.included,
+        "major": entry.major,
+        "rows": entry.rows,
+        "max_lsn": entry.max_lsn,
+        "size": len(data),
+        "checksum": entry.checksum,
+        "sender": 1,
+        "target": 2,
+    }
+    return SegmentOffered(**{**fields, **change})
+
+
+def sent(actions: Any) -> list[Any]:
+    return [a.message for a in actions if isinstance(a, Send)]
+
+
+def answer(role: ReplicationRole, offer: SegmentOffered) -> Any:
+    (reply,) = sent(role.handle(MessageReceived(peer="a", message=offer), 1.0))
+    return reply
+
+
+def transfer(role: ReplicationRole, offer: SegmentOffered, data: bytes) -> SegmentAcked:
+    """Offer, send the bytes in one chunk and the summary; the receiver's ack."""
+    accept = answer(role, offer)
+    assert isinstance(accept, SegmentAccepted), accept
+    chunk = BatchReceived(
+        peer="a", stream=accept.stream, ordinal=0, last=True, data=data, size=len(data), remaining=0
+    )
+    actions = list(role.handle(chunk, 2.0))
+    summary = SegmentTransited(partition=P, segment_id=offer.segment_id, size=len(data), chunks=1)
+    actions += role.handle(MessageReceived(peer="a", message=summary), 2.0)
+    (ack,) = [m for m in sent(actions) if isinstance(m, SegmentAcked)]
+    return ack
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"segment_id": "1.99.tmp"},  # listed, then deleted by the next open as a leftover temporary
+        {"segment_id": "1." + "9" * 254},  # a file name the file system refuses
+        {"segment_id": "..1"},
+        {"segment_id": "MANIFEST"},
+        {"base_id": "x/../y", "major": True},
+        {"included": ("1.1", "WAL")},
+        {"max_lsn": MAX_LSN + 1},  # pushed the clock to where the next write overflows
+    ],
+)
+def test_an_offer_the_store_could_not_keep_is_declined_invalid(
+    tmp_path: Path, change: dict[str, Any]
+) -> None:
+    entry, data = segment()
+    role = follower(DiskStorage(tmp_path))
+    reply = answer(role, offer_of(entry, data, **change))
+    assert isinstance(reply, SegmentDeclined) and reply.reason is DeclineReason.INVALID, reply
+    assert not role.incoming
+    assert [p.name for p in tmp_path.iterdir()] == [], "nothing was written"
+    assert role.counters["offers_refused"] == 1
+
+
+def test_versions_beyond_int64_are_refused_at_decode() -> None:
+    entry, data = segment()
+    with pytest.raises(ValueError, match="max_lsn"):
+        offer_of(entry, data, max_lsn=1 << 63)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"segment_id": "1.42"},
+        {"rows": 999},
+        {"max_lsn": 5},
+        {"included": ("1.0",)},
+    ],
+)
+def test_a_file_whose_header_is_not_the_offer_is_refused_before_it_is_listed(change: dict[str, Any]) -> None:
+    entry, data = segment()
+    role = follower()
+    offer = offer_of(entry, data, **change)
+    ack = transfer(role, offer, data)
+    assert not ack.ok and "header says" in ack.error, ack
+    store = role.local[P].store
+    assert store.entries == [] and store.lamport == 0
+    assert not any(n.startswith("seg-") for n in store.storage.names()), store.storage.names()
+    assert role.counters["incoming_refused"] == 1
+    # The same offer again does not travel: it is declined at once.
+    again = answer(role, offer)
+    assert isinstance(again, SegmentDeclined) and again.reason is DeclineReason.INVALID
+    assert "refused before" in again.detail
+
+
+def test_a_segment_of_another_partition_is_refused() -> None:
+    entry, data = segment(partition="other/7")
+    ack = transfer(follower(), offer_of(entry, data), data)
+    assert not ack.ok and "other/7" in ack.error
+
+
+def test_the_segment_offered_is_fast_forwarded() -> None:
+    entry, data = segment()
+    role = follower()
+    ack = transfer(role, offer_of(entry, data), data)
+    assert ack.ok, ack
+    assert [e.segment_id for e in role.local[P].store.entries] == [entry.segment_id]
+
+
+class _FailingDisk(MemoryStorage):
+    """Refuses to create or to append: a full or failing disk."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def create_in_place(self, name: str, tap: Tap | None = None, size: int = 0) -> FileWriter:
+        if self.fail == "create":
+            raise OSError(28, "No space left on device")
+        writer = super().create_in_place(name, tap, size)
+        if self.fail == "append":
+
+            def append(data: bytes) -> None:
+                raise OSError(5, "Input/output error")
+
+            writer.append = append  # type: ignore[method-assign]
+        return writer
+
+
+def test_a_disk_error_on_accepting_an_offer_declines_it() -> None:
+    entry, data = segment()
+    role = follower(_FailingDisk("create"))
+    reply = answer(role, offer_of(entry, data))
+    assert isinstance(reply, SegmentDeclined) and reply.reason is DeclineReason.INVALID
+    assert "No space left" in reply.detail and role.counters["offer_errors"] == 1
+    assert not role.incoming
+
+
+def test_a_disk_error_while_receiving_acks_with_the_error() -> None:
+    entry, data = segment()
+    role = follower(_FailingDisk("append"))
+    accept = answer(role, offer_of(entry, data))
+    chunk = BatchReceived(
+        peer="a", stream=accept.stream, ordinal=0, last=True, data=data, size=len(data), remaining=0
+    )
+    (ack,) = [m for m in sent(role.handle(chunk, 2.0)) if isinstance(m, SegmentAcked)]
+    assert not ack.ok and "Input/output error" in ack.error
+    assert not role.incoming
+
+
+def test_a_clock_at_its_limit_refuses_writes_with_an_answer() -> None:
+    store = PartitionStore.open(MemoryStorage(), P, 1, StoreConfig())
+    store.lamport = MAX_LSN
+    with pytest.raises(StoreError, match="versions exhausted"):
+        store.write(pa.table({"key": [1], "v": ["x"]}), 0.0)
+    role = follower()
+    list(role.handle(PeerLost(peer="a", reason="gone"), 1.0))  # b leads
+    role.local[P].store.lamport = MAX_LSN
+    batch = pa.RecordBatch.from_pydict({"key": [5], "v": ["z"]})
+    call = LocalCall(call_id=1, name="write", args={"partition": P, "rows": bytes(encode_batch(batch))})
+    (reply,) = [a for a in role.handle(call, 2.0) if isinstance(a, Reply)]
+    assert reply.error is not None and "versions exhausted" in reply.error
