@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from sparkbus.roles.query.errors import ExecutionError, PlanError
 
 Scalar = int | float | str | bool | None
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 #: A pyarrow array, chunked array or scalar (pyarrow ships no type hints).
 Value: TypeAlias = Any
 
@@ -47,6 +48,8 @@ class Literal:
             raise PlanError(
                 "lit", f"literal must be int, float, str, bool or None, got {type(self.value).__name__}"
             )
+        if type(self.value) is int and not INT64_MIN <= self.value <= INT64_MAX:
+            raise PlanError("lit", f"integer literal {self.value} is outside int64")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

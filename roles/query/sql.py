@@ -18,7 +18,7 @@ import sqlglot
 from sqlglot import exp
 
 from sparkbus.roles.query.errors import SqlError
-from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param
+from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN, Call, Column, Expr, Literal, Param
 from sparkbus.roles.query.plan import (
     MAX_ROWS,
     AggCall,
@@ -181,11 +181,7 @@ class _Translator:
         if isinstance(node, exp.Literal):
             if node.is_string:
                 return Literal(value=node.this)
-            text = node.this
-            try:
-                return Literal(value=int(text))
-            except ValueError:
-                return Literal(value=float(text))
+            return Literal(value=self._number(node))
         if isinstance(node, exp.Boolean):
             return Literal(value=bool(node.this))
         if isinstance(node, exp.Null):
@@ -193,6 +189,8 @@ class _Translator:
         if isinstance(node, exp.Placeholder):
             return Param(index=self.ctx.params[id(node)])
         if isinstance(node, exp.Neg):
+            if isinstance(node.this, exp.Literal) and not node.this.is_string:
+                return Literal(value=self._number(node.this, negative=True))
             inner = self.expr(node.this, hook)
             if (
                 isinstance(inner, Literal)
@@ -231,6 +229,18 @@ class _Translator:
         if isinstance(node, exp.AggFunc):
             raise self.error(f"aggregate {node.sql(dialect='spark')} is not allowed here", node)
         raise self.error(f"unsupported expression {node.sql(dialect='spark')!r}", node)
+
+    def _number(self, node: exp.Literal, *, negative: bool = False) -> int | float:
+        """A numeric literal: an int within int64 (BIGINT; there are no decimals here), else a float."""
+        try:
+            value: int | float = int(node.this)
+        except ValueError:
+            value = float(node.this)
+        if negative:
+            value = -value
+        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            raise self.error(f"integer literal {value} is outside the range of BIGINT (64-bit)", node)
+        return value
 
     def _is_null_arg(self, node: exp.Is, hook: Hook | None) -> Expr:
         if not isinstance(node.expression, exp.Null):

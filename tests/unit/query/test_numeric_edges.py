@@ -6,9 +6,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from sparkbus.bus import contract as c
 from sparkbus.roles.query import aggregate, engine
-from sparkbus.roles.query.errors import PlanError
+from sparkbus.roles.query.errors import ErrorCode, PlanError, SqlError
+from sparkbus.roles.query.expressions import Literal, expr_from_plain
 from sparkbus.roles.query.plan import AggCall, Limit, Scan, SortKey, TopK
+from sparkbus.roles.query.role import QueryRole
 from sparkbus.roles.query.sql import parse_sql
 
 from .helpers import distributed, split
@@ -113,3 +116,35 @@ def test_plans_naming_more_rows_than_max_rows_are_refused() -> None:
     with pytest.raises(PlanError, match=r"top_k\.count"):
         TopK(input=Scan(table="t"), keys=(SortKey(column="x"),), count=2**64)
     assert Limit(input=Scan(table="t"), count=2**62, offset=2**62).rows == 2**62
+
+
+@pytest.mark.parametrize("literal", ["99999999999999999999", "9223372036854775808", "-9223372036854775809"])
+def test_integer_literals_outside_int64_are_refused_when_parsed(literal: str) -> None:
+    text = f"SELECT x FROM t WHERE x < {literal}"
+    with pytest.raises(SqlError, match="outside the range of BIGINT") as info:
+        parse_sql(text)
+    assert info.value.code is ErrorCode.PARSING
+    assert text[info.value.start : info.value.end] in (literal, literal.lstrip("-"))  # type: ignore[misc]
+
+
+def test_the_int64_bounds_themselves_are_literals() -> None:
+    table = pa.table({"x": pa.array([-(2**63), 0, 2**63 - 1], pa.int64())})
+    got = sql("SELECT x FROM t WHERE x > -9223372036854775808 AND x < 9223372036854775807", [table])
+    assert got == [{"x": 0}]
+    assert sql("SELECT x FROM t WHERE x = -9223372036854775808", [table]) == [{"x": -(2**63)}]
+
+
+def test_plain_plans_with_integer_literals_outside_int64_are_refused() -> None:
+    with pytest.raises(PlanError, match="outside int64"):
+        expr_from_plain(["lit", 2**64])
+    assert expr_from_plain(["lit", -(2**63)]) == Literal(value=-(2**63))
+
+
+def test_execute_answers_a_literal_outside_int64_with_parsing() -> None:
+    role = QueryRole("i", incarnation="x")
+    role.handle(c.PeerUp(peer="p1"), 0.0)
+    args = {"sql": "SELECT x FROM t WHERE x < 99999999999999999999"}
+    acts = role.handle(c.LocalCall(call_id=1, name="execute", args=args), 0.0)
+    assert len(acts) == 1 and isinstance(acts[0], c.Reply)
+    assert acts[0].error is not None and acts[0].error.startswith("[1005 PARSING] integer literal")
+    assert role.queries == {} and role.calls == {}
