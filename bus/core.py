@@ -46,7 +46,7 @@ from sparkbus.bus.messages import (
 )
 from sparkbus.bus.state import Completed, Output, Transmit, _Inbound, _Outbound, _Peer
 from sparkbus.bus.streams import StreamLayer
-from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec
+from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, LimitExceeded
 
 log = logging.getLogger("sparkbus.bus")
 
@@ -169,7 +169,7 @@ class NodeCore(LinkLayer, StreamLayer):
             code, session, seq, stream, zmask, size = self._read_header(frames)
         except DecodeError as exc:
             self._n_bytes_in += sum(map(len, frames))
-            self._refuse_rid(rid, ErrorCode.MALFORMED, str(exc), now)
+            self._refuse_rid(rid, _refusal_code(exc), str(exc), now)
             return
         self._n_bytes_in += size
         inbound = self._by_rid.get(rid)
@@ -226,7 +226,7 @@ class NodeCore(LinkLayer, StreamLayer):
     def _body_refused(self, inbound: _Inbound, code: int, exc: DecodeError, now: float) -> None:
         self._error_to(
             inbound,
-            ErrorCode.MALFORMED if REGISTRY.class_of(code) is not None else ErrorCode.UNKNOWN_MESSAGE,
+            _refusal_code(exc) if REGISTRY.class_of(code) is not None else ErrorCode.UNKNOWN_MESSAGE,
             str(exc),
             code,
             now,
@@ -267,7 +267,7 @@ class NodeCore(LinkLayer, StreamLayer):
             self._n_bytes_in += size
             msg = self._read_body(frames, code, zmask, copy_blobs=False)
         except DecodeError as exc:
-            self._refusal(ErrorCode.MALFORMED)
+            self._refusal(_refusal_code(exc))
             log.info("node %s: dropped malformed data message: %s", self.node_id, exc)
             return
         inbound = self._by_session.get(session)
@@ -276,7 +276,8 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         if seq != inbound.data_seq + 1:
             reason = f"sequence gap on data from {inbound.peer}: expected {inbound.data_seq + 1}, got {seq}"
-            self._refusal(ErrorCode.SEQUENCE_GAP)
+            # Answered as a gap on ctl is (the PULL cannot answer: the REJECT goes back on our ROUTER).
+            self._refuse_rid(inbound.rid, ErrorCode.SEQUENCE_GAP, reason, now, session=session)
             self._link_lost(inbound.peer, reason, now)
             return
         inbound.data_seq = seq
@@ -689,3 +690,8 @@ class NodeCore(LinkLayer, StreamLayer):
         while self._local:
             role, event = self._local.popleft()
             self._dispatch(role, event, now)
+
+
+def _refusal_code(exc: DecodeError) -> ErrorCode:
+    """LIMIT_EXCEEDED for a message over a decoder limit, MALFORMED for any other that does not decode."""
+    return ErrorCode.LIMIT_EXCEEDED if isinstance(exc, LimitExceeded) else ErrorCode.MALFORMED

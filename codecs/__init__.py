@@ -3,7 +3,7 @@
 from sparkbus.codecs.batches import BatchCodec, decode_batch, encode_batch
 from sparkbus.codecs.compression import Buffer, Compression
 from sparkbus.codecs.envelope import REGISTRY, Envelope, EnvelopeCodec, Header, Registry, message
-from sparkbus.codecs.errors import DecodeError, EncodeError
+from sparkbus.codecs.errors import DecodeError, EncodeError, LimitExceeded
 from sparkbus.codecs.limits import DEFAULT_LIMITS, KiB, Limits, MiB
 from sparkbus.codecs.schema import blob
 
@@ -19,6 +19,7 @@ __all__ = [
     "EnvelopeCodec",
     "Header",
     "KiB",
+    "LimitExceeded",
     "Limits",
     "MiB",
     "Registry",

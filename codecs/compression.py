@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import zstandard
 
-from sparkbus.codecs.errors import DecodeError
+from sparkbus.codecs.errors import DecodeError, LimitExceeded
 from sparkbus.codecs.limits import MiB
 
 Buffer = bytes | bytearray | memoryview
@@ -67,7 +67,7 @@ def decompress_bounded(
     if declared == zstandard.CONTENTSIZE_UNKNOWN:
         raise DecodeError(message_type, part, "zstd frame does not declare its content size")
     if declared > bound:
-        raise DecodeError(message_type, part, f"declares {declared} bytes decompressed, limit is {bound}")
+        raise LimitExceeded(message_type, part, f"declares {declared} bytes decompressed, limit is {bound}")
     try:
         out = dctx.decompress(frame, max_output_size=bound)
     except zstandard.ZstdError as exc:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from sparkbus.codecs.compression import Buffer, Compression
-from sparkbus.codecs.errors import DecodeError, EncodeError
+from sparkbus.codecs.errors import DecodeError, EncodeError, LimitExceeded
 from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
 from sparkbus.codecs.schema import Converter, from_plain, schema_of, to_plain
 
@@ -296,7 +296,7 @@ class EnvelopeCodec:
             check_frames(frames, self.limits)  # raises, naming the limit, unless all is within them
         header = frames[0]
         if len(header) > _MAX_HEADER_BYTES:
-            raise DecodeError("?", "<header>", f"{len(header)} bytes, limit is {_MAX_HEADER_BYTES}")
+            raise LimitExceeded("?", "<header>", f"{len(header)} bytes, limit is {_MAX_HEADER_BYTES}")
         try:
             raw = _unpackb(header, raw=False, strict_map_key=False, ext_hook=_no_ext, use_list=True)
         except Exception:

@@ -19,5 +19,9 @@ class DecodeError(ValueError):
         super().__init__(f"{message_type}.{field}: {reason}")
 
 
+class LimitExceeded(DecodeError):
+    """A message over a decoder limit (frames, bytes, header size, decompressed size): refused unread."""
+
+
 class EncodeError(ValueError):
     """A value that cannot be encoded (a caller's mistake, never a peer's)."""

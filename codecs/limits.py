@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 
-from sparkbus.codecs.errors import DecodeError
+from sparkbus.codecs.errors import LimitExceeded
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -40,17 +40,17 @@ def check_frames(frames: Sequence[Sized], limits: Limits, message_type: str = "?
     """Refuse a message whose frame count, frame sizes or total size exceed ``limits``.
 
     Raises:
-        DecodeError: naming the limit that was exceeded.
+        LimitExceeded: naming the limit that was exceeded.
     """
     if len(frames) > limits.max_frames:
-        raise DecodeError(message_type, "<frames>", f"{len(frames)} frames, limit is {limits.max_frames}")
+        raise LimitExceeded(message_type, "<frames>", f"{len(frames)} frames, limit is {limits.max_frames}")
     total = 0
     for i, frame in enumerate(frames):
         n = len(frame)
         if n > limits.max_frame_bytes:
-            raise DecodeError(message_type, f"<frame {i}>", f"{n} bytes, limit is {limits.max_frame_bytes}")
+            raise LimitExceeded(message_type, f"<frame {i}>", f"{n} bytes, limit is {limits.max_frame_bytes}")
         total += n
     if total > limits.max_message_bytes:
-        raise DecodeError(
+        raise LimitExceeded(
             message_type, "<frames>", f"{total} bytes in all, limit is {limits.max_message_bytes}"
         )

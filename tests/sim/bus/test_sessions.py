@@ -8,8 +8,8 @@ import pytest
 from sparkbus.bus import BusConfig, ErrorCode, HandlerFailed, MessageReceived, PeerLost, PeerUp, SimBus
 from sparkbus.bus import contract as c
 from sparkbus.bus.links import heartbeat_interval
-from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
-from sparkbus.codecs import REGISTRY, EnvelopeCodec
+from sparkbus.bus.messages import MAGIC, Hello, Reject, StreamBatch, features_to_bits
+from sparkbus.codecs import REGISTRY, EnvelopeCodec, LimitExceeded, Limits
 
 from .roles import Note, Recorder, pair
 
@@ -278,6 +278,33 @@ def test_max_peers_bounds_thin_clients_and_never_locks_out_the_topologys_nodes()
     sim.heal("a", "b")
     sim.run_until(sim.all_up, limit=10)
     assert core.is_up("b") and core.refusals["TOO_MANY_PEERS"] == 1
+
+
+def test_a_message_over_a_limit_is_refused_as_limit_exceeded_and_a_malformed_one_as_malformed() -> None:
+    sim, _a, _b = pair(1, limits=Limits(max_frame_bytes=1024))
+    core = sim.node("b").core
+    assert refusal(sim, "b", "big", [b"\x01" * 2000]).code == ErrorCode.LIMIT_EXCEEDED
+    assert refusal(sim, "b", "bad", [b"\xc1"]).code == ErrorCode.MALFORMED
+    # On the data socket (no answer there): counted under its code.
+    core.on_data([b"\x01" * 2000], sim.now)
+    assert core.refusals["LIMIT_EXCEEDED"] == 2 and core.refusals["MALFORMED"] == 1
+    with pytest.raises(LimitExceeded, match="limit is 1024"):
+        EnvelopeCodec(REGISTRY, limits=Limits(max_frame_bytes=1024)).decode([b"\x01" * 2000])
+
+
+def test_a_gap_on_data_is_answered_with_reject_as_on_ctl() -> None:
+    sim, _a, _b = pair(1)
+    core = sim.node("b").core
+    inbound = core._inbound["a"]
+    batch = StreamBatch(ordinal=0, last=True, remaining=0, data=b"x")
+    core.on_data(
+        codec.encode(batch, session=inbound.session, seq=inbound.data_seq + 2, stream="rec/s"), sim.now
+    )
+    answers = [codec.decode(t.frames) for t in core.take() if getattr(t, "to", None) == inbound.rid]
+    assert [(e.message.code, e.header.session) for e in answers] == [
+        (ErrorCode.SEQUENCE_GAP, inbound.session)
+    ]
+    assert not core.is_up("a")
 
 
 def test_wrong_magic_cluster_and_version_are_refused_with_codes() -> None:
