@@ -9,7 +9,7 @@ The default, ``FirstLiveElection``, picks the first live replica in placement or
 joining. Nodes whose liveness views differ (a network cut) can both believe they lead. Both then accept
 writes and flush segments based on the same root: the chain forks. Nothing is corrupted: when the views
 agree again, the replica that lost leadership flushes its memtable and pushes every segment the leader
-has not acknowledged; the leader merges them (idempotent upserts, newest version wins) and replicates
+has not acknowledged; the leader merges them (idempotent upserts, the highest version wins) and replicates
 the result, so all replicas converge. The cost is the merges, as the spec says.
 """
 

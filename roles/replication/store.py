@@ -4,10 +4,14 @@ Rows are Arrow tables with primary key columns. Two hidden columns version every
 Lamport clock (a write gets one more than the highest version the replica has seen, in its own writes,
 in segments it fast-forwarded, or in rows it merged), and ``_sb_origin``, the placement id of the
 replica that accepted the write. An upsert keeps, per key, the row with the highest (lsn, origin).
-So merging the same rows twice changes nothing, and merging an old segment (a replica that was
-offline, a stale fork) never overwrites a newer value. The spec says only that repeated identical
-writes are idempotent; ordering conflicting versions is our choice, the one a user of a replicated
-store expects: the later acknowledged write wins.
+So merging the same rows twice changes nothing, and every replica that holds the same rows resolves
+them the same way, whatever order they arrived in. The spec says only that repeated identical writes
+are idempotent; ordering conflicting versions is our choice, and what it guarantees is causal, not
+wall-clock: a write made on a replica that had seen another version of its key (written there, merged
+or fast-forwarded) wins over it. Two writes that did not see each other resolve by (lsn, origin), not
+by which was acknowledged later: a leader that crashes with a write in its log (say at version 11) and
+a new leader that then writes the same key at version 9, not having seen it, end with version 11 on
+every replica once the first one is back. There is no consensus and no global epoch (EventQL has none).
 
 Durability: ``write`` appends the rows to the log with fsync before it returns, so the caller may
 acknowledge; ``write_flushed`` instead returns once they are in a segment the manifest lists. A flush writes a segment file, then the manifest (segment list, root id, the log

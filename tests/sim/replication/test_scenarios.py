@@ -39,7 +39,7 @@ def test_two_leaders_fork_the_chain_and_merges_repair_it(seed: int) -> None:
     assert c.leader("a") == "a" and c.leader("b") == "b" and c.leader("c") == "b"
     keys += c.write_keys("a", range(100, 112), "a")
     keys += c.write_keys("b", range(200, 212), "b")
-    # The same keys written on both sides: the later version (Lamport order) wins everywhere.
+    # The same keys written on both sides: the higher (lsn, origin) wins, the same everywhere.
     c.write_keys("a", range(5), "fork-a")
     c.write_keys("b", range(5), "fork-b")
     c.settle(10)
@@ -49,6 +49,36 @@ def test_two_leaders_fork_the_chain_and_merges_repair_it(seed: int) -> None:
     assert c.leader("b") == "a" and c.leader("c") == "a"
     c.assert_identical(NODES, keys)
     assert c.counters("a").get("merges", 0) > 0
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_crashed_leaders_unreplicated_write_and_a_later_one_resolve_alike_everywhere(seed: int) -> None:
+    """Versions are Lamport clocks, not wall-clock order (docs/REPLICATION.md, "Rows, keys and versions").
+
+    a writes key 7 at version 11 (logged and acknowledged, not replicated) and crashes; b, which has seen
+    versions up to 8, writes key 7 at version 9, acknowledged later. The writes never saw each other, so
+    (lsn, origin) decides, the same on every replica: a's. Pinned so the documented guarantee (every
+    replica converges; a write that saw another wins over it) cannot drift into a claim it does not keep.
+    """
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.write_keys("a", range(8), "old")
+    c.settle(10)
+    c.write_keys("a", range(20, 22), "a")
+    assert c.write("a", P, {"key": [7], "v": ["first, on a"]})[1] is None
+    c.crash("a")
+    c.settle(10)
+    assert c.write("b", P, {"key": [7], "v": ["second, on b"]})[1] is None
+    c.settle(10)
+    c.restart("a")
+    c.settle(60)
+    values = {n: dict(zip(c.read(n)["key"], c.read(n)["v"], strict=True))[7] for n in NODES}
+    assert values == dict.fromkeys(NODES, "first, on a"), values
+    # A write that has seen both wins over both.
+    assert c.write("a", P, {"key": [7], "v": ["third, on a"]})[1] is None
+    c.settle(20)
+    for n in NODES:
+        assert dict(zip(c.read(n)["key"], c.read(n)["v"], strict=True))[7] == "third, on a", n
     c.assert_clean()
 
 

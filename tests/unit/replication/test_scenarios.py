@@ -48,6 +48,26 @@ def assert_identical(c: Cluster, nodes: list[str], keys: list[int], partition: s
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_crashed_leaders_unreplicated_write_and_a_later_one_resolve_alike_everywhere(seed: int) -> None:
+    # a's write of key 7 (version 11, in its log only) and b's later one (version 9, b never saw a's)
+    # are concurrent in Lamport order: (lsn, origin) decides, alike on every replica (docs/REPLICATION.md).
+    c = Cluster(NODES, [spec(*NODES)], config(), seed=seed)
+    write_keys(c, "a", range(8), "old")
+    c.settle(10)
+    write_keys(c, "a", range(20, 22), "a")
+    assert c.write("a", P, {"key": [7], "v": ["first, on a"]}).error is None
+    c.crash("a")
+    c.settle(5)
+    assert c.write("b", P, {"key": [7], "v": ["second, on b"]}).error is None
+    c.settle(10)
+    c.restart("a")
+    c.settle(60)
+    for n in NODES:
+        rows = c.read(n, P)
+        assert dict(zip(rows["key"], rows["v"], strict=True))[7] == "first, on a", n
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_followers_fast_forward_in_steady_state(seed: int) -> None:
     c = Cluster(NODES, [spec(*NODES)], config(), seed=seed)
     keys = write_keys(c, "a", range(40))

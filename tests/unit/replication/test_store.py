@@ -91,7 +91,7 @@ def test_merging_the_same_rows_twice_changes_nothing() -> None:
     assert target.rows() == once
 
 
-def test_an_old_version_merged_late_does_not_overwrite_a_newer_one() -> None:
+def test_an_old_version_merged_late_does_not_overwrite_a_write_that_saw_it() -> None:
     a = PartitionStore.open(MemoryStorage(), P, 1, CFG)
     a.write(rows(1, tag="old"), 0.0)
     old = a.versioned_rows()
