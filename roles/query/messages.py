@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkbus.codecs import message
 from sparkbus.roles.query.errors import ErrorCode
+from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN
 from sparkbus.roles.query.plan import Fragment, check_fragments, fragment_from_plain
 
 MAX_FRAGMENTS = 64
@@ -74,6 +75,20 @@ def parse_stream_key(key: str) -> tuple[QueryId, int]:
     return QueryId.parse(qid), int(edge)
 
 
+def check_parameter(value: Any, where: str) -> None:
+    """A parameter is what a literal can be: None, a bool, an int within int64, a float or a str.
+
+    Raises:
+        ValueError: anything else, naming ``where``.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{where}: {value} is outside int64")
+    if value is not None and not isinstance(value, bool | int | float | str):
+        raise ValueError(
+            f"{where}: expected null, a bool, an int, a float or a str, got {type(value).__name__}"
+        )
+
+
 @message(0x0100)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QueryStarted:
@@ -106,6 +121,8 @@ class QueryStarted:
             raise ValueError("participants: expected 1..4096 distinct members")
         if len(self.parameters) > MAX_PARAMETERS:
             raise ValueError(f"parameters: at most {MAX_PARAMETERS}")
+        for i, value in enumerate(self.parameters):
+            check_parameter(value, f"parameters[{i}]")
         if self.timeout < 0:
             raise ValueError(f"timeout: expected >= 0, got {self.timeout}")
         for edge, credit in self.edge_credits.items():

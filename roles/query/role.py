@@ -311,6 +311,9 @@ class QueryRole:
         timeout = args.get("timeout", self.config.default_timeout)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")
+        parameters = args.get("parameters")
+        if parameters is not None and not isinstance(parameters, list | tuple):
+            raise QueryError(ErrorCode.PARSING, f"parameters must be a list, got {type(parameters).__name__}")
         repartition = bool(args.get("repartition"))
         sql = args.get("sql")
         key = (sql, tuple(participants), repartition) if isinstance(sql, str) else None
@@ -332,7 +335,7 @@ class QueryRole:
             start = QueryStarted(
                 query_id=qid,
                 fragments=plain,
-                parameters=tuple(args.get("parameters") or ()),
+                parameters=tuple(parameters or ()),
                 participants=tuple(dict.fromkeys([self.member, *participants])),
                 edge_credits=dict.fromkeys(sorted(edges), self.config.edge_credit),
                 timeout=float(timeout),

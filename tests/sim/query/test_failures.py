@@ -52,3 +52,13 @@ def test_an_initiator_handler_that_raises_answers_the_call(
     c.settle()
     assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
     assert c.roles["i"].counters["handler_failed"] == 1
+
+
+@pytest.mark.parametrize("parameters", [[[1, 2]], [2**64], "12"])
+def test_parameters_that_cannot_cross_the_wire_are_answered_at_once(parameters: object) -> None:
+    c = Cluster(1)
+    got, err = c.outcome(c.execute("SELECT x FROM t WHERE x < ?", parameters=parameters), limit=1.0)
+    assert got is None and err is not None and err.startswith("[1005 PARSING] parameters")
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    assert all(r.counters["handler_failed"] == 0 for r in c.roles.values())
