@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN
 from sparkbus.roles.query.plan import AggCall
 
 #: scratch arrays up to this many elements are kept and reused
@@ -213,8 +214,52 @@ def _list_of(values: pa.Array) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
 
 
+#: integer types Arrow sums in their own width (wrapping on overflow), and the range of that width
+_WIDE = {pa.int64(): (INT64_MIN, INT64_MAX), pa.uint64(): (0, (1 << 64) - 1)}
+
+
+def _check_sums(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> None:
+    """Fail a SUM of 64-bit integers that passes their range, as Spark SQL (ANSI) fails a sum of longs.
+
+    Arrow's sums wrap silently. Most columns are cleared by one bound (largest magnitude times the
+    values' count); only where that bound passes the range are the exact sums computed, per group, from
+    the values' high and low 32 bits (each summed without overflow).
+
+    Raises:
+        ExecutionError: a sum overflows.
+    """
+    for _, col, kernel in specs:
+        if kernel not in ("sum", "sum0") or col is None:
+            continue
+        values = _column(table, col)
+        bounds = _WIDE.get(values.type)
+        if bounds is None:
+            continue
+        least, most = bounds
+        extremes = pc.min_max(values)
+        low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        if low is None or max(-low, high) * (len(values) - values.null_count) <= most:
+            continue
+        high_bits = pc.shift_right(values, pa.scalar(32, values.type))
+        low_bits = pc.bit_wise_and(values, pa.scalar(0xFFFFFFFF, values.type))
+        if keys:
+            inputs = {f"__k{j}": _column(table, k) for j, k in enumerate(keys)}
+            sums = (
+                pa.table({**inputs, "h": high_bits, "l": low_bits})
+                .group_by(list(inputs), use_threads=False)
+                .aggregate([("h", "sum"), ("l", "sum")])
+            )
+            pairs = zip(sums.column("h_sum").to_pylist(), sums.column("l_sum").to_pylist(), strict=True)
+        else:
+            pairs = zip([pc.sum(high_bits).as_py()], [pc.sum(low_bits).as_py()], strict=True)
+        for h, lo in pairs:
+            if h is not None and not least <= (h << 32) + lo <= most:
+                raise ExecutionError(f"sum: overflow (a sum of {values.type} values passes its range)")
+
+
 def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
     """Without keys: exactly one output row, also for an empty input (SQL's global aggregate)."""
+    _check_sums(table, (), specs)
     out: dict[str, pa.Array] = {}
     for name, col, kernel in specs:
         if col is None:
@@ -301,7 +346,8 @@ def _apply_grouped(
         return _apply_numbered(table, keys, specs)
     dense = _apply_dense(table, keys, specs, ordered=ordered)
     if dense is not None:
-        return dense
+        return dense  # its integer sums are exact in float64, far from overflowing
+    _check_sums(table, keys, specs)
     return _apply_hashed(table, keys, specs, ordered=ordered)
 
 
@@ -582,6 +628,7 @@ def _dense_aggregate(
 
 def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
     """Grouping through dense group numbers, which merging distinct-value lists needs."""
+    _check_sums(table, keys, specs)
     g, groups = group_ids(table, keys)
     inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__g": g}
     aggregations: list[tuple[str, str]] = []

@@ -8,7 +8,7 @@ import pytest
 
 from sparkbus.bus import contract as c
 from sparkbus.roles.query import aggregate, engine
-from sparkbus.roles.query.errors import ErrorCode, PlanError, SqlError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, SqlError
 from sparkbus.roles.query.expressions import Literal, expr_from_plain
 from sparkbus.roles.query.plan import AggCall, Limit, Scan, SortKey, TopK
 from sparkbus.roles.query.role import QueryRole
@@ -148,3 +148,45 @@ def test_execute_answers_a_literal_outside_int64_with_parsing() -> None:
     assert len(acts) == 1 and isinstance(acts[0], c.Reply)
     assert acts[0].error is not None and acts[0].error.startswith("[1005 PARSING] integer literal")
     assert role.queries == {} and role.calls == {}
+
+
+def overflow(text: str, parts: list[pa.Table], *, repartition: bool = False) -> None:
+    with pytest.raises(ExecutionError, match=r"sum: overflow") as info:
+        distributed(parse_sql(text), parts, repartition=repartition)
+    assert info.value.code is ErrorCode.DATA_EXCEPTION
+
+
+@pytest.mark.parametrize("repartition", [False, True])
+def test_sum_of_int64_that_overflows_fails_in_the_partial_and_in_the_final_phase(repartition: bool) -> None:
+    big = 2**62
+    k = pa.array(["a", "a"])
+    # One member's partial sum overflows (2**63).
+    overflow("SELECT sum(x) AS s FROM t", [pa.table({"x": pa.array([big, big], pa.int64())})])
+    both = pa.table({"k": k, "x": pa.array([big, big], pa.int64())})
+    overflow("SELECT k, sum(x) AS s FROM t GROUP BY k", [both, both.slice(0, 0)], repartition=repartition)
+    # Each member's sum fits (2**63 - 1 and 1); only the merge overflows.
+    p1 = pa.table({"k": k, "x": pa.array([big, big - 1], pa.int64())})
+    p2 = pa.table({"k": k.slice(0, 1), "x": pa.array([1], pa.int64())})
+    overflow("SELECT sum(x) AS s FROM t", [p1, p2])
+    overflow("SELECT k, sum(x) AS s FROM t GROUP BY k", [p1, p2], repartition=repartition)
+    # Downwards too.
+    low = pa.table({"k": k, "x": pa.array([-big, -big], pa.int64())})
+    overflow("SELECT k, sum(x) AS s FROM t GROUP BY k", [low, p2.set_column(1, "x", pa.array([-1]))])
+
+
+def test_sums_that_come_close_to_the_int64_range_are_exact() -> None:
+    big = 2**62
+    p1 = pa.table({"k": ["a", "a", "b"], "x": pa.array([big, big - 1, -big], pa.int64())})
+    p2 = pa.table({"k": ["a", "b", "b"], "x": pa.array([-5, -big, None], pa.int64())})
+    assert sql("SELECT sum(x) AS s FROM t", [p1, p2]) == [{"s": -6}]
+    got = sql("SELECT k, sum(x) AS s, count(DISTINCT x) AS d FROM t GROUP BY k", [p1, p2])
+    assert got == sorted([{"k": "a", "s": 2**63 - 6, "d": 3}, {"k": "b", "s": -(2**63), "d": 1}], key=repr)
+
+
+def test_sum_of_uint64_that_overflows_fails() -> None:
+    table = pa.table({"x": pa.array([2**63, 2**63], pa.uint64())})
+    with pytest.raises(ExecutionError, match="sum: overflow"):
+        aggregate.single(table, [], [AggCall(name="s", func="sum", column="x")])
+    fits = pa.table({"x": pa.array([2**63, 2**63 - 1], pa.uint64())})
+    got = aggregate.single(fits, [], [AggCall(name="s", func="sum", column="x")])
+    assert got.column("s").to_pylist() == [2**64 - 1]
