@@ -171,6 +171,10 @@ def _arrow_errors() -> Iterator[None]:
 def _apply(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
     with _arrow_errors():
         specs = _resolved(table, specs)
+        for k in keys:
+            col = _column(table, k)
+            if col.type in _FLOATS:
+                table = table.set_column(table.column_names.index(k), k, normalised(col))
         if not keys:
             return _apply_global(table, specs)
         return _decoded(_apply_grouped(table, keys, specs, ordered=ordered), keys)
@@ -184,6 +188,23 @@ def _resolved(table: pa.Table, specs: list[_Spec]) -> list[_Spec]:
         else (name, col, kernel)
         for name, col, kernel in specs
     ]
+
+
+_FLOATS = (pa.float32(), pa.float64())
+
+
+def normalised(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Float values as Spark SQL groups and counts them distinct (``NormalizeFloatingNumbers``): -0.0 is
+    0.0 and every NaN is the one NaN. Other types are returned as they are."""
+    if values.type not in _FLOATS:
+        return values
+    zeroed = pc.add(values, pa.scalar(0.0, values.type))  # -0.0 + 0.0 is 0.0
+    return pc.if_else(pc.is_nan(zeroed), pa.scalar(float("nan"), values.type), zeroed)
+
+
+def _nan_tops(maxima: pa.ChunkedArray | pa.Array, any_nan: pa.ChunkedArray | pa.Array) -> Any:
+    """MAX as Spark orders floats, NaN above everything: NaN where the group holds one (Arrow skips NaN)."""
+    return pc.if_else(pc.fill_null(any_nan, False), pa.scalar(float("nan"), maxima.type), maxima)
 
 
 def _as_float(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -276,8 +297,10 @@ def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
             result = pc.sum(values, min_count=0)
         elif kernel in ("min", "max"):
             result = pc.min_max(values)[kernel]
+            if kernel == "max" and values.type in _FLOATS and pc.any(pc.is_nan(values)).as_py():
+                result = pa.scalar(float("nan"), values.type)  # Arrow skips NaN; Spark puts it on top
         elif kernel == "distinct":
-            out[name] = _list_of(_distinct(values.combine_chunks()))
+            out[name] = _list_of(_distinct(normalised(values.combine_chunks())))
             continue
         else:
             out[name] = _list_of(_distinct(pc.list_flatten(values.combine_chunks())))
@@ -367,6 +390,7 @@ def _apply_hashed(
         inputs[f"__k{j}"] = _column(table, k)
     outputs: list[str] = []
     shared: dict[tuple[str | None, str], str] = {}
+    nan_of: dict[str, str] = {}  # a float MAX's output -> whether its group holds a NaN
     for i, (_, col, kernel) in enumerate(specs):
         key = (col, kernel if kernel == "fsum" else _HASH[kernel])
         if key not in shared:
@@ -376,9 +400,13 @@ def _apply_hashed(
                 shared[key] = "__k0_count"
             else:
                 values = _column(table, col)
-                inputs[f"__c{i}"] = _as_float(values) if kernel == "fsum" else values
+                inputs[f"__c{i}"] = _hash_input(values, kernel)
                 aggregations.append((f"__c{i}", _HASH[kernel]))
                 shared[key] = f"__c{i}_{_HASH[kernel]}"
+                if kernel == "max" and values.type in _FLOATS:
+                    inputs[f"__n{i}"] = pc.is_nan(values)
+                    aggregations.append((f"__n{i}", "any"))
+                    nan_of[shared[key]] = f"__n{i}_any"
         outputs.append(shared[key])
     grouped = pa.table(inputs).group_by([f"__k{j}" for j in range(len(keys))], use_threads=False)
     result = grouped.aggregate(aggregations)
@@ -389,8 +417,19 @@ def _apply_hashed(
         out[k] = result.column(f"__k{j}")
     for (name, _, kernel), column_name in zip(specs, outputs, strict=True):
         column = result.column(column_name)
+        if column_name in nan_of:
+            column = _nan_tops(column, result.column(nan_of[column_name]))
         out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
     return pa.table(out)
+
+
+def _hash_input(values: pa.ChunkedArray | pa.Array, kernel: str) -> pa.ChunkedArray | pa.Array:
+    """What a hash aggregation's kernel reads: AVG's sum in float64, distinct floats normalised."""
+    if kernel == "fsum":
+        return _as_float(values)
+    if kernel == "distinct":
+        return normalised(values)
+    return values
 
 
 #: a key whose values span at most this many (or twice the rows) is counted in dense bins
@@ -642,8 +681,11 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
             continue
         # COUNT(*) counts the group number, which is never null.
         values = g if col is None else _column(table, col)
-        inputs[f"__c{i}"] = _as_float(values) if kernel == "fsum" else values
+        inputs[f"__c{i}"] = _hash_input(values, kernel)
         aggregations.append((f"__c{i}", _HASH[kernel]))
+        if kernel == "max" and values.type in _FLOATS:
+            inputs[f"__n{i}"] = pc.is_nan(values)
+            aggregations.append((f"__n{i}", "any"))
     grouped = pa.table(inputs).group_by(["__g"], use_threads=False).aggregate(aggregations)
     grouped = grouped.sort_by("__g")
     out: dict[str, pa.Array | pa.ChunkedArray] = {}
@@ -655,6 +697,8 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
             out[name] = merged[i]
             continue
         column = grouped.column(f"__c{i}_{_HASH[kernel]}")
+        if f"__n{i}" in inputs:
+            column = _nan_tops(column, grouped.column(f"__n{i}_any"))
         out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
     return pa.table(out)
 
