@@ -66,6 +66,7 @@ from sparkbus.roles.replication.messages import (
     SegmentTransited,
     SplitFinalized,
 )
+from sparkbus.roles.replication.placement import Placement
 from sparkbus.roles.replication.receiving import Receiving, _In
 from sparkbus.roles.replication.segments import (
     SegmentEntry,
@@ -74,7 +75,7 @@ from sparkbus.roles.replication.segments import (
     latest_major_index,
 )
 from sparkbus.roles.replication.storage import Storage
-from sparkbus.roles.replication.store import PartitionStore, StoreError, segment_file
+from sparkbus.roles.replication.store import StoreError, segment_file
 from sparkbus.roles.replication.transfers import InEvent, OutEvent, OutState, next_in, next_out
 
 TICK = "replication/tick"
@@ -111,7 +112,7 @@ class _Out:
         return f"{self.dest[1]}/{self.segment_id} -> {self.peer} (placement {self.dest[2]})"
 
 
-class ReplicationRole(Receiving):
+class ReplicationRole(Receiving, Placement):
     """Segment replication (spec 001) for every partition replica on ``node``.
 
     Args:
@@ -140,6 +141,7 @@ class ReplicationRole(Receiving):
         self.election = election or FirstLiveElection()
         self.live: set[str] = {node}
         self.local: dict[str, LocalReplica] = {}
+        self.draining: dict[str, LocalReplica] = {}
         self.outgoing: dict[tuple[str, str, int], _Out] = {}
         self.incoming: dict[tuple[str, str], _In] = {}
         self.refused: dict[tuple[str, str, bytes], str] = {}
@@ -209,48 +211,6 @@ class ReplicationRole(Receiving):
 
     # ------------------------------------------------------------ placement and election
 
-    def _host(self, spec: PartitionSpec) -> None:
-        """Open, re-open (new placement) or drop this node's replica of ``spec``."""
-        me = spec.replica_on(self.node)
-        current = self.local.get(spec.partition)
-        if current is not None and (me is None or current.me.placement != me.placement):
-            self._end_transfers(current)
-        if me is None:
-            if current is not None:
-                current.store.reset()
-                del self.local[spec.partition]
-            return
-        if current is not None and current.me.placement == me.placement:
-            current.spec, current.me = self._with_saved_split(spec, current.store), me
-            return
-        store = PartitionStore.open(
-            self.storage_for(spec.partition), spec.partition, me.placement, self.config.store, self._now
-        )
-        spec = self._with_saved_split(spec, store)
-        self.local[spec.partition] = LocalReplica(spec=spec, me=me, store=store)
-
-    def _with_saved_split(self, spec: PartitionSpec, store: PartitionStore) -> PartitionSpec:
-        """``spec`` with the split its replica's manifest records (``_save_split``), if it names none.
-
-        The layout comes from the topology, which knows nothing of a split: without this a replica
-        restarted in UNLOAD has no target to push to and nobody to re-send the finalize to.
-        """
-        saved = store.meta.get("split")
-        if spec.split_targets or not saved:
-            return spec
-        targets = tuple(SplitTarget(partition=t[0], low=t[1], high=t[2]) for t in saved["targets"])
-        spec = replace(spec, split_targets=targets, async_split=bool(saved["async_split"]))
-        self.layout.partitions[spec.partition] = spec
-        return spec
-
-    @staticmethod
-    def _save_split(rep: LocalReplica) -> None:
-        """Record ``rep``'s split targets in its manifest (saved with the next manifest write)."""
-        rep.store.meta["split"] = {
-            "targets": [[t.partition, t.low, t.high] for t in rep.spec.split_targets],
-            "async_split": rep.spec.async_split,
-        }
-
     def _elect(self) -> None:
         live = frozenset(self.live)
         for rep in self.local.values():
@@ -279,6 +239,12 @@ class ReplicationRole(Receiving):
             except StoreError as exc:
                 self._count("store_errors")
                 raise LocalProtocolError(f"{rep.spec.partition}: {exc}") from exc
+        for rep in list(self.draining.values()):
+            try:
+                self._drain(rep)
+            except StoreError as exc:
+                self._count("store_errors")
+                raise LocalProtocolError(f"{rep.spec.partition} (draining): {exc}") from exc
 
     def _run(self, rep: LocalReplica) -> None:
         lifecycle = rep.lifecycle
@@ -534,6 +500,13 @@ class ReplicationRole(Receiving):
             )
         )
 
+    def _sender_rep(self, out: _Out) -> LocalReplica | None:
+        """The replica ``out`` sends from: hosted, or draining after an unassign; None once it is gone."""
+        for rep in (self.local.get(out.dest[0]), self.draining.get(out.dest[0])):
+            if rep is not None and rep.me.placement == out.sender:
+                return rep
+        return None
+
     def _out_for(self, peer: str, partition: str, segment_id: str) -> _Out:
         for out in self.outgoing.values():
             if out.peer == peer and out.dest[1] == partition and out.segment_id == segment_id:
@@ -546,26 +519,11 @@ class ReplicationRole(Receiving):
         short = out.offset < out.size and not out.abandoned  # an abandoned one closed its stream already
         if out.state is OutState.DONE and out.stream and short and out.peer in self.live:
             self._emit(CloseStream(peer=out.peer, stream=out.stream))  # ended before its last batch
-        rep = self.local.get(out.dest[0])
+        rep = self._sender_rep(out)
         if out.temp and rep is not None:
             rep.store.storage.delete(out.file)
         if retry:
             self.retry_at[out.dest] = self._now + self.config.retry_after
-
-    def _end_transfers(self, rep: LocalReplica) -> None:
-        """``rep`` is dropped or re-placed: end every transfer of its placement (spec 3.6).
-
-        Outgoing ones are ended short (``_abandon``) so their receivers free their slots; incoming ones
-        are answered with an error ack, so their senders retry later against the placement we hold then.
-        Left open, an accepted offer waits for ever for chunks its sender no longer sends, and with one
-        offer at a time per destination nothing reaches that receiver again.
-        """
-        partition = rep.spec.partition
-        self.refused = {k: v for k, v in self.refused.items() if k[0] != partition}  # a new, empty store
-        for out in [o for o in self.outgoing.values() if o.dest[0] == partition]:
-            self._abandon(out, rep)
-        for inc in [i for i in self.incoming.values() if i.offer.partition == partition]:
-            self._fail_in(inc, f"{self.node} no longer holds placement {inc.offer.target} of {partition}")
 
     def _abandon(self, out: _Out, rep: LocalReplica | None) -> None:
         """End an offer whose sending replica is gone, without leaving its receiver waiting.
@@ -598,7 +556,7 @@ class ReplicationRole(Receiving):
         )
 
     def _mark_acked(self, out: _Out) -> None:
-        rep = self.local.get(out.dest[0])
+        rep = self._sender_rep(out)
         if rep is None:
             return
         entry = rep.store.entry(out.segment_id)
@@ -627,8 +585,8 @@ class ReplicationRole(Receiving):
         """Send chunks while credit lasts: slices of the mapped segment file, never read into memory."""
         if out.state is not OutState.SENDING:
             return
-        rep = self.local.get(out.dest[0])
-        if out.abandoned or rep is None or rep.me.placement != out.sender:
+        rep = self._sender_rep(out)
+        if out.abandoned or rep is None:
             self._abandon(out, rep)  # its file is not ours any more: end the stream short
             return
         stream = out.stream
@@ -662,7 +620,7 @@ class ReplicationRole(Receiving):
         out = self._out_for(peer, msg.partition, msg.segment_id)
         out.state = next_out(out.state, OutEvent.DECLINED, out.what)
         self._count(f"declined_{msg.reason.name}")
-        rep = self.local.get(out.dest[0])
+        rep = self._sender_rep(out)
         if out.abandoned:
             self._end_out(out, retry=False)
         elif msg.reason is DeclineReason.SEGMENT_EXISTS:
@@ -803,6 +761,13 @@ class ReplicationRole(Receiving):
                 },
             }
         out["partitions"] = parts
+        out["draining"] = {  # unassigned replicas still pushing rows no current replica holds
+            p: {
+                "placement": rep.me.placement,
+                "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],
+            }
+            for p, rep in self.draining.items()
+        }
         out["incoming"] = len(self.incoming)
         out["outgoing"] = len(self.outgoing)
         return out

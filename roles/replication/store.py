@@ -57,6 +57,8 @@ _ROW = "_sb_row"
 #: far enough below int64's limit that a replica at it can still version 2**62 writes.
 MAX_LSN = 1 << 62
 MANIFEST = "MANIFEST"
+#: Prefix of a segment file an old placement carries over into a new one (``mark_carry``).
+CARRY = "carry-"
 WAL = "WAL"
 _MANIFEST_MAGIC = b"SBMAN\x01\x00\x00"
 _WAL_HEAD = struct.Struct(">II")
@@ -185,6 +187,7 @@ class PartitionStore:
         self._acked_unsaved = False
         self.recovered_log_records = 0
         self.recovered_torn_tail = False
+        self._carried: list[str] = []
 
     @property
     def schema(self) -> pa.Schema | None:
@@ -217,6 +220,7 @@ class PartitionStore:
         temporaries = storage.discard_partial()
         if storage.exists(MANIFEST):
             store._load_manifest()
+        store._carry_files()
         # A segment file counts only once the manifest lists it: an incoming transfer is written in
         # place under its segment name, so an unlisted one may be partial (or whole but never acked).
         listed = {segment_file(e.segment_id) for e in store.entries}
@@ -248,9 +252,44 @@ class PartitionStore:
         self._next_segment = plain["next_segment"]
         self.meta = plain["meta"]
         if plain["placement"] != self.placement:
-            # A new placement starts empty (spec 3.6): the old placement's files are not ours any more.
+            # A new placement starts empty (spec 3.6): the old placement's files are not ours any more,
+            # except the segments it set aside to carry over (``mark_carry``).
+            self._carried = [str(i) for i in self.meta.get("carry", ())]
             self.entries, self.root, self.meta = [], None, {}
             self._wal_flushed = self._wal_seq = 1 << 62
+
+    def _carry_files(self) -> None:
+        """Set the carried segments of an old placement aside as ``carry-<id>``, or take them back.
+
+        Opened under a new placement, the segments the old one marked (``mark_carry``) are renamed to
+        ``carry-<id>``, which recovery does not delete; the caller merges and deletes them
+        (``carried``). Opened under the old placement again (a crash between the renames and the new
+        manifest, then a restart with the old placement), the renamed ones are renamed back.
+        """
+        if self._carried:
+            for segment_id in self._carried:
+                if self.storage.exists(segment_file(segment_id)):
+                    self.storage.rename(segment_file(segment_id), CARRY + segment_id)
+            return
+        marked = self.meta.pop("carry", None)
+        if marked is None:
+            return
+        for segment_id in marked:
+            if not self.storage.exists(segment_file(segment_id)) and self.storage.exists(CARRY + segment_id):
+                self.storage.rename(CARRY + segment_id, segment_file(segment_id))
+        self.save_manifest()
+
+    def mark_carry(self, segment_ids: Sequence[str]) -> None:
+        """Mark segments to carry over into the next placement opened on this storage (saved at once).
+
+        For rows nobody else holds: the replica is re-placed, and a new placement starts empty.
+        """
+        self.meta["carry"] = list(segment_ids)
+        self.save_manifest()
+
+    def carried(self) -> list[str]:
+        """The ``carry-<id>`` files an old placement left in this storage, to merge and then delete."""
+        return [n for n in self.storage.names() if n.startswith(CARRY)]
 
     def _replay_log(self, now: float) -> None:
         if not self.storage.exists(WAL):

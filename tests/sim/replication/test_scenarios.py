@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
+from sparkbus.roles.replication.storage import MemoryStorage
+from sparkbus.roles.replication.store import PartitionStore
 
 from .cluster import NODES, Cluster, P, config, spec
 
@@ -200,9 +202,9 @@ def test_a_replica_unassigned_with_offers_open_ends_them_and_replicates_again(se
     per destination the re-assigned leader never replicated to that follower again.
     """
     c = Cluster([spec(*NODES)], seed=seed)
-    c.write_keys("a", range(10))
+    before = c.write_keys("a", range(10))
     c.settle(10)
-    c.write_keys("a", range(10, 14))  # a flushes and offers the new segment to b and c ...
+    before += c.write_keys("a", range(10, 14))  # a flushes and offers the new segment to b and c ...
     assert c.role("a").outgoing, "offers are open"
     without_a = spec("b", "c", first_placement=2)
     for n in NODES:  # ... and is unassigned before they are answered
@@ -218,7 +220,69 @@ def test_a_replica_unassigned_with_offers_open_ends_them_and_replicates_again(se
     c.settle(60)
     for n in NODES:
         assert set(later) <= set(c.read(n).get("key", [])), n
+        assert set(before) <= set(c.read(n).get("key", [])), n  # drained by the unassigned a
     assert c.counters("a").get("abandoned_offers", 0) > 0
+    c.assert_clean()
+
+
+def _store_rows(storage: MemoryStorage, placement: int) -> list[int]:
+    """The keys a replica's files hold, as a restart with ``placement`` would find them."""
+    store = PartitionStore.open(storage.crashed(), P, placement, config().store)
+    return sorted(store.rows().column("key").to_pylist()) if store.schema is not None else []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_unassigned_leader_drains_its_acknowledged_writes_before_it_drops_them(seed: int) -> None:
+    """Unassigning the leader deleted at once the rows only it held (its log, a segment nobody acked)."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    keys += c.write_keys("a", range(100, 106))  # a flush on its way and two rows in a's log only
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:
+        c.call(n, "assign", spec=without_a)
+    _, error = c.write("a", P, {"key": [999], "v": ["x"]})
+    assert error is not None and "holds no replica" in error, "a draining replica takes no writes"
+    c.settle(30)
+    c.assert_identical(["b", "c"], keys)
+    assert c.status("a")["draining"] == {} and c.counters("a").get("drains_done") == 1
+    assert _store_rows(c.storages["a", P], 1) == [], "dropped once nothing needed it"
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_node_stopped_before_its_drain_ends_keeps_the_rows_on_disk(seed: int) -> None:
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    keys += c.write_keys("a", range(100, 106))  # a still leads on its side of the cut
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:
+        c.call(n, "assign", spec=without_a)
+    c.settle(10)  # no leader a can reach: nothing drains
+    c.crash("a")
+    assert _store_rows(c.storages["a", P], 1) == sorted(keys), "nothing was deleted"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_re_placed_leader_carries_its_unreplicated_writes_into_the_new_placement(seed: int) -> None:
+    """Spec 3.6: a new placement starts empty; the old one's rows nobody else held are merged into it."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    keys += c.write_keys("a", range(100, 106))
+    replaced = PartitionSpec(
+        partition=P, replicas=(Replica(node="a", placement=11), *spec("b", "c", first_placement=2).replicas)
+    )
+    for n in NODES:
+        c.call(n, "assign", spec=replaced)
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    assert c.counters("a").get("carried_segments", 0) >= 1
+    assert c.status("a")["partitions"][P]["placement"] == 11
+    assert not [n for n in c.storages["a", P].names() if n.startswith("carry-")]
     c.assert_clean()
 
 

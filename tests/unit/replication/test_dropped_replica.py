@@ -83,8 +83,10 @@ def test_a_sender_unassigned_mid_stream_ends_the_stream_short() -> None:
     # The receiver finds the bytes short of the offer and acks with an error: that ends the offer.
     nack = SegmentAcked(partition=P, segment_id=offer.segment_id, placement=2, ok=False, error="short")
     list(a.handle(MessageReceived(peer="b", message=nack), 3.0))
-    assert not a.outgoing
     assert a.counters.get("abandoned_offers") == 1
+    # The segment is still a's alone: the unassigned replica drains it to b, in a transfer of its own.
+    assert P in a.draining and P not in a.local
+    assert [(o.segment_id, o.abandoned) for o in a.outgoing.values()] == [(offer.segment_id, False)]
 
 
 def test_an_offer_accepted_after_its_sender_was_re_placed_is_ended_at_once() -> None:

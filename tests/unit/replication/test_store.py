@@ -25,10 +25,12 @@ from sparkbus.roles.replication.storage import (
 )
 from sparkbus.roles.replication.store import (
     LSN,
+    MANIFEST,
     ORIGIN,
     PartitionStore,
     StoreConfig,
     StoreError,
+    read_manifest,
     segment_file,
     upsert,
 )
@@ -478,3 +480,58 @@ def test_a_fast_forward_reads_no_segment_and_the_schema_comes_when_needed() -> N
         target.write(pa.table({"key": pa.array([9], pa.int64()), "w": [1.0]}), 0.0)
     reopened = PartitionStore.open(target_storage, P, 2, CFG)
     assert reopened.schema == source.schema and keys_of(reopened) == [1, 2, 3]
+
+
+def _carried_keys(store: PartitionStore) -> list[int]:
+    """Keys of ``store`` after merging what an old placement carried over (as the role does)."""
+    for name in store.carried():
+        store.merge_segment_file(name, 0.0)
+        store.storage.delete(name)
+    return keys_of(store) if store.schema is not None else []
+
+
+def test_a_new_placement_takes_over_the_segments_its_old_one_marked() -> None:
+    old = PartitionStore.open(MemoryStorage(), P, 1, CFG)
+    old.write(rows(1, 2, 3, 4), 0.0)
+    old.flush()  # acked by nobody
+    old.write(rows(5), 0.0)
+    old.flush()
+    old.mark_carry([e.segment_id for e in old.entries])
+    new = PartitionStore.open(old.storage, P, 2, CFG)
+    assert new.entries == [] and new.root is None, "a new placement starts empty (spec 3.6)"
+    assert len(new.carried()) == 2
+    assert _carried_keys(new) == [1, 2, 3, 4, 5]
+    assert PartitionStore.open(new.storage, P, 2, CFG).carried() == []
+
+
+def _reopen(storage: Storage, placement: int) -> list[int]:
+    """Open the replica at ``placement`` as the role does (``Placement._host``); its keys."""
+    if storage.exists(MANIFEST):
+        before = read_manifest(storage)["placement"]
+        if before != placement:  # the old placement flushes and marks what nobody else holds
+            old = PartitionStore.open(storage, P, before, CFG)
+            old.flush()
+            old.mark_carry([e.segment_id for e in old.entries])
+    return _carried_keys(PartitionStore.open(storage, P, placement, CFG))
+
+
+def test_a_crash_at_any_step_of_a_re_placement_loses_no_row() -> None:
+    """Wherever a crash strikes while a replica moves to placement 2, reopening it at either placement
+    (a restart may bring the old one back: the layout comes from the topology) finds every row."""
+    struck = 0
+    for strike in range(1, 100):
+        storage = MemoryStorage()
+        old = PartitionStore.open(storage, P, 1, CFG)
+        old.write(rows(1, 2, 3, 4), 0.0)
+        old.flush()  # a segment
+        old.write(rows(5, 6), 0.0)  # and the log
+        storage.arm_crash(strike)
+        try:
+            assert _reopen(storage, 2) == [1, 2, 3, 4, 5, 6]
+        except SimulatedCrash:
+            struck += 1
+        else:
+            break
+        for placement in (1, 2):
+            assert _reopen(storage.crashed(), placement) == [1, 2, 3, 4, 5, 6], (strike, placement)
+    assert struck > 10, "the crash struck at every mutation of the re-placement"

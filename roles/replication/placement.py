@@ -1,0 +1,193 @@
+"""Where this node's replica of a partition comes and goes: open, re-place, drop (spec 3.6).
+
+Mixed into ``ReplicationRole``. A replica that is unassigned or re-placed may hold rows no other
+replica has (writes it acknowledged and has not replicated yet). protocol-facts 2.3's rule for a
+partition that is dropped applies: drop only when nothing needs replication. So:
+
+* an unassigned replica drains: it stops serving, flushes, pushes to the partition's leader every
+  segment no current replica has acked, and deletes its files only once none is left;
+* a re-placed replica carries over: the segments no other current replica has acked are set aside
+  (``PartitionStore.mark_carry``) and merged, with their versions, into the new placement, which starts
+  with an empty segment list as the spec asks and replicates them like new writes.
+
+Either way the files stay on disk until their rows are elsewhere: a node that stops first finds them
+when it comes back (under its old placement it serves them again; under a new one it carries them
+over; a node whose layout no longer places it there leaves them untouched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from sparkbus.roles.replication.layout import (
+    Layout,
+    LeaderElection,
+    Lifecycle,
+    PartitionSpec,
+    SplitTarget,
+)
+from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.segments import SegmentEntry
+from sparkbus.roles.replication.storage import Storage
+from sparkbus.roles.replication.store import MANIFEST, PartitionStore, read_manifest
+
+
+class Placement:
+    """Hosting, re-placing and dropping replicas; ``ReplicationRole`` provides the state and hooks."""
+
+    node: str
+    layout: Layout
+    storage_for: Callable[[str], Storage]
+    config: ReplicationConfig
+    election: LeaderElection
+    live: set[str]
+    local: dict[str, LocalReplica]
+    # Unassigned replicas that still hold rows no current replica has acked, by partition.
+    draining: dict[str, LocalReplica]
+    outgoing: dict[tuple[str, str, int], Any]
+    incoming: dict[tuple[str, str], Any]
+    refused: dict[tuple[str, str, bytes], str]
+    _now: float
+
+    def _count(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _flush(self, rep: LocalReplica) -> SegmentEntry | None:
+        raise NotImplementedError
+
+    def _sending(self, partition: str) -> set[str]:
+        raise NotImplementedError
+
+    def _abandon(self, out: Any, rep: LocalReplica | None) -> None:
+        raise NotImplementedError
+
+    def _fail_in(self, inc: Any, error: str) -> None:
+        raise NotImplementedError
+
+    def _offer(self, rep: LocalReplica, target: str, replica: Any, entry: SegmentEntry, split: Any) -> None:
+        raise NotImplementedError
+
+    def _host(self, spec: PartitionSpec) -> None:
+        """Open, re-open (new placement) or drop this node's replica of ``spec``."""
+        partition = spec.partition
+        me = spec.replica_on(self.node)
+        current = self.local.get(partition)
+        old: LocalReplica | None = None
+        if current is not None and (me is None or current.me.placement != me.placement):
+            self._end_transfers(current)
+            del self.local[partition]
+            old = current
+            if me is None:
+                current.spec = spec
+                if current.lifecycle != Lifecycle.UNLOAD_FINAL:  # UNLOAD_FINAL holds nothing
+                    self.draining[partition] = current
+                    self._count("drains_started")
+                return
+        draining = self.draining.get(partition)
+        if me is None:
+            if draining is not None:
+                draining.spec = spec  # its leader may have changed
+            return
+        if current is not None and old is None:
+            current.spec, current.me = self._with_saved_split(spec, current.store), me
+            return
+        if draining is not None:
+            self._end_transfers(draining)
+            del self.draining[partition]
+            old = draining
+        storage = self.storage_for(partition)
+        self._set_aside(storage, spec, old.store if old is not None else None)
+        store = PartitionStore.open(storage, partition, me.placement, self.config.store, self._now)
+        spec = self._with_saved_split(spec, store)
+        rep = LocalReplica(spec=spec, me=me, store=store)
+        self.local[partition] = rep
+        self._merge_carried(rep)
+
+    def _set_aside(self, storage: Storage, spec: PartitionSpec, old: PartitionStore | None) -> None:
+        """Before a new placement opens on ``storage``: mark what the old placement must carry over.
+
+        ``old`` is the old placement's store if this process has it open; otherwise the one the manifest
+        names is opened (a restart with a new placement in the layout), which replays its log.
+        """
+        me = spec.replica_on(self.node)
+        assert me is not None
+        if old is None:
+            if not storage.exists(MANIFEST):
+                return
+            placement = int(read_manifest(storage, spec.partition)["placement"])
+            if placement == me.placement:
+                return
+            old = PartitionStore.open(storage, spec.partition, placement, self.config.store, self._now)
+        old.flush()  # the log is not carried: its rows go into a segment first
+        others = {r.placement for r in spec.replicas if r.node != self.node}
+        alone = [e.segment_id for e in old.entries if not e.acked & others]
+        old.mark_carry(alone)
+
+    def _merge_carried(self, rep: LocalReplica) -> None:
+        """Merge the segments an old placement carried over (``carry-<id>``), then delete them.
+
+        Merged through the log, so each file may go once its rows are durable; a crash in between
+        merges it again, which changes nothing. The rows keep their versions.
+        """
+        store = rep.store
+        carried = store.carried()
+        for name in carried:
+            store.merge_segment_file(name, self._now)
+            store.storage.delete(name)
+            self._count("carried_segments")
+        if carried:
+            self._flush(rep)
+
+    def _drain(self, rep: LocalReplica) -> None:
+        """An unassigned replica: push to the leader what no current replica holds; then drop it."""
+        partition = rep.spec.partition
+        self._flush(rep)
+        holders = {r.placement for r in rep.spec.replicas}
+        alone = [e for e in rep.store.entries if not e.acked & holders]
+        if not alone and not self._sending(partition):
+            rep.store.reset()
+            del self.draining[partition]
+            self._count("drains_done")
+            return
+        leader = self.election.leader(rep.spec, frozenset(self.live))
+        if alone and leader is not None:
+            self._offer(rep, partition, leader, alone[0], None)  # one at a time, in list order
+
+    def _with_saved_split(self, spec: PartitionSpec, store: PartitionStore) -> PartitionSpec:
+        """``spec`` with the split its replica's manifest records (``_save_split``), if it names none.
+
+        The layout comes from the topology, which knows nothing of a split: without this a replica
+        restarted in UNLOAD has no target to push to and nobody to re-send the finalize to.
+        """
+        saved = store.meta.get("split")
+        if spec.split_targets or not saved:
+            return spec
+        targets = tuple(SplitTarget(partition=t[0], low=t[1], high=t[2]) for t in saved["targets"])
+        spec = replace(spec, split_targets=targets, async_split=bool(saved["async_split"]))
+        self.layout.partitions[spec.partition] = spec
+        return spec
+
+    @staticmethod
+    def _save_split(rep: LocalReplica) -> None:
+        """Record ``rep``'s split targets in its manifest (saved with the next manifest write)."""
+        rep.store.meta["split"] = {
+            "targets": [[t.partition, t.low, t.high] for t in rep.spec.split_targets],
+            "async_split": rep.spec.async_split,
+        }
+
+    def _end_transfers(self, rep: LocalReplica) -> None:
+        """``rep`` is dropped or re-placed: end every transfer of its placement (spec 3.6).
+
+        Outgoing ones are ended short (``_abandon``) so their receivers free their slots; incoming ones
+        are answered with an error ack, so their senders retry later against the placement we hold then.
+        Left open, an accepted offer waits for ever for chunks its sender no longer sends, and with one
+        offer at a time per destination nothing reaches that receiver again.
+        """
+        partition = rep.spec.partition
+        self.refused = {k: v for k, v in self.refused.items() if k[0] != partition}  # a new, empty store
+        for out in [o for o in self.outgoing.values() if o.dest[0] == partition]:
+            self._abandon(out, rep)
+        for inc in [i for i in self.incoming.values() if i.offer.partition == partition]:
+            self._fail_in(inc, f"{self.node} no longer holds placement {inc.offer.target} of {partition}")
