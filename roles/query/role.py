@@ -18,7 +18,8 @@ Race rules (spec 3.5, protocol-facts 1.2):
 Choices where the spec is silent: the participant list defaults to this node and every peer that is up
 (a node without a partition of the table sends an empty last batch, "no data"); the initial credit per
 edge is 1 MiB, equal to the bus's default so a stream opened before ``start`` arrives gets the same
-credit; a batch is at most 40 % of the edge's credit so a starved sender always triggers a grant.
+credit; a batch is at most 40 % of the edge's credit so a starved sender always triggers a grant (a row
+wider than that fails its query with ``DATA_EXCEPTION`` under push: see ``_pump``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ MiB = 1024 * 1024
 _CHECK_TIMER = "check"
 _TIMEOUT_TIMER = "timeout/"
 _INACTIVE_MESSAGE = "Query is no longer active on coordinator."
+#: a pushed batch is at most this share of its edge's credit: the grant policy's low watermark (see _pump)
+_BATCH_SHARE = 0.4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -597,7 +600,10 @@ class QueryRole:
         """Send what the credit allows; a batch is at most 40 % of the edge credit (see the module doc).
 
         A sender waits when its credit is below the next batch; since a batch is at most 40 % of the
-        edge's credit, the sender is then at or below the low watermark and the receiver will grant.
+        edge's credit, the sender is then at or below the low watermark and the receiver will grant. A
+        batch can only be larger when it holds one row wider than that: its sender could wait above the
+        watermark for a grant that never comes, so the query fails instead (whatever the credit left, so
+        that the outcome does not depend on timing).
         """
         while not box.finished:
             if box.table is None:
@@ -607,12 +613,17 @@ class QueryRole:
             total = box.table.num_rows
             # Full-size batches only: filling a small leftover credit with a tiny batch would make every later
             # grant small too (the silly-window syndrome). Waiting is safe: see the docstring.
-            target = max(1, min(self.config.batch_bytes, int(box.max_credit * 0.4)))
+            limit = int(box.max_credit * _BATCH_SHARE)
+            target = max(1, min(self.config.batch_bytes, limit))
             data, rows = x.next_batch(box.table, box.offset, target)
+            if len(data) > limit:  # one row (next_batch halves batches of more down to the target)
+                msg = (
+                    f"a row of {len(data)} bytes (as one batch) exceeds the batch limit of {limit} bytes, "
+                    f"{_BATCH_SHARE:.0%} of the edge credit {box.max_credit}"
+                )
+                self._fail(q, ErrorCode.DATA_EXCEPTION, msg, self.member, out)
+                return
             if len(data) > box.credit:
-                if len(data) > box.max_credit:
-                    msg = f"a batch of {len(data)} bytes exceeds the edge credit {box.max_credit}"
-                    self._fail(q, ErrorCode.DATA_EXCEPTION, msg, self.member, out)
                 return  # starved: CreditChanged resumes
             last = box.offset + rows >= total
             out.append(c.SendBatch(peer=box.peer, stream=box.stream, data=data, last=last))

@@ -268,3 +268,17 @@ def test_a_participant_whose_node_serves_no_http_fails_the_query_clearly() -> No
     got, err = c.run("SELECT x FROM t", exchange="http")
     assert got is None and err is not None and "p2" in err
     assert ("advertises no HTTP exchange" in err) or ("runs no role 'binx.server'" in err), err
+
+
+def test_rows_wider_than_the_push_batch_limit_go_through_pulled_exchanges() -> None:
+    c = ExchangeCluster(1, config=QueryConfig())
+    wide = pa.table({"s": ["a" * 500_000, "b" * 560_000], "x": [1, 2]})
+    batches = [bytes(encode_batch(b)) for b in wide.to_batches()]
+    c.sim.result(c.sim.call("p1", "query", "load", {"table": "w", "batches": batches}))
+    for kind in ("binx", "http"):
+        got, err = c.run("SELECT s, x FROM w", exchange=kind)
+        assert err is None and got is not None and sorted(got.column("x").to_pylist()) == [1, 2]
+    _, err = c.run("SELECT s, x FROM w", exchange="push")
+    assert err is not None and "exceeds the batch limit" in err
+    c.settle()
+    assert all(held == (0, 0, 0) for held in c.leaks().values())

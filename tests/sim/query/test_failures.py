@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from sparkbus.roles.query.role import QueryRole
@@ -62,3 +63,33 @@ def test_parameters_that_cannot_cross_the_wire_are_answered_at_once(parameters: 
     c.settle()
     assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
     assert all(r.counters["handler_failed"] == 0 for r in c.roles.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_row_wider_than_the_batch_limit_fails_instead_of_stalling_its_stream(seed: int) -> None:
+    # Default config: a batch is at most 40 % of the 1 MiB edge credit (419,430 bytes). A 500 KB row then
+    # a 560 KB one left p1 waiting at 52 % of its credit, above the watermark, for a grant never sent.
+    c = Cluster(seed)
+    c.load("p1", pa.table({"s": ["a" * 500_000, "b" * 560_000], "x": [1, 2]}), name="w")
+    c.load("p2", pa.table({"s": ["c"], "x": [3]}), name="w")
+    got, err = c.outcome(c.execute("SELECT x, length(s) AS n FROM w"))
+    assert err is None and got is not None and sorted(got.column("n").to_pylist()) == [1, 500_000, 560_000]
+    got, err = c.outcome(c.execute("SELECT s, x FROM w"))
+    assert got is None and err is not None and err.startswith("[2000 DATA_EXCEPTION] a row of 5")
+    assert (
+        "exceeds the batch limit of 419430 bytes, 40% of the edge credit 1048576" in err and "on p1)" in err
+    )
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rows_under_the_batch_limit_stream_one_by_one(seed: int) -> None:
+    c = Cluster(seed)
+    wide = [chr(ord("a") + i) * 400_000 for i in range(6)]
+    c.load("p1", pa.table({"s": wide, "x": list(range(6))}), name="w")
+    got, err = c.outcome(c.execute("SELECT s, x FROM w"))
+    assert err is None and got is not None and sorted(got.column("s").to_pylist()) == wide
+    assert c.roles["p1"].counters["batches_out"] >= 6  # one row per batch, each waiting for credit
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
