@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkbus.roles.query.role import QueryRole
+from sparkbus.roles.query.role import QueryConfig, QueryRole
 
 
 def make_role(ctx: Any) -> QueryRole:
@@ -12,5 +12,9 @@ def make_role(ctx: Any) -> QueryRole:
 
     It scans the node's shared catalog (``ctx.catalog``: loaded tables plus those other roles publish,
     such as replicated tables) when the node has one, else an empty partition store (``load`` fills it).
+    Its edges' credit is the default, lowered to the topology's ``bus.initial_credit`` if that is smaller
+    (``QueryConfig.edge_credit`` may not exceed it).
     """
-    return QueryRole(ctx.node_id, store=getattr(ctx, "catalog", None))
+    bus = ctx.topology.bus.initial_credit
+    config = QueryConfig(edge_credit=min(QueryConfig().edge_credit, bus), bus_initial_credit=bus)
+    return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None))

@@ -6,6 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkbus.bus import BusConfig
 from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.query.role import QueryConfig, QueryRole
@@ -28,8 +29,10 @@ def table(rows: int) -> pa.Table:
 class Cluster:
     """An initiator ``i`` and participants ``p1``, ``p2`` holding halves of table ``t``."""
 
-    def __init__(self, seed: int, rows: int = 400, config: QueryConfig | None = None) -> None:
-        self.sim = SimBus(seed=seed)
+    def __init__(
+        self, seed: int, rows: int = 400, config: QueryConfig | None = None, bus: BusConfig | None = None
+    ) -> None:
+        self.sim = SimBus(seed=seed, config=bus)
         self.config = config or QueryConfig()
         self.roles: dict[str, QueryRole] = {}
         for name in ("i", "p1", "p2"):

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from sparkbus.bus import BusConfig
 from sparkbus.roles.query.role import QueryConfig
 
 from .cluster import Cluster
@@ -157,3 +158,17 @@ def test_empty_and_filtered_results_keep_their_schema() -> None:
     assert got is not None and got.column("a")[0].as_py() == pytest.approx(
         pc.mean(c.data.column("y")).as_py()
     )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_edge_credit_above_the_default_works_when_the_buses_match(seed: int) -> None:
+    # Batches overtake start here; the receiving bus accepts their stream with its own initial credit,
+    # which must be at least the edge credit (QueryConfig refuses anything else).
+    mib = 1 << 20
+    config = QueryConfig(edge_credit=8 * mib, batch_bytes=4 * mib, bus_initial_credit=8 * mib)
+    c = Cluster(seed, rows=2000, config=config, bus=BusConfig(cluster_tag="sim", initial_credit=8 * mib))
+    got, err = c.outcome(c.execute("SELECT x, sum(y) AS s FROM t GROUP BY x", repartition=True))
+    assert err is None and got is not None and sorted(got.column("x").to_pylist()) == list(range(2000))
+    assert sum(r.counters["created_by_batch"] for r in c.roles.values()) > 0  # a batch did overtake start
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
