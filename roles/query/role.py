@@ -54,7 +54,6 @@ from sparkbus.roles.query.state import Phase, Step, next_phase
 MiB = 1024 * 1024
 _CHECK_TIMER = "check"
 _TIMEOUT_TIMER = "timeout/"
-_INACTIVE_MESSAGE = "Query is no longer active on coordinator."
 #: a pushed batch is at most this share of its edge's credit: the grant policy's low watermark (see _pump)
 _BATCH_SHARE = 0.4
 

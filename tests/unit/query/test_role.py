@@ -70,6 +70,8 @@ def test_batch_before_start_is_retained_then_reaped_by_the_check_loop() -> None:
     assert QID in role.queries
     acts = role.handle(c.MessageReceived(peer="i", message=QueriesInactive(query_ids=(QID,))), 10.6)
     assert role.queries == {} and c.CloseStream(peer="p2", stream=stream_key(QID, 1)) in acts
+    # Released without a word: no cancel, no error (docs/QUERY.md, races), only counted.
+    assert not any(isinstance(a, c.Send) for a in acts) and role.counters["reaped"] == 1
     assert role.handle(c.TimerFired(key="check"), 11.0) == []
 
 
