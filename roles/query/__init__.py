@@ -2,6 +2,7 @@
 
 from sparkbus.roles.query.api import Query, Target, error_from_reply, load, result_table
 from sparkbus.roles.query.api import sql as _sql
+from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.engine import Inbox, PartitionStore, read_parquet, table_from_ipc, table_to_ipc
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError, SqlError
 from sparkbus.roles.query.factory import make_role
@@ -35,7 +36,7 @@ from sparkbus.roles.query.plan import (
     plan_to_plain,
 )
 from sparkbus.roles.query.planner import plan_fragments
-from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.role import QueryRole
 from sparkbus.roles.query.sql import parse_sql
 
 # Importing the submodule ``sql`` above bound the package attribute ``sql`` to it; the API function wins.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.config import QueryConfig
+from sparkbus.roles.query.role import QueryRole
 
 
 def make_role(ctx: Any) -> QueryRole:

@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from sparkbus.bus import contract as c
-from sparkbus.bus.config import BusConfig
 from sparkbus.roles.query import engine
 from sparkbus.roles.query import exchange as x
+from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.messages import (
     MESSAGES,
@@ -49,102 +48,12 @@ from sparkbus.roles.query.messages import (
 from sparkbus.roles.query.plan import Fragment, PlanNode, Scan, chain, fragment_to_plain, plan_from_plain
 from sparkbus.roles.query.planner import plan_fragments
 from sparkbus.roles.query.sql import parse_sql
-from sparkbus.roles.query.state import Phase, Step, next_phase
+from sparkbus.roles.query.state import FragmentRun, Outbox, Phase, QueryState, Step
 
-MiB = 1024 * 1024
 _CHECK_TIMER = "check"
 _TIMEOUT_TIMER = "timeout/"
 #: a pushed batch is at most this share of its edge's credit: the grant policy's low watermark (see _pump)
 _BATCH_SHARE = 0.4
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class QueryConfig:
-    """Settings of the query role.
-
-    Attributes:
-        check_period: seconds between checks of queries that never got start (Hazelcast: 1 s).
-        batch_bytes: the most bytes a batch carries (Hazelcast: 512 KiB).
-        edge_credit: initial credit in bytes of every stream (Hazelcast: 1 MiB at low memory pressure).
-            At most ``bus_initial_credit``: a batch that overtakes ``start`` meets a stream its receiver's
-            bus accepted with that credit, and a sender holding more breaks the stream (the bus drops the
-            link).
-        default_timeout: seconds before a query without its own timeout is cancelled; 0 for never.
-        exchange: the exchange of a query whose ``execute`` names none (``push``, ``binx`` or ``http``).
-        bus_initial_credit: ``BusConfig.initial_credit`` of the cluster's nodes (the credit of a stream
-            accepted on its first batch); the role cannot ask its bus, so it is told (the topology
-            factory passes the topology's).
-    """
-
-    check_period: float = 1.0
-    batch_bytes: int = 512 * 1024
-    edge_credit: int = 1 * MiB
-    default_timeout: float = 0.0
-    exchange: str = x.PUSH
-    bus_initial_credit: int = BusConfig().initial_credit
-
-    def __post_init__(self) -> None:
-        if (
-            self.check_period <= 0
-            or self.batch_bytes <= 0
-            or self.edge_credit <= 0
-            or self.default_timeout < 0
-        ):
-            raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
-        if self.exchange not in x.EXCHANGES:
-            raise ValueError(f"QueryConfig.exchange: one of {', '.join(x.EXCHANGES)}, got {self.exchange!r}")
-        if self.edge_credit > self.bus_initial_credit:
-            raise ValueError(
-                f"QueryConfig.edge_credit ({self.edge_credit} bytes) exceeds the bus's initial credit "
-                f"({self.bus_initial_credit} bytes, BusConfig.initial_credit): a batch that overtakes start "
-                "would break its stream; lower edge_credit, or raise the bus's initial credit and tell "
-                "QueryConfig.bus_initial_credit"
-            )
-
-
-@dataclass(eq=False)
-class _Outbox:
-    """One outbound stream: the rows still to send to ``peer`` and the credit left for them."""
-
-    peer: str
-    stream: str
-    table: pa.Table | None
-    credit: int
-    max_credit: int
-    offset: int = 0
-    finished: bool = False
-
-
-@dataclass(eq=False)
-class _Run:
-    """One fragment running here; ``waiting`` are the members whose last batch has not arrived yet."""
-
-    fragment: Fragment
-    inbox: engine.Inbox | None
-    waiting: set[str]
-    done: bool = False
-
-
-@dataclass(eq=False)
-class _Query:
-    id: QueryId
-    phase: Phase
-    created: float
-    initiator: bool
-    start: QueryStarted | None = None
-    call_id: int | None = None
-    pending: list[c.BatchReceived] = field(default_factory=list)
-    runs: dict[int, _Run] = field(default_factory=dict)
-    outboxes: dict[tuple[str, str], _Outbox] = field(default_factory=dict)
-    inbound: set[tuple[str, str]] = field(default_factory=set)
-    exchange: str = x.PUSH
-    # binx and http: the sources pulled and the buffers being published, by call tag
-    sources: dict[str, x.Fetch] = field(default_factory=dict)
-    publishing: dict[str, x.Publish] = field(default_factory=dict)
-    published: list[tuple[str, x.Publish]] = field(default_factory=list)  # (consumer, buffer)
-
-    def step(self, step: Step) -> None:
-        self.phase = next_phase(self.phase, step, str(self.id))
 
 
 #: queries whose fragments the initiator keeps, by SQL text, participants and repartition
@@ -186,7 +95,7 @@ class QueryRole:
         self.config = config or QueryConfig()
         self.store = store if store is not None else engine.PartitionStore()
         self.incarnation = incarnation if incarnation is not None else uuid.uuid4().hex[:12]
-        self.queries: dict[QueryId, _Query] = {}
+        self.queries: dict[QueryId, QueryState] = {}
         self.calls: dict[int, QueryId] = {}
         self.peers_up: set[str] = set()
         self.counters: Counter[str] = Counter()
@@ -264,11 +173,11 @@ class QueryRole:
                 return None
         return None
 
-    def _has_say(self, q: _Query, peer: str) -> bool:
+    def _has_say(self, q: QueryState, peer: str) -> bool:
         """Whether ``peer`` takes part in ``q`` (its initiator, or one of its participants)."""
         return peer in (self.member, q.id.member) or (q.start is not None and peer in q.start.participants)
 
-    def _failed_unexpectedly(self, q: _Query, exc: Exception, where: str, out: list[c.Action]) -> None:
+    def _failed_unexpectedly(self, q: QueryState, exc: Exception, where: str, out: list[c.Action]) -> None:
         """An operator raised something no check foresaw (a bug, or data it cannot handle): the query ends
         with ``DATA_EXCEPTION`` naming it, rather than waiting for ever."""
         self.counters["unexpected_errors"] += 1
@@ -359,7 +268,7 @@ class QueryRole:
             )
         except (TypeError, ValueError) as exc:
             raise QueryError(ErrorCode.PARSING, str(exc)) from None
-        q = _Query(
+        q = QueryState(
             id=qid,
             phase=Phase.PENDING,
             created=now,
@@ -397,7 +306,7 @@ class QueryRole:
 
     # ------------------------------------------------------------------ start
 
-    def _start(self, q: _Query, start: QueryStarted, now: float, out: list[c.Action]) -> None:
+    def _start(self, q: QueryState, start: QueryStarted, now: float, out: list[c.Action]) -> None:
         q.step(Step.START)
         q.start = start
         by_edge = {f.send.edge: f for f in start.decoded if f.send is not None}
@@ -419,7 +328,7 @@ class QueryRole:
                     q.inbound.add((s, key))
                     if s == self.member or s in self.peers_up:
                         out.append(c.AcceptStream(peer=s, stream=key, credit=start.edge_credits[rec.edge]))
-            q.runs[f.id] = _Run(
+            q.runs[f.id] = FragmentRun(
                 fragment=f, inbox=engine.Inbox(f.root) if rec is not None else None, waiting=waiting
             )
             if q.exchange in x.PULLED and f.send is not None:
@@ -433,7 +342,9 @@ class QueryRole:
             if q.phase is Phase.RUNNING and run.inbox is None and not run.done:
                 self._run_fragment(q, run, None, out)
 
-    def _run_fragment(self, q: _Query, run: _Run, received: pa.Table | None, out: list[c.Action]) -> None:
+    def _run_fragment(
+        self, q: QueryState, run: FragmentRun, received: pa.Table | None, out: list[c.Action]
+    ) -> None:
         assert q.start is not None
         start = q.start
         run.done = True
@@ -476,7 +387,7 @@ class QueryRole:
                     q, ErrorCode.MEMBER_CONNECTION, f"no connection to member {peer}", self.member, out
                 )
                 return
-            box = q.outboxes[(peer, key)] = _Outbox(
+            box = q.outboxes[(peer, key)] = Outbox(
                 peer=peer, stream=key, table=part, credit=credit, max_credit=credit
             )
             out.append(c.OpenStream(peer=peer, stream=key, credit=credit))
@@ -487,14 +398,14 @@ class QueryRole:
 
     # ------------------------------------------------------------------ pulled exchanges (binx, http)
 
-    def _tag(self, q: _Query, registry: dict[str, Any], item: Any) -> str:
+    def _tag(self, q: QueryState, registry: dict[str, Any], item: Any) -> str:
         self._next_tag += 1
         tag = f"query/{self._next_tag}"
         registry[tag] = item
         self._tags[tag] = q.id
         return tag
 
-    def _create_buffers(self, q: _Query, edge: int, out: list[c.Action]) -> None:
+    def _create_buffers(self, q: QueryState, edge: int, out: list[c.Action]) -> None:
         """binx: create this node's buffers of ``edge`` at start, so that a consumer's fetch arriving before
         the pages long-polls on its buffer instead of backing off on an unknown one."""
         assert q.start is not None
@@ -509,7 +420,7 @@ class QueryRole:
 
     def _publish(
         self,
-        q: _Query,
+        q: QueryState,
         edge: int,
         receivers: tuple[str, ...],
         parts: list[pa.Table | None],
@@ -535,7 +446,7 @@ class QueryRole:
         self._maybe_complete(q, out)
 
     def _take_pages(
-        self, q: _Query, edge: int, peer: str, data: list[bytes], complete: bool, out: list[c.Action]
+        self, q: QueryState, edge: int, peer: str, data: list[bytes], complete: bool, out: list[c.Action]
     ) -> None:
         """binx: fold pages from ``peer`` into the fragment receiving ``edge``; run it after the last one."""
         run = self._receiving(q, edge)
@@ -588,7 +499,7 @@ class QueryRole:
             return
         self._maybe_complete(q, out)
 
-    def _deliver(self, q: _Query, table: pa.Table | None, out: list[c.Action]) -> None:
+    def _deliver(self, q: QueryState, table: pa.Table | None, out: list[c.Action]) -> None:
         if table is None:
             assert q.start is not None
             tables = sorted(
@@ -610,7 +521,7 @@ class QueryRole:
 
     # ------------------------------------------------------------------ streams
 
-    def _pump(self, q: _Query, box: _Outbox, out: list[c.Action]) -> None:
+    def _pump(self, q: QueryState, box: Outbox, out: list[c.Action]) -> None:
         """Send what the credit allows; a batch is at most 40 % of the edge credit (see the module doc).
 
         A sender waits when its credit is below the next batch; since a batch is at most 40 % of the
@@ -659,7 +570,7 @@ class QueryRole:
                 self.counters["batches_discarded"] += 1
                 out.append(c.CloseStream(peer=ev.peer, stream=ev.stream))
                 return
-            q = self.queries[qid] = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=False)
+            q = self.queries[qid] = QueryState(id=qid, phase=Phase.PENDING, created=now, initiator=False)
             self.counters["created_by_batch"] += 1
             self._arm_check(now, out)
         if q.phase is Phase.PENDING:
@@ -670,7 +581,7 @@ class QueryRole:
         self._batch_for(q, ev, out)
 
     @staticmethod
-    def _receiving(q: _Query, edge: int) -> _Run | None:
+    def _receiving(q: QueryState, edge: int) -> FragmentRun | None:
         return next(
             (
                 r
@@ -680,7 +591,7 @@ class QueryRole:
             None,
         )
 
-    def _batch_for(self, q: _Query, ev: c.BatchReceived, out: list[c.Action]) -> None:
+    def _batch_for(self, q: QueryState, ev: c.BatchReceived, out: list[c.Action]) -> None:
         q.step(Step.BATCH)
         _, edge = parse_stream_key(ev.stream)
         run = self._receiving(q, edge)
@@ -735,7 +646,7 @@ class QueryRole:
                 )
             q = self.queries.get(qid)
             if q is None:
-                q = self.queries[qid] = _Query(id=qid, phase=Phase.PENDING, created=now, initiator=False)
+                q = self.queries[qid] = QueryState(id=qid, phase=Phase.PENDING, created=now, initiator=False)
             q.exchange = self._chosen.pop(qid, x.PUSH)
             self._start(q, msg, now, out)
         elif isinstance(msg, x.ExchangeChosen):
@@ -779,7 +690,7 @@ class QueryRole:
 
     def _fail(
         self,
-        q: _Query,
+        q: QueryState,
         code: ErrorCode,
         message: str,
         origin: str,
@@ -805,7 +716,7 @@ class QueryRole:
         self.counters["failed"] += 1
         self._release(q, Step.CANCEL if remote else Step.FAIL, out)
 
-    def _maybe_complete(self, q: _Query, out: list[c.Action]) -> None:
+    def _maybe_complete(self, q: QueryState, out: list[c.Action]) -> None:
         if q.phase is not Phase.RUNNING or q.call_id is not None:
             return
         if (
@@ -815,7 +726,7 @@ class QueryRole:
         ):
             self._release(q, Step.COMPLETE, out)
 
-    def _release(self, q: _Query, step: Step, out: list[c.Action]) -> None:
+    def _release(self, q: QueryState, step: Step, out: list[c.Action]) -> None:
         q.step(step)
         if step is Step.INACTIVE and q.phase is not Phase.DONE:
             return
@@ -836,7 +747,7 @@ class QueryRole:
         for call_id in [k for k, v in self.calls.items() if v == q.id]:
             del self.calls[call_id]
 
-    def _release_binx(self, q: _Query, step: Step, out: list[c.Action]) -> None:
+    def _release_binx(self, q: QueryState, step: Step, out: list[c.Action]) -> None:
         """Stop pulling what is still open; free what we published unless the query completed (then the
         consumer deletes it, or its loss aborts it, see ``_handed``)."""
         for fetch in q.sources.values():

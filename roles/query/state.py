@@ -1,4 +1,4 @@
-"""The life of one query on one member: phases and the table of allowed transitions.
+"""The life of one query on one member: its state, its phases and the table of allowed transitions.
 
 ``PENDING`` exists only on a participant that received a batch before ``start`` (Mustang 3.5.1: such a
 batch is retained; the state is created lazily and replayed on start). ``RUNNING`` follows ``start``
@@ -8,8 +8,16 @@ batch is retained; the state is created lazily and replayed on start). ``RUNNING
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 
+import pyarrow as pa
+
+from sparkbus.bus import contract as c
 from sparkbus.bus.contract import LocalProtocolError, RemoteProtocolError
+from sparkbus.roles.query import engine
+from sparkbus.roles.query import exchange as x
+from sparkbus.roles.query.messages import QueryId, QueryStarted
+from sparkbus.roles.query.plan import Fragment
 
 
 class Phase(enum.Enum):
@@ -62,3 +70,50 @@ def next_phase(phase: Phase, step: Step, query_id: str) -> Phase:
         text = f"query {query_id}: {step.value} is not allowed in phase {phase.value}"
         raise RemoteProtocolError(text) if step in REMOTE_STEPS else LocalProtocolError(text)
     return nxt
+
+
+@dataclass(eq=False)
+class Outbox:
+    """One outbound stream: the rows still to send to ``peer`` and the credit left for them."""
+
+    peer: str
+    stream: str
+    table: pa.Table | None
+    credit: int
+    max_credit: int
+    offset: int = 0
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class FragmentRun:
+    """One fragment running here; ``waiting`` are the members whose last batch has not arrived yet."""
+
+    fragment: Fragment
+    inbox: engine.Inbox | None
+    waiting: set[str]
+    done: bool = False
+
+
+@dataclass(eq=False)
+class QueryState:
+    """One query on this member: its phase, its fragments here, its streams and exchange calls."""
+
+    id: QueryId
+    phase: Phase
+    created: float
+    initiator: bool
+    start: QueryStarted | None = None
+    call_id: int | None = None
+    pending: list[c.BatchReceived] = field(default_factory=list)
+    runs: dict[int, FragmentRun] = field(default_factory=dict)
+    outboxes: dict[tuple[str, str], Outbox] = field(default_factory=dict)
+    inbound: set[tuple[str, str]] = field(default_factory=set)
+    exchange: str = x.PUSH
+    # binx and http: the sources pulled and the buffers being published, by call tag
+    sources: dict[str, x.Fetch] = field(default_factory=dict)
+    publishing: dict[str, x.Publish] = field(default_factory=dict)
+    published: list[tuple[str, x.Publish]] = field(default_factory=list)  # (consumer, buffer)
+
+    def step(self, step: Step) -> None:
+        self.phase = next_phase(self.phase, step, str(self.id))

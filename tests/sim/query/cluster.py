@@ -9,7 +9,8 @@ import pyarrow as pa
 from sparkbus.bus import BusConfig
 from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
-from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.config import QueryConfig
+from sparkbus.roles.query.role import QueryRole
 
 
 def table(rows: int) -> pa.Table:

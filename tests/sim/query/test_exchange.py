@@ -12,7 +12,8 @@ import pytest
 from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.exchange import BackoffPolicy, BinxClient, BinxServer, HttpClient, OutputBuffers
-from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.config import QueryConfig
+from sparkbus.roles.query.role import QueryRole
 
 from .cluster import table
 

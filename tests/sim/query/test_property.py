@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkbus.roles.query.role import QueryConfig
+from sparkbus.roles.query.config import QueryConfig
 
 from .cluster import Cluster
 

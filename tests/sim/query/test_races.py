@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pytest
 
 from sparkbus.bus import BusConfig
-from sparkbus.roles.query.role import QueryConfig
+from sparkbus.roles.query.config import QueryConfig
 
 from .cluster import Cluster
 

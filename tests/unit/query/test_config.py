@@ -8,7 +8,7 @@ import pytest
 
 from sparkbus.bus import BusConfig
 from sparkbus.roles.query import make_role
-from sparkbus.roles.query.role import QueryConfig
+from sparkbus.roles.query.config import QueryConfig
 
 MiB = 1 << 20
 

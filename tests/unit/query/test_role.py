@@ -6,6 +6,7 @@ import pytest
 
 from sparkbus.bus import contract as c
 from sparkbus.codecs import DecodeError, EnvelopeCodec
+from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.errors import ErrorCode
 from sparkbus.roles.query.messages import (
     QueriesInactive,
@@ -18,7 +19,7 @@ from sparkbus.roles.query.messages import (
 )
 from sparkbus.roles.query.plan import AggCall, Aggregate, Scan, fragment_to_plain
 from sparkbus.roles.query.planner import plan_fragments
-from sparkbus.roles.query.role import QueryConfig, QueryRole
+from sparkbus.roles.query.role import QueryRole
 from sparkbus.roles.query.state import Phase, Step, next_phase
 
 QID = QueryId(member="i", local="x.1")

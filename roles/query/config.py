@@ -1,0 +1,53 @@
+"""The query role's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkbus.bus.config import BusConfig
+from sparkbus.codecs import MiB
+from sparkbus.roles.query import exchange as x
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueryConfig:
+    """Settings of the query role.
+
+    Attributes:
+        check_period: seconds between checks of queries that never got start (Hazelcast: 1 s).
+        batch_bytes: the most bytes a batch carries (Hazelcast: 512 KiB).
+        edge_credit: initial credit in bytes of every stream (Hazelcast: 1 MiB at low memory pressure).
+            At most ``bus_initial_credit``: a batch that overtakes ``start`` meets a stream its receiver's
+            bus accepted with that credit, and a sender holding more breaks the stream (the bus drops the
+            link).
+        default_timeout: seconds before a query without its own timeout is cancelled; 0 for never.
+        exchange: the exchange of a query whose ``execute`` names none (``push``, ``binx`` or ``http``).
+        bus_initial_credit: ``BusConfig.initial_credit`` of the cluster's nodes (the credit of a stream
+            accepted on its first batch); the role cannot ask its bus, so it is told (the topology
+            factory passes the topology's).
+    """
+
+    check_period: float = 1.0
+    batch_bytes: int = 512 * 1024
+    edge_credit: int = 1 * MiB
+    default_timeout: float = 0.0
+    exchange: str = x.PUSH
+    bus_initial_credit: int = BusConfig().initial_credit
+
+    def __post_init__(self) -> None:
+        if (
+            self.check_period <= 0
+            or self.batch_bytes <= 0
+            or self.edge_credit <= 0
+            or self.default_timeout < 0
+        ):
+            raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
+        if self.exchange not in x.EXCHANGES:
+            raise ValueError(f"QueryConfig.exchange: one of {', '.join(x.EXCHANGES)}, got {self.exchange!r}")
+        if self.edge_credit > self.bus_initial_credit:
+            raise ValueError(
+                f"QueryConfig.edge_credit ({self.edge_credit} bytes) exceeds the bus's initial credit "
+                f"({self.bus_initial_credit} bytes, BusConfig.initial_credit): a batch that overtakes start "
+                "would break its stream; lower edge_credit, or raise the bus's initial credit and tell "
+                "QueryConfig.bus_initial_credit"
+            )
