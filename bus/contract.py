@@ -172,8 +172,8 @@ class AcceptStream:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SendBatch:
-    """Send a batch on an open stream. ``len(data)`` must not exceed the credit left (``LocalProtocolError``);
-    an empty batch is allowed only with ``last``."""
+    """Send a batch on an open stream. ``data`` is bytes-like; its bytes must not exceed the credit left
+    (``LocalProtocolError``); an empty batch is allowed only with ``last``."""
 
     peer: str
     stream: str

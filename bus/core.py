@@ -30,7 +30,7 @@ from typing import Any
 
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
-from sparkbus.bus.credit import CreditSender
+from sparkbus.bus.credit import CreditSender, check_receiver_credit
 from sparkbus.bus.links import LinkLayer
 from sparkbus.bus.messages import (
     Bye,
@@ -589,11 +589,8 @@ class NodeCore(LinkLayer, StreamLayer):
             st.senders[action.stream] = (role.name, CreditSender(action.stream, action.credit))
         elif isinstance(action, c.AcceptStream):
             st = self._stream_peer(action.peer, action.stream)
-            if type(action.credit) is not int or action.credit <= 0:
-                # Checked here, where the role is told (HandlerFailed), not at the first batch.
-                raise c.LocalProtocolError(
-                    f"stream {action.stream}: credit must be a positive int, got {action.credit!r}"
-                )
+            # Checked now, where the role is told (HandlerFailed), not at the first batch.
+            check_receiver_credit(action.stream, action.credit)
             if action.stream not in st.receivers:
                 st.accepted[action.stream] = action.credit
         elif isinstance(action, c.Consumed):

@@ -110,6 +110,12 @@ class CreditSender:
         return True
 
 
+def check_receiver_credit(stream: str, credit: object) -> None:
+    """Raise ``LocalProtocolError`` unless ``credit`` can be what a receiver holds for ``stream`` (an int > 0)."""
+    if type(credit) is not int or credit <= 0:
+        raise LocalProtocolError(f"stream {stream}: credit must be a positive int, got {credit!r}")
+
+
 class CreditReceiver:
     """The receiving side of a stream, with Mustang's grant policy (``SimpleFlowControl``).
 
@@ -134,8 +140,7 @@ class CreditReceiver:
     )
 
     def __init__(self, stream: str, max_credit: int, lwm: float = 0.4) -> None:
-        if max_credit <= 0:
-            raise LocalProtocolError(f"stream {stream}: credit must be positive, got {max_credit}")
+        check_receiver_credit(stream, max_credit)
         self.stream = stream
         self.max_credit = max_credit
         self.lwm = lwm

@@ -735,7 +735,9 @@ class Node:
                 raise
         except (TypeError, ValueError):
             # A frame ZeroMQ cannot send (the codec and the core let none through): a bug, logged and
-            # counted, never the end of the loop that serves every other role and peer.
+            # counted, never the end of the loop that serves every other role and peer. If frames before
+            # it were queued, the message is cut short and the next one joins it: the peer refuses that
+            # (wrong frame count, then a sequence gap) and the link starts over, as after any corruption.
             self._drop(f"{channel}_bad_frame")
             log.exception("node %s: could not send a %s message to %r", self.node_id, channel, to)
 

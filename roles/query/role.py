@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkbus.bus import contract as c
+from sparkbus.bus.config import BusConfig
 from sparkbus.roles.query import engine
 from sparkbus.roles.query import exchange as x
 from sparkbus.roles.query.config import QueryConfig
@@ -53,7 +54,7 @@ from sparkbus.roles.query.state import FragmentRun, Outbox, Phase, QueryState, S
 _CHECK_TIMER = "check"
 _TIMEOUT_TIMER = "timeout/"
 #: a pushed batch is at most this share of its edge's credit: the grant policy's low watermark (see _pump)
-_BATCH_SHARE = 0.4
+_BATCH_SHARE = BusConfig().low_watermark
 
 
 #: queries whose fragments the initiator keeps, by SQL text, participants and repartition
