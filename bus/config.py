@@ -56,6 +56,11 @@ class BusConfig:
         tune_allocator: let the node set glibc's allocator thresholds for its process, so that ZeroMQ's
             receive buffers are reused rather than returned to the system after every batch
             (``sparkbus.bus.allocator``). Process-wide: the first node that binds decides.
+        idle_spin: after a loop turn that served input, how long the loop keeps polling its sockets
+            without sleeping, yielding the CPU between polls, before it sleeps in poll(2) (seconds; 0:
+            sleep at once). An answer that comes back within it is read without the wake-up of a
+            sleeping thread, which is most of a round trip's cost over loopback; a node with nothing
+            to serve never spins. docs/BENCHMARKS.md, "Polling before sleeping".
     """
 
     cluster_tag: str = "sparkbus"
@@ -75,6 +80,7 @@ class BusConfig:
     features: tuple[int, ...] = ALL_FEATURES
     curve: CurveSettings | None = None
     tune_allocator: bool = True
+    idle_spin: float = 0.0002
 
     def __post_init__(self) -> None:
         if not self.cluster_tag:
@@ -82,6 +88,10 @@ class BusConfig:
         if not 0 < self.heartbeat_interval < self.peer_timeout:
             raise ValueError(
                 f"BusConfig needs 0 < heartbeat_interval ({self.heartbeat_interval}) < peer_timeout ({self.peer_timeout})"
+            )
+        if not 0 <= self.idle_spin < self.heartbeat_interval:
+            raise ValueError(
+                f"BusConfig needs 0 <= idle_spin ({self.idle_spin}) < heartbeat_interval ({self.heartbeat_interval})"
             )
         if self.handshake_timeout <= 0:
             raise ValueError("BusConfig.handshake_timeout must be positive")

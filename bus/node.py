@@ -426,12 +426,16 @@ class Node:
         self._poll_items = items
         self._touched.clear()
         more: set[zmq.Socket[bytes]] = set(handlers)  # not known to be empty: read without waiting
+        spinner = int(self.config.idle_spin > 0)
+        with _LOOPS_LOCK:
+            _LOOPS[0] += spinner
         try:
             if self._http_fetcher is not None:
                 self._ask_jobs()
                 self._flush()
-            wait_ms = 0
-            heartbeat = self.config.heartbeat_interval
+            wait_ms, served = 0, False
+            heartbeat, idle_spin = self.config.heartbeat_interval, self.config.idle_spin
+            spin_pays = True
             while not self._stopping:
                 touched = self._touched
                 if touched:
@@ -441,9 +445,26 @@ class Node:
                     touched.clear()
                 ready = more
                 more = set()
-                for fd, _ in fds.poll(0 if ready else wait_ms):
+                if ready or not wait_ms:
+                    events = fds.poll(0)
+                    started = clock()
+                elif served and idle_spin and _LOOPS[0] == 1:
+                    # The last turn served input: its answer, or the next request, may be microseconds
+                    # away, and reading it without sleeping spares the wake-up of a sleeping thread. Only
+                    # while it pays: a wait longer than the spin stops spinning until a short one is seen
+                    # again (sleeping), so spaced traffic and an idle node's heartbeats do not spin.
+                    idle_from = clock()
+                    events = (spin_pays and _spin(fds.poll, idle_from + idle_spin, clock)) or fds.poll(
+                        wait_ms
+                    )
+                    started = clock()
+                    spin_pays = bool(events) and started - idle_from <= idle_spin
+                else:
+                    events = fds.poll(wait_ms)
+                    started = clock()
+                for fd, _ in events:
                     ready.add(by_fd[fd])
-                started = clock()
+                served = bool(ready)
                 # _serve, written out: a turn usually serves one socket (a message, its answer).
                 for sock in sorted(ready, key=rank.__getitem__) if len(ready) > 1 else ready:
                     if handlers[sock]():
@@ -469,6 +490,8 @@ class Node:
             self.error = exc
             log.exception("node %s: loop failed", self.node_id)
         finally:
+            with _LOOPS_LOCK:
+                _LOOPS[0] -= spinner
             for fut in self._calls.values():
                 if not fut.done():
                     fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
@@ -839,11 +862,31 @@ class _LoopBuffers:
 #: How long an HTTP request waits for the loop's answer beyond its long-poll before it is answered 503.
 _LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
+#: The node loops running in this process that may spin (``BusConfig.idle_spin``). Loops of one process
+#: share its GIL: one that spins takes the GIL from the others between its polls, so a loop spins only
+#: while it is the only one of its process that may.
+_LOOPS = [0]
+_LOOPS_LOCK = threading.Lock()
 _DRAIN_BUDGET = 256
 _send = _BackendSocket.send
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
+
+
+def _spin(
+    poll: Callable[[int], list[tuple[int, int]]], until: float, clock: Callable[[], float]
+) -> list[tuple[int, int]]:
+    """``poll(0)`` until it finds input or ``until`` passes (empty then), yielding the CPU between polls.
+
+    The yield lets any other thread runnable on this core (ZeroMQ's I/O threads, the peer's loop on a
+    small machine) go first, so the spin uses only time the core would otherwise idle.
+    """
+    while True:
+        events = poll(0)
+        if events or clock() >= until:
+            return events
+        os.sched_yield()
 
 
 def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:

@@ -50,6 +50,7 @@ def bus_config(topology: Topology) -> BusConfig:
         initial_credit=bus.initial_credit,
         compression=compression,
         tune_allocator=bus.tune_allocator,
+        idle_spin=bus.idle_spin,
         curve=curve_settings(topology),
     )
 

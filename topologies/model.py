@@ -89,6 +89,7 @@ class BusSettings:
     batch_size: int = 512 * KiB
     initial_credit: int = 4 * MiB
     tune_allocator: bool = True
+    idle_spin: float = 200e-6
     compression: CompressionSettings = field(default_factory=CompressionSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
 

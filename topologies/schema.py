@@ -239,6 +239,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
             "batch_size",
             "initial_credit",
             "tune_allocator",
+            "idle_spin",
             "compression",
             "security",
         ],
@@ -290,6 +291,9 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
             "bus.initial_credit", f"must be at least bus.batch_size ({batch_size}B), or no batch can be sent"
         )
     tune_allocator = c.get(t, "tune_allocator", "bus", bool, d.tune_allocator)
+    idle_spin = c.get(t, "idle_spin", "bus", str, d.idle_spin, convert=parse_duration)
+    if idle_spin >= heartbeat:
+        c.bad("bus.idle_spin", f"must be shorter than bus.heartbeat ({heartbeat:g}s)")
     return BusSettings(
         transport=transport,
         host=host,
@@ -300,6 +304,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
         batch_size=batch_size,
         initial_credit=credit,
         tune_allocator=tune_allocator,
+        idle_spin=idle_spin,
         compression=_compression(c, t),
         security=_security(c, t),
     )

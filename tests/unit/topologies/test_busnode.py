@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from sparkbus.bus import BusConfig
 from sparkbus.topologies import load, loads, shipped
 from sparkbus.topologies.busnode import BusNodeFactory, RoleUnavailable, build_roles, bus_config, unavailable
+from sparkbus.topologies.model import BusSettings
 from sparkbus.topologies.registry import ROLES, Entry, Registry
 from sparkbus.topologies.runtime import NodeRequest
 
@@ -39,6 +41,15 @@ def test_bus_config_follows_the_topology() -> None:
     assert cfg.initial_credit == 1 << 20
     assert cfg.compression is not None and cfg.compression.level == 3
     assert cfg.tune_allocator
+    assert cfg.idle_spin == pytest.approx(200e-6)
+    assert BusSettings().idle_spin == BusConfig().idle_spin  # a topology's default is the bus's own
+
+
+def test_the_idle_spin_follows_the_topology() -> None:
+    topo = loads(ECHO_ONLY.replace('initial_credit = "1MiB"', 'initial_credit = "1MiB"\nidle_spin = "0s"'))
+    assert bus_config(topo).idle_spin == 0.0
+    topo = loads(ECHO_ONLY.replace('initial_credit = "1MiB"', 'initial_credit = "1MiB"\nidle_spin = "50us"'))
+    assert bus_config(topo).idle_spin == pytest.approx(50e-6)
 
 
 def test_the_allocator_tuning_can_be_turned_off() -> None:
