@@ -20,7 +20,11 @@ figures:
   sends); a node answers on a second one, as the bus is wired: each node sends control through its own
   DEALER to the other's ROUTER. So the raw side also times that wiring, a raw DEALER to the peer's
   ROUTER and the peer's DEALER back to ours (``rtt_p50_raw_bus_wiring_us``,
-  ``rtt_p50_ratio_bus_wiring``); ``rtt_p50_ratio`` stays over the echo;
+  ``rtt_p50_ratio_bus_wiring``); ``rtt_p50_ratio`` stays over the echo. A node polls for a while
+  before it sleeps (``BusConfig.idle_spin``), which raw pyzmq's blocking receive does not: a second pair
+  of nodes with ``idle_spin=0`` times the round trip without it (``rtt_p50_bus_no_spin_us``,
+  ``rtt_p50_ratio_no_spin``), and each side's CPU per round trip, both processes and all their threads,
+  is kept (``rtt_cpu_us_bus``, ``rtt_cpu_us_bus_no_spin``, ``rtt_cpu_us_raw``);
 * peer loss: SIGKILL of a peer process to the ``PeerLost`` event, default settings (1 kill with
   ``--quick``, the median of 3 otherwise; a fresh pair each time, since the peer dies).
 
@@ -34,6 +38,7 @@ order rotating).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -169,8 +174,20 @@ class Bench:
         ]
 
 
-def _config() -> BusConfig:
-    return BusConfig(cluster_tag="bench", initial_credit=CREDIT, batch_size=512 * 1024, hwm=100_000)
+def _config(idle_spin: float | None = None) -> BusConfig:
+    spin = BusConfig().idle_spin if idle_spin is None else idle_spin
+    return BusConfig(
+        cluster_tag="bench", initial_credit=CREDIT, batch_size=512 * 1024, hwm=100_000, idle_spin=spin
+    )
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process ``pid`` so far (ns; Linux's per-thread schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def _rate(count: int, first: float, last: float) -> float:
@@ -185,8 +202,8 @@ def _after_warmup(times: list[float]) -> list[float]:
 # ---------------------------------------------------------------- sparkbus side
 
 
-def _bus_peer(conn: Any) -> None:
-    node = Node("b", _config(), [Bench()])
+def _bus_peer(conn: Any, idle_spin: float | None) -> None:
+    node = Node("b", _config(idle_spin), [Bench()])
     conn.send(node.bind().to_json())
     node.start({"a": Endpoints.from_json(conn.recv())})
     while True:
@@ -202,19 +219,23 @@ def _bus_peer(conn: Any) -> None:
 
 
 class BusPair:
-    """Node "a" here, node "b" in a process of its own; the receiving side's role is driven over a pipe."""
+    """Node "a" here, node "b" in a process of its own; the receiving side's role is driven over a pipe.
 
-    def __init__(self) -> None:
+    ``idle_spin``: both nodes' ``BusConfig.idle_spin`` (None: the default).
+    """
+
+    def __init__(self, idle_spin: float | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_bus_peer, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_bus_peer, args=(child, idle_spin), daemon=True)
         self.proc.start()
         peer_ep = Endpoints.from_json(self.conn.recv())
-        self.node = Node("a", _config(), [Bench()])
+        self.node = Node("a", _config(idle_spin), [Bench()])
         self.conn.send(self.node.bind().to_json())
         self.node.start({"b": peer_ep})
         self.node.wait_ready(timeout=30)
         self.streams = 0
+        self.cpu_per_rtt = 0.0
 
     def _expect(self, count: int) -> None:
         # The peer counts from the call on: it must be in place before the first message leaves.
@@ -238,8 +259,12 @@ class BusPair:
         return _rate(count, r["first"], r["last"])
 
     def rtt(self, size: int, count: int) -> list[float]:
-        """Seconds per round trip, the first tenth left out."""
+        """Seconds per round trip, the first tenth left out. ``cpu_per_rtt``: both processes' CPU per
+        round trip over the whole call (ns)."""
+        pids = (os.getpid(), self.proc.pid or 0)
+        before = sum(map(_cpu_ns, pids))
         r = self.node.call("bench", "rtt", {"peer": "b", "size": size, "count": count}, timeout=600)
+        self.cpu_per_rtt = (sum(map(_cpu_ns, pids)) - before) / count
         return _after_warmup([b - a for a, b in itertools.pairwise(r["pongs"])])
 
     def close(self) -> None:
@@ -316,6 +341,7 @@ class RawPair:
         self.dealer.connect(router_ep)
         self.router.bind("tcp://127.0.0.1:0")
         self.conn.send(self.router.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.cpu_per_rtt = 0.0
 
     def _send(self, sock: zmq.Socket[bytes], what: str, size: int, count: int) -> float:
         self.conn.send((what, count))
@@ -334,15 +360,19 @@ class RawPair:
         return self._send(self.dealer, "control", size, count)
 
     def rtt(self, size: int, count: int) -> list[float]:
+        """As ``BusPair.rtt``, ``cpu_per_rtt`` included."""
         self.conn.send(("echo", count))
         assert self.conn.recv() == "ready"
         payload, sock = b"x" * size, self.dealer
         times = []
+        pids = (os.getpid(), self.proc.pid or 0)
+        before = sum(map(_cpu_ns, pids))
         for _ in range(count):
             t0 = time.monotonic()
             sock.send(payload)
             sock.recv()
             times.append(time.monotonic() - t0)
+        self.cpu_per_rtt = (sum(map(_cpu_ns, pids)) - before) / count
         assert self.conn.recv() is None
         return _after_warmup(times)
 
@@ -433,8 +463,9 @@ RAW_ONLY = ("rtt_bus_wiring",)
 
 def _round(i: int, counts: dict[str, int]) -> tuple[dict[str, Any], ...]:
     """Round ``i``: a fresh pair per side, warmed up; then each figure on every side back to back (the
-    raw pair with the node's allocator settings only for the streams)."""
-    bus, raw, tuned = BusPair(), RawPair(), RawPair(tune=True)
+    raw pair with the node's allocator settings only for the streams, the nodes that never spin only
+    for the round trip). The round trips' CPU per round trip is kept as ``rtt_cpu``."""
+    bus, raw, tuned, still = BusPair(), RawPair(), RawPair(tune=True), BusPair(idle_spin=0.0)
     try:
         for pair in (bus, raw, tuned):  # connections, buffers and code paths warm before anything is timed
             pair.stream(MiB, 20)
@@ -443,15 +474,28 @@ def _round(i: int, counts: dict[str, int]) -> tuple[dict[str, Any], ...]:
                 pair.control(100, 2000)
                 pair.rtt(100, 200)
         raw.rtt_bus_wiring(100, 200)
-        got: tuple[dict[str, Any], ...] = ({}, {}, {})
-        sides = [(got[0], bus), (got[1], raw), (got[2], tuned)]
+        still.rtt(100, 200)
+        got: tuple[dict[str, Any], ...] = ({}, {}, {}, {})
+        sides: list[tuple[dict[str, Any], BusPair | RawPair]] = [
+            (got[0], bus),
+            (got[1], raw),
+            (got[2], tuned),
+            (got[3], still),
+        ]
         for figure, measure in MEASURES.items():
-            for into, pair in sides[i % 3 :] + sides[: i % 3]:
-                if pair is raw or (pair is bus and figure not in RAW_ONLY) or figure in STREAMS:
+            for into, pair in sides[i % 4 :] + sides[: i % 4]:
+                if (
+                    pair is raw
+                    or (pair is bus and figure not in RAW_ONLY)
+                    or (pair is tuned and figure in STREAMS)
+                    or (pair is still and figure == "rtt")
+                ):
                     into[figure] = measure(pair, counts[figure])
+                    if figure == "rtt":
+                        into["rtt_cpu"] = pair.cpu_per_rtt
         return got
     finally:
-        for pair in (bus, raw, tuned):
+        for pair in (bus, raw, tuned, still):
             pair.close()
 
 
@@ -465,6 +509,19 @@ def _throughput(
     f[f"{bus_key}_rounds"] = [x / scale for x in b]
     f[f"{raw_key}_rounds"] = [x / scale for x in r]
     f[f"{ratio_key}_rounds"] = [x / y for x, y in zip(b, r, strict=True)]
+
+
+def _p50(f: dict[str, Any], key: str, rounds: list[list[float]], over: tuple[str, str] | None = None) -> None:
+    """``f[key]``: the p50 over every round's round trips (us), and each round's (``key_rounds``); none
+    given, the ones already in ``f``. ``over`` (ratio, bus key): also that bus figure over this one, in
+    all and per round."""
+    if rounds:
+        f[key] = statistics.median(itertools.chain(*rounds)) * 1e6
+        f[f"{key}_rounds"] = [statistics.median(x) * 1e6 for x in rounds]
+    if over is not None:
+        ratio, bus = over
+        f[ratio] = f[bus] / f[key]
+        f[f"{ratio}_rounds"] = [x / y for x, y in zip(f[f"{bus}_rounds"], f[f"{key}_rounds"], strict=True)]
 
 
 def main() -> None:
@@ -482,11 +539,13 @@ def main() -> None:
     b: list[dict[str, Any]] = []
     r: list[dict[str, Any]] = []
     t: list[dict[str, Any]] = []
+    s: list[dict[str, Any]] = []
     for i in range(rounds):
-        bus_round, raw_round, tuned_round = _round(i, counts)
+        bus_round, raw_round, tuned_round, still_round = _round(i, counts)
         b.append(bus_round)
         r.append(raw_round)
         t.append(tuned_round)
+        s.append(still_round)
     for figure, keys, scale in (
         ("stream_1mib", ("stream_1mib_bus_mb_s", "stream_1mib_raw_mb_s", "stream_1mib_ratio"), 1e6),
         ("stream_64kib", ("stream_64kib_bus_mb_s", "stream_64kib_raw_mb_s", "stream_64kib_ratio"), 1e6),
@@ -496,22 +555,19 @@ def main() -> None:
     for figure in STREAMS:
         keys = (f"{figure}_bus_mb_s", f"{figure}_raw_tuned_mb_s", f"{figure}_ratio_same_allocator")
         _throughput(f, keys, [x[figure] for x in b], [x[figure] for x in t], 1e6)
-    bt, rt = [x["rtt"] for x in b], [x["rtt"] for x in r]
-    f["rtt_p50_bus_us"] = statistics.median(itertools.chain(*bt)) * 1e6
-    f["rtt_p50_raw_us"] = statistics.median(itertools.chain(*rt)) * 1e6
-    f["rtt_p50_ratio"] = f["rtt_p50_bus_us"] / f["rtt_p50_raw_us"]
-    f["rtt_p50_bus_us_rounds"] = [statistics.median(x) * 1e6 for x in bt]
-    f["rtt_p50_raw_us_rounds"] = [statistics.median(x) * 1e6 for x in rt]
-    f["rtt_p50_ratio_rounds"] = [
-        x / y for x, y in zip(f["rtt_p50_bus_us_rounds"], f["rtt_p50_raw_us_rounds"], strict=True)
-    ]
-    wt = [x["rtt_bus_wiring"] for x in r]
-    f["rtt_p50_raw_bus_wiring_us"] = statistics.median(itertools.chain(*wt)) * 1e6
-    f["rtt_p50_ratio_bus_wiring"] = f["rtt_p50_bus_us"] / f["rtt_p50_raw_bus_wiring_us"]
-    f["rtt_p50_raw_bus_wiring_us_rounds"] = [statistics.median(x) * 1e6 for x in wt]
-    f["rtt_p50_ratio_bus_wiring_rounds"] = [
-        x / y for x, y in zip(f["rtt_p50_bus_us_rounds"], f["rtt_p50_raw_bus_wiring_us_rounds"], strict=True)
-    ]
+    _p50(f, "rtt_p50_bus_us", [x["rtt"] for x in b])
+    _p50(f, "rtt_p50_raw_us", [x["rtt"] for x in r], over=("rtt_p50_ratio", "rtt_p50_bus_us"))
+    _p50(f, "rtt_p50_bus_no_spin_us", [x["rtt"] for x in s])
+    _p50(f, "rtt_p50_raw_us", [], over=("rtt_p50_ratio_no_spin", "rtt_p50_bus_no_spin_us"))
+    _p50(
+        f,
+        "rtt_p50_raw_bus_wiring_us",
+        [x["rtt_bus_wiring"] for x in r],
+        over=("rtt_p50_ratio_bus_wiring", "rtt_p50_bus_us"),
+    )
+    for key, sides in (("bus", b), ("raw", r), ("bus_no_spin", s)):
+        f[f"rtt_cpu_us_{key}_rounds"] = [x["rtt_cpu"] / 1e3 for x in sides]
+        f[f"rtt_cpu_us_{key}"] = statistics.median(f[f"rtt_cpu_us_{key}_rounds"])
     kills = [peer_loss_kill_ms() for _ in range(1 if q else 3)]
     f["peer_loss_kill_ms"] = statistics.median(kills)
     f["peer_loss_kill_ms_runs"] = kills
@@ -564,6 +620,21 @@ def _rows(f: dict[str, Any]) -> list[tuple[str, ...]]:
             "rtt_p50_bus_us",
             "rtt_p50_raw_bus_wiring_us",
             "rtt_p50_ratio_bus_wiring",
+            "",
+        ),
+        row(
+            "  the nodes never spinning (idle_spin=0)",
+            "rtt_p50_bus_no_spin_us",
+            "rtt_p50_raw_us",
+            "rtt_p50_ratio_no_spin",
+            "",
+        ),
+        (
+            "CPU per round trip, both processes (us)",
+            f"{f['rtt_cpu_us_bus']:.0f} (idle_spin=0: {f['rtt_cpu_us_bus_no_spin']:.0f})",
+            f"{f['rtt_cpu_us_raw']:.0f}",
+            "",
+            "",
             "",
         ),
         ("peer loss after SIGKILL (ms)", f"{f['peer_loss_kill_ms']:.1f}", "", "", "<= 1000", ""),
