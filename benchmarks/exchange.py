@@ -7,7 +7,9 @@ per exchange (pyzmq and http.client release the GIL while waiting).
 
 * BinX: the real ``BinxServer`` and ``BinxClient`` roles, their PDUs encoded by ``EnvelopeCodec``, carried
   over a plain pyzmq ROUTER (server) / DEALER (one per exchange) pair, because the bus node loop is not
-  used here (see ``"binx_transport"`` in the JSON).
+  used here (see ``"binx_transport"`` in the JSON). Both loops wait for input as a node's loop does:
+  after a turn, they poll for up to ``BusConfig.idle_spin`` before sleeping, while that pays
+  (``binx_idle_spin_s`` in the JSON; ``Idle``).
 * HTTP: ``HttpExchangeServer`` (ThreadingHTTPServer, keep-alive) and ``HttpExchangeClient``.
 
 Every process of the matrix (both servers, the clients) has the allocator settings a bus node gives its
@@ -39,6 +41,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +81,35 @@ def receive(sock: zmq.Socket[Any], flags: int = 0, *, routed: bool = False) -> l
     return parts
 
 
-def drain(sock: zmq.Socket[Any], most: int = 256, *, routed: bool = False) -> list[list[Any]]:
-    """The next message (waiting for it, as the node waits in its poll), then every one already queued,
-    up to ``most``."""
+class Idle:
+    """How a node's loop waits for input (``bus/node.py``, ``BusConfig.idle_spin``): after a turn that
+    served input it polls without sleeping for up to ``spin`` seconds, yielding the CPU between polls, as
+    long as the wait before was that short; then it sleeps."""
+
+    def __init__(self, spin: float | None = None) -> None:
+        self.spin = BusConfig().idle_spin if spin is None else spin
+        self.pays = True
+
+    def wait(self, sock: zmq.Socket[Any]) -> Callable[[], None]:
+        """Spin if it pays; the returned function, called once the input is in, learns from the wait."""
+        start = time.monotonic()
+        if self.spin and self.pays:
+            until = start + self.spin
+            while not sock.poll(0) and time.monotonic() < until:
+                os.sched_yield()
+
+        def waited() -> None:
+            self.pays = time.monotonic() - start <= self.spin
+
+        return waited
+
+
+def drain(sock: zmq.Socket[Any], idle: Idle, most: int = 256, *, routed: bool = False) -> list[list[Any]]:
+    """The next message (waiting for it as the node waits: ``idle``), then every one already queued, up
+    to ``most``."""
+    waited = idle.wait(sock)
     batch = [receive(sock, routed=routed)]
+    waited()
     # ZMQ_EVENTS costs about half a refused NOBLOCK receive (no exception).
     while len(batch) < most and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
         batch.append(receive(sock, zmq.NOBLOCK, routed=routed))
@@ -131,9 +159,10 @@ def binx_server_main(plan: list[dict[str, int]], repeat: int, port_q: Any, tune:
     sock.setsockopt(zmq.LINGER, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     port_q.put(port)
+    idle = Idle()
     while True:
         # As the bus node's loop: read what has arrived, handle it, then send everything the turn produced.
-        batch = drain(sock, routed=True)
+        batch = drain(sock, idle, routed=True)
         if any(frames[1] == b"STOP" for frames in batch):
             break
         out: list[list[Any]] = []
@@ -178,6 +207,7 @@ class BinxDriver:
         self._calls = 0
         self._replies: dict[int, Reply] = {}
         self._out: list[list[Any]] = []
+        self.idle = Idle()
 
     def _handle(self, event: Any) -> None:
         for a in self.client.handle(event, 0.0):
@@ -200,7 +230,7 @@ class BinxDriver:
     def _receive(self) -> None:
         """One loop turn: send what is pending, then handle every reply that has arrived."""
         self._flush()
-        for frames in drain(self.sock):
+        for frames in drain(self.sock, self.idle):
             # Blobs as received, as the node's core decodes control messages (a large one stays a view).
             msg = self.codec.decode(frames, copy_blobs=False).message
             self._handle(MessageReceived(peer="srv", message=msg))
@@ -521,8 +551,10 @@ def main() -> None:
     figures = {
         "binx_transport": (
             "pyzmq DEALER/ROUTER carrying EnvelopeCodec-encoded BinX PDUs (not the bus node loop); "
-            "client: one loop, one connection, every exchange multiplexed"
+            "client: one loop, one connection, every exchange multiplexed; both loops wait for input as "
+            "a node's loop does"
         ),
+        "binx_idle_spin_s": Idle().spin,
         "http_transport": (
             "http.server.ThreadingHTTPServer (HTTP/1.1 keep-alive, TCP_NODELAY both sides) and http.client; "
             "one connection and one thread per exchange"
