@@ -91,6 +91,7 @@ class NodeCore(LinkLayer, StreamLayer):
                     )
                 self._by_message[cls] = role
         self._entropy = entropy
+        self._incarnation = entropy(63) or 1  # this process, named in every HELLO (``INCARNATION``)
         self._features = features_to_bits(config.features)
         self._outbound: dict[str, _Outbound] = {}
         self._inbound: dict[str, _Inbound] = {}

@@ -9,6 +9,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.messages import (
     DROPPED_ATTEMPT,
     FINAL_CODES,
+    INCARNATION,
     MAGIC,
     SESSION_ENDING_CODES,
     ErrorCode,
@@ -36,7 +37,9 @@ class LinkLayer(NodeState):
         # current attempt, its WELCOME (on the way, or taken already) names a session we no longer know.
         inbound = self._inbound.get(out.peer)
         held = inbound is not None and inbound.hello_attempt == out.peer_welcomed
-        extensions = {DROPPED_ATTEMPT: str(out.peer_welcomed)} if out.peer_welcomed and not held else {}
+        extensions = {INCARNATION: str(self._incarnation)}
+        if out.peer_welcomed and not held:
+            extensions[DROPPED_ATTEMPT] = str(out.peer_welcomed)
         hello = Hello(
             magic=MAGIC,
             version=version,
@@ -130,10 +133,19 @@ class LinkLayer(NodeState):
             and out.state in ("hello_sent", "established")
             and _dropped_attempt(hello) == out.attempt
         )
+        reason = "peer opened a new session"
+        incarnation = _extension_int(hello, INCARNATION) if hello.kind == "node" else 0
+        known = self._peers.get(peer)
+        if incarnation and known is not None and known.incarnation not in (0, incarnation):
+            # A new process under the peer's name, before its old one was noticed gone: the old held the
+            # session our HELLO opened, so our direction is stale too, whatever the new one can tell us.
+            stale = out is not None and out.state in ("hello_sent", "established")
+            reason = "peer restarted (a new process said HELLO)"
+            self._counts["peer_restarts_seen"] += 1
         if old is not None or stale:
             # A new HELLO from a peer with a session means its side lost the link (or restarted): the
             # session we gave it is replaced, and every stream with it ends.
-            self._link_lost(peer, "peer opened a new session", now, keep_outbound=not stale)
+            self._link_lost(peer, reason, now, keep_outbound=not stale)
         session = self._new_session_id()
         inbound = _Inbound(
             peer=peer,
@@ -152,7 +164,9 @@ class LinkLayer(NodeState):
             out.peer_welcomed = hello.attempt
         self._by_rid[rid] = inbound
         self._by_session[session] = inbound
-        self._peers.setdefault(peer, _Peer())
+        st = self._peers.setdefault(peer, _Peer())
+        if incarnation:
+            st.incarnation = incarnation
         welcome = Welcome(
             version=hello.version,
             features=inbound.features,
@@ -285,6 +299,10 @@ class LinkLayer(NodeState):
             out.session = 0
         if st is None:
             return
+        if not keep_outbound:
+            # Our next direction is opened anew, with whichever process answers: an incarnation seen
+            # from now on is news of no restart.
+            st.incarnation = 0
         st.senders.clear()
         st.receivers.clear()
         st.accepted.clear()
@@ -299,7 +317,12 @@ class LinkLayer(NodeState):
 
 def _dropped_attempt(hello: Hello) -> int:
     """The attempt of our HELLO whose session the peer has dropped since, as its HELLO names it (0: none)."""
-    value = hello.extensions.get(DROPPED_ATTEMPT, "")
+    return _extension_int(hello, DROPPED_ATTEMPT)
+
+
+def _extension_int(hello: Hello, key: str) -> int:
+    """A HELLO extension holding a decimal number below 2**64 (0: absent, or not such a number)."""
+    value = hello.extensions.get(key, "")
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 20 else 0
 
 

@@ -45,6 +45,11 @@ SESSION_ENDING_CODES = frozenset({ErrorCode.STALE_SESSION, ErrorCode.SEQUENCE_GA
 #: (open, or with its WELCOME on the way) is stale, and handshakes again; any other direction it keeps.
 DROPPED_ATTEMPT = "dropped_attempt"
 
+#: HELLO extension of a node: a random number (decimal, 1 to 2**63 - 1) the sender chose when it started.
+#: A HELLO whose incarnation differs from the one this node last heard from that peer comes from a new
+#: process: every direction of the old link is stale, ours too (the old process held its session).
+INCARNATION = "incarnation"
+
 
 def _check_version(version: tuple[int, int, int]) -> None:
     if any(not 0 <= part <= 0xFFFF for part in version):

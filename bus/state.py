@@ -96,6 +96,9 @@ class _Peer:
     # ordinal their sender goes on from: its batches still in flight are dropped, not taken for a new
     # stream (whose ordinal 0 would be a violation). Cleared with the link, bounded by ``max_streams``.
     ended: dict[str, int] = field(default_factory=dict)
+    # The peer's process, as its HELLOs name it (``INCARNATION``), while our direction towards it may be
+    # one that process opened (0: unknown; cleared when the link is lost with our direction).
+    incarnation: int = 0
 
 
 class NodeState:
@@ -114,6 +117,7 @@ class NodeState:
     _n_flow_control_out: int
     out: list[Output]
     _entropy: Callable[[int], int]
+    _incarnation: int
     _features: bytes
     _outbound: dict[str, _Outbound]
     _inbound: dict[str, _Inbound]

@@ -1,0 +1,99 @@
+"""A peer that restarts without its old process being noticed (no disconnect, within the timeout).
+
+The new process's HELLO is the first sign. Every direction of the old link is stale, ours included: the
+old process held the session our HELLO opened. So the roles are told the peer was lost and is back, and
+the first message sent after that PeerUp reaches the new process instead of being refused STALE_SESSION.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pytest
+
+from sparkbus.bus import MessageReceived, PeerLost, PeerUp
+from sparkbus.bus import contract as c
+from sparkbus.bus.messages import INCARNATION, MAGIC, Hello, features_to_bits
+from sparkbus.codecs import REGISTRY, EnvelopeCodec
+
+from .roles import Note, Recorder, pair
+
+SEEDS = [1, 2, 3, 7, 42, 99, 123, 2024]
+codec = EnvelopeCodec(REGISTRY)
+
+
+@dataclass
+class Greeter(Recorder):
+    """A Recorder that sends Note "hello <n>" to every peer that comes up (the n-th PeerUp)."""
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        out = list(super().handle(event, now))
+        if isinstance(event, PeerUp):
+            out.append(c.Send(peer=event.peer, message=Note(text=f"hello {len(self.of(PeerUp))}")))
+        return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_silent_restart_is_lost_and_up_and_the_first_message_after_arrives(seed: int) -> None:
+    sim, _a, _b = pair(seed, heartbeat_interval=0.2, peer_timeout=5.0)
+    greeter = Greeter()
+    a = sim.node("a").core
+    a.roles["rec"] = greeter  # type: ignore[index]
+    sim.crash("b", notify=False)  # gone without a disconnect: "a" hears nothing for now
+    sim.run_for(0.05)
+    b2 = Recorder()
+    sim.restart("b", [b2])
+    sim.run_until(lambda: bool(b2.of(MessageReceived)), limit=2.0)  # well within "a"'s peer timeout
+    sim.run_for(0.5)
+    kinds = [type(e) for e in greeter.events if isinstance(e, PeerLost | PeerUp)]
+    assert kinds == [PeerLost, PeerUp], "told once that the peer was lost, then once that it is back"
+    assert [e.message.text for e in b2.of(MessageReceived)] == ["hello 1"]
+    assert sim.node("b").core.refusals.get("STALE_SESSION", 0) == 0, "nothing was sent on the old session"
+    assert [type(e) for e in b2.events if isinstance(e, PeerLost | PeerUp)] == [PeerUp]
+
+
+@pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣"])
+def test_a_hello_with_no_usable_incarnation_keeps_our_direction(value: str) -> None:
+    """Not a number (or none, as a peer in another language may send): the HELLO is a new session of
+    the peer we know, as before incarnations; our established direction towards it is kept."""
+    sim, a, _b = pair(1)
+    core = sim.node("a").core
+    before = core._outbound["b"].session
+    hello = Hello(
+        magic=MAGIC,
+        version=(1, 0, 0),
+        features=features_to_bits([0, 1, 2]),
+        cluster_tag="t",
+        node_id="b",
+        kind="node",
+        attempt=12345,
+        extensions={INCARNATION: value} if value else {},
+    )
+    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], sim.now)
+    assert [type(e) for e in a.events if isinstance(e, PeerLost)] == [PeerLost]  # the old inbound session
+    assert "new session" in a.of(PeerLost)[0].reason  # type: ignore[attr-defined]
+    assert core._outbound["b"].state == "established" and core._outbound["b"].session == before
+    assert core.status()["counters"].get("peer_restarts_seen", 0) == 0
+
+
+def test_a_new_incarnation_resets_our_direction_too() -> None:
+    sim, a, _b = pair(1)
+    core = sim.node("a").core
+    known = core._peers["b"].incarnation
+    assert known, "a learnt b's incarnation from its HELLO"
+    hello = Hello(
+        magic=MAGIC,
+        version=(1, 0, 0),
+        features=features_to_bits([0, 1, 2]),
+        cluster_tag="t",
+        node_id="b",
+        kind="node",
+        attempt=12345,
+        extensions={INCARNATION: str(known + 1)},
+    )
+    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], sim.now)
+    assert "restarted" in a.of(PeerLost)[0].reason  # type: ignore[attr-defined]
+    assert core._outbound["b"].state == "idle"  # handshakes again on the next tick
+    assert core._peers["b"].incarnation == known + 1
+    assert core.status()["counters"]["peer_restarts_seen"] == 1
