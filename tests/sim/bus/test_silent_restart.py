@@ -14,6 +14,7 @@ import pytest
 
 from sparkbus.bus import MessageReceived, PeerLost, PeerUp
 from sparkbus.bus import contract as c
+from sparkbus.bus.core import NodeCore
 from sparkbus.bus.messages import INCARNATION, MAGIC, Hello, features_to_bits
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
@@ -53,13 +54,8 @@ def test_a_silent_restart_is_lost_and_up_and_the_first_message_after_arrives(see
     assert [type(e) for e in b2.events if isinstance(e, PeerLost | PeerUp)] == [PeerUp]
 
 
-@pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣"])
-def test_a_hello_with_no_usable_incarnation_keeps_our_direction(value: str) -> None:
-    """Not a number (or none, as a peer in another language may send): the HELLO is a new session of
-    the peer we know, as before incarnations; our established direction towards it is kept."""
-    sim, a, _b = pair(1)
-    core = sim.node("a").core
-    before = core._outbound["b"].session
+def hello_from_b(core: NodeCore, now: float, extensions: dict[str, str]) -> None:
+    """A HELLO from node "b" (a new attempt) with ``extensions``, straight into ``core``'s ROUTER."""
     hello = Hello(
         magic=MAGIC,
         version=(1, 0, 0),
@@ -68,9 +64,19 @@ def test_a_hello_with_no_usable_incarnation_keeps_our_direction(value: str) -> N
         node_id="b",
         kind="node",
         attempt=12345,
-        extensions={INCARNATION: value} if value else {},
+        extensions=extensions,
     )
-    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], sim.now)
+    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], now)
+
+
+@pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣"])
+def test_a_hello_with_no_usable_incarnation_keeps_our_direction(value: str) -> None:
+    """Not a number (or none, as a peer in another language may send): the HELLO is a new session of
+    the peer we know, as before incarnations; our established direction towards it is kept."""
+    sim, a, _b = pair(1)
+    core = sim.node("a").core
+    before = core._outbound["b"].session
+    hello_from_b(core, sim.now, {INCARNATION: value} if value else {})
     assert [type(e) for e in a.events if isinstance(e, PeerLost)] == [PeerLost]  # the old inbound session
     assert "new session" in a.of(PeerLost)[0].reason  # type: ignore[attr-defined]
     assert core._outbound["b"].state == "established" and core._outbound["b"].session == before
@@ -82,17 +88,7 @@ def test_a_new_incarnation_resets_our_direction_too() -> None:
     core = sim.node("a").core
     known = core._peers["b"].incarnation
     assert known, "a learnt b's incarnation from its HELLO"
-    hello = Hello(
-        magic=MAGIC,
-        version=(1, 0, 0),
-        features=features_to_bits([0, 1, 2]),
-        cluster_tag="t",
-        node_id="b",
-        kind="node",
-        attempt=12345,
-        extensions={INCARNATION: str(known + 1)},
-    )
-    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], sim.now)
+    hello_from_b(core, sim.now, {INCARNATION: str(known + 1)})
     assert "restarted" in a.of(PeerLost)[0].reason  # type: ignore[attr-defined]
     assert core._outbound["b"].state == "idle"  # handshakes again on the next tick
     assert core._peers["b"].incarnation == known + 1
