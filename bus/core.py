@@ -503,14 +503,22 @@ class NodeCore(LinkLayer, StreamLayer):
         self._reply(inbound.rid, Error(code=code, message=text, ref_type=ref_type), now)
 
     def _refuse_rid(
-        self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0, session: int = 0
+        self,
+        rid: bytes,
+        code: ErrorCode,
+        text: str,
+        now: float,
+        attempt: int = 0,
+        session: int = 0,
+        version: tuple[int, int, int] | None = None,
     ) -> None:
-        """REJECT to ``rid``: a HELLO (echoing its ``attempt``), or a message on ``session``, which ends."""
+        """REJECT to ``rid``: a HELLO (echoing its ``attempt``), or a message on ``session``, which ends.
+        ``version``: the one to offer back (default: our newest)."""
         self._refusal(code)
         log.info("node %s: refused routing id %s: %s", self.node_id, rid.hex(), text)
         self._reply(
             rid,
-            Reject(code=code, message=text, version=self.config.versions[0], attempt=attempt),
+            Reject(code=code, message=text, version=version or self.config.versions[0], attempt=attempt),
             now,
             session=session,
         )

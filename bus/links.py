@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import msgpack
+
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import (
     DROPPED_ATTEMPT,
@@ -18,6 +20,7 @@ from sparkbus.bus.messages import (
     Reject,
     Welcome,
     and_features,
+    retry_version,
 )
 from sparkbus.bus.state import NodeState, _Inbound, _Outbound, _Peer
 from sparkbus.codecs import Buffer, DecodeError
@@ -58,6 +61,20 @@ class LinkLayer(NodeState):
         try:
             hello = self.codec.decode(frames).message
         except DecodeError as exc:
+            offered, attempt = _offered_version(frames)
+            if offered is not None and offered not in cfg.versions:
+                # A HELLO of another version may carry fields this one does not know: what matters is
+                # the version, so the peer can retry with one we speak (IEP-90).
+                v = ".".join(map(str, offered))
+                self._refuse_rid(
+                    rid,
+                    ErrorCode.PROTOCOL_COMPATIBILITY,
+                    f"unsupported version {v}",
+                    now,
+                    attempt,
+                    version=self._answer_version(offered),
+                )
+                return
             code = ErrorCode.HANDSHAKE_HEADER if exc.field in ("magic", "<body>") else ErrorCode.MALFORMED
             self._refuse_rid(rid, code, f"bad HELLO: {exc}", now)
             return
@@ -74,7 +91,12 @@ class LinkLayer(NodeState):
         if hello.version not in cfg.versions:
             v = ".".join(map(str, hello.version))
             self._refuse_rid(
-                rid, ErrorCode.PROTOCOL_COMPATIBILITY, f"unsupported version {v}", now, hello.attempt
+                rid,
+                ErrorCode.PROTOCOL_COMPATIBILITY,
+                f"unsupported version {v}",
+                now,
+                hello.attempt,
+                version=self._answer_version(hello.version),
             )
             return
         if hello.cluster_tag != cfg.cluster_tag:
@@ -181,6 +203,12 @@ class LinkLayer(NodeState):
         self._counts["sessions_accepted"] += 1
         self._maybe_up(peer, now)
 
+    def _answer_version(self, offered: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The version to answer an unsupported offer with: the newest we speak below it (a newer peer
+        may speak it too), else our newest."""
+        older = [v for v in self.config.versions if v < offered]
+        return max(older) if older else self.config.versions[0]
+
     def _new_session_id(self) -> int:
         while True:
             sid = self._entropy(63)
@@ -198,6 +226,12 @@ class LinkLayer(NodeState):
             self._refuse_outbound(
                 out, f"cluster mismatch: expected {self.config.cluster_tag!r}, got {msg.cluster_tag!r}", now
             )
+            return
+        offered = out.offered or self.config.versions[out.version_index]
+        if msg.version != offered:
+            # The server picks the version by refusing ours, never by welcoming another one.
+            v, o = ".".join(map(str, msg.version)), ".".join(map(str, offered))
+            self._refuse_outbound(out, f"peer welcomed version {v}, but this node offered {o}", now)
             return
         out.state = "established"
         out.session = msg.session
@@ -222,8 +256,10 @@ class LinkLayer(NodeState):
             and out.state == "hello_sent"
             and msg.attempt == out.attempt
         ):
-            if msg.version in self.config.versions and msg.version != out.offered:
-                out.offered = msg.version  # IEP-90: retry with the server's version when we speak it
+            offered = out.offered or self.config.versions[out.version_index]
+            again = retry_version(self.config.versions, offered, msg.version)
+            if again is not None:
+                out.offered = again  # IEP-90: retry with the server's version, or an older one we speak
                 self._send_hello(out, now)
             else:
                 self._refuse_outbound(out, f"no common protocol version: {msg.message}", now)
@@ -313,6 +349,29 @@ class LinkLayer(NodeState):
             log.warning("node %s: peer %s lost: %s", self.node_id, peer, reason)
             for role in self.roles.values():
                 self._dispatch(role, c.PeerLost(peer=peer, reason=reason), now)
+
+
+def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | None, int]:
+    """The ``version`` and ``attempt`` of a HELLO that does not decode as ours, read from its body if that
+    is a map holding them ((None, 0) if not; attempt 0 if it has none that is valid)."""
+    if len(frames) < 2:
+        return None, 0
+    try:
+        body = msgpack.unpackb(bytes(frames[1]), raw=False)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None, 0
+    if not isinstance(body, dict):
+        return None, 0
+    version, attempt = body.get("version"), body.get("attempt")
+    if not (
+        isinstance(version, list)
+        and len(version) == 3
+        and all(type(x) is int and 0 <= x <= 0xFFFF for x in version)
+    ):
+        return None, 0
+    return (version[0], version[1], version[2]), attempt if type(
+        attempt
+    ) is int and 0 <= attempt < 2**63 else 0
 
 
 def _dropped_attempt(hello: Hello) -> int:

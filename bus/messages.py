@@ -51,6 +51,20 @@ DROPPED_ATTEMPT = "dropped_attempt"
 INCARNATION = "incarnation"
 
 
+def retry_version(
+    ours: tuple[tuple[int, int, int], ...], offered: tuple[int, int, int], answered: tuple[int, int, int]
+) -> tuple[int, int, int] | None:
+    """The version to offer again after REJECT ``PROTOCOL_COMPATIBILITY`` answered ``offered`` with
+    ``answered`` (None: give up). IEP-90: the server's version, if we speak it. Beyond IEP-90, which gives
+    up there: else the newest we speak below both, since a server offers back its newest below what it
+    was offered, and may speak older ones too. Each retry offers an older version than the last, or the
+    server's own, so a handshake ends."""
+    if answered in ours and answered != offered:
+        return answered
+    lower = [v for v in ours if v < offered and v <= answered]
+    return max(lower) if lower else None
+
+
 def _check_version(version: tuple[int, int, int]) -> None:
     if any(not 0 <= part <= 0xFFFF for part in version):
         raise ValueError(f"version parts must fit 2 bytes, got {version}")

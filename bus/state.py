@@ -150,7 +150,14 @@ class NodeState:
         raise NotImplementedError
 
     def _refuse_rid(
-        self, rid: bytes, code: ErrorCode, text: str, now: float, attempt: int = 0, session: int = 0
+        self,
+        rid: bytes,
+        code: ErrorCode,
+        text: str,
+        now: float,
+        attempt: int = 0,
+        session: int = 0,
+        version: tuple[int, int, int] | None = None,
     ) -> None:
         raise NotImplementedError
 

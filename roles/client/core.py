@@ -13,8 +13,9 @@ state        event                                       next
 ===========  ==========================================  ==========================================
 idle         connect                                     hello_sent (first transport address)
 hello_sent   WELCOME, no logical connection yet           up
+hello_sent   WELCOME of a version not offered             failed
 hello_sent   WELCOME, a logical connection to restore     restoring (RESTORE sent)
-hello_sent   REJECT PROTOCOL_COMPATIBILITY, we speak it   hello_sent (HELLO again with that version)
+hello_sent   REJECT PROTOCOL_COMPATIBILITY, version left  hello_sent (HELLO again, ``retry_version``)
 hello_sent   REJECT, or no answer after TCP connected     failed (other addresses of the node skipped)
 hello_sent   no TCP connection within handshake timeout   hello_sent on the next address, or failed
 restoring    RESTORED                                    up (held results follow)
@@ -45,6 +46,7 @@ from sparkbus.bus.messages import (
     Reject,
     Welcome,
     features_to_bits,
+    retry_version,
 )
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Limits
 from sparkbus.roles.client.chunks import ArrowParts
@@ -466,15 +468,20 @@ class ClientCore:
         if isinstance(msg, Reject):
             if msg.code in FINAL_CODES:
                 self._refused(link, f"{msg.code.name}: {msg.message}", now)
-            elif (
-                msg.code == ErrorCode.PROTOCOL_COMPATIBILITY
-                and msg.version in self.config.versions
-                and msg.version != (link.offered or self.config.versions[0])
+            elif msg.code == ErrorCode.PROTOCOL_COMPATIBILITY and (
+                again := retry_version(
+                    self.config.versions, link.offered or self.config.versions[0], msg.version
+                )
             ):
-                link.offered = msg.version  # IEP-90: try again with the server's version
+                link.offered = again  # IEP-90: try again with the server's version, or an older one of ours
                 self._hello(link, now)
             else:
                 self._failed(link, f"handshake refused: {msg.code.name}: {msg.message}", now)
+            return
+        offered = link.offered or self.config.versions[0]
+        if msg.version != offered:
+            v, o = ".".join(map(str, msg.version)), ".".join(map(str, offered))
+            self._failed(link, f"the node welcomed version {v}, but this client offered {o}", now)
             return
         tag = self.cluster_tag or self.config.cluster_tag
         if msg.cluster_tag != tag:

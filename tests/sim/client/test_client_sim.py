@@ -103,6 +103,17 @@ def test_version_negotiation_falls_back_to_a_version_both_speak() -> None:
     assert c.core.links["n1:1"].offered == (1, 0, 0)  # after n1 refused 1.1.0 with its own version
 
 
+def test_a_client_retries_with_an_older_version_of_its_own_the_node_speaks() -> None:
+    sim = ClientSim(4, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [Gateway("n1")], BusConfig(cluster_tag="sim", versions=((2, 0, 0), (1, 0, 0))))
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim", versions=((3, 0, 0), (1, 0, 0))))
+    sim.run_until(lambda: c.core.connected, limit=10)
+    # n1 refused 3.0.0 offering 2.0.0, which the client does not speak; 1.0.0 both do.
+    assert c.core.links["n1:1"].state == "up"
+    assert c.core.links["n1:1"].offered == (1, 0, 0)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_cut_mid_query_and_restored_before_the_timeout_delivers_once(seed: int) -> None:
     sim, c, query, _, gateway = cluster(seed)
