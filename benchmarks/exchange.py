@@ -83,23 +83,23 @@ def receive(sock: zmq.Socket[Any], flags: int = 0, *, routed: bool = False) -> l
 
 class Idle:
     """How a node's loop waits for input (``bus/node.py``, ``BusConfig.idle_spin``): after a turn that
-    served input it polls without sleeping for up to ``spin`` seconds, yielding the CPU between polls, as
-    long as the wait before was that short; then it sleeps."""
+    served input it polls without sleeping for up to ``spin`` seconds, yielding the CPU between polls,
+    once two waits in a row were that short; then it sleeps. (These loops have no timers to keep.)"""
 
     def __init__(self, spin: float | None = None) -> None:
         self.spin = BusConfig().idle_spin if spin is None else spin
-        self.pays = True
+        self.short_waits = 2
 
     def wait(self, sock: zmq.Socket[Any]) -> Callable[[], None]:
         """Spin if it pays; the returned function, called once the input is in, learns from the wait."""
         start = time.monotonic()
-        if self.spin and self.pays:
+        if self.spin and self.short_waits >= 2:
             until = start + self.spin
             while not sock.poll(0) and time.monotonic() < until:
                 os.sched_yield()
 
         def waited() -> None:
-            self.pays = time.monotonic() - start <= self.spin
+            self.short_waits = self.short_waits + 1 if time.monotonic() - start <= self.spin else 0
 
         return waited
 

@@ -59,8 +59,9 @@ class BusConfig:
         idle_spin: after a loop turn that served input, how long the loop keeps polling its sockets
             without sleeping, yielding the CPU between polls, before it sleeps in poll(2) (seconds; 0:
             sleep at once). An answer that comes back within it is read without the wake-up of a
-            sleeping thread, which is most of a round trip's cost over loopback; a node with nothing
-            to serve never spins. docs/BENCHMARKS.md, "Polling before sleeping".
+            sleeping thread, which is most of a round trip's cost over loopback. Only after two waits
+            in a row that ended within it, and never past the loop's next timer: a node with spaced
+            traffic or nothing to serve does not spin. docs/BENCHMARKS.md, "Polling before sleeping".
     """
 
     cluster_tag: str = "sparkbus"

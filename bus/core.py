@@ -152,6 +152,12 @@ class NodeCore(LinkLayer, StreamLayer):
         self._peers.setdefault(peer, _Peer())
         self._send_hello(self._outbound[peer], now)
 
+    @property
+    def handled(self) -> int:
+        """Messages handed to this core so far, from every socket: a driver tells by it whether a turn
+        served input or only woke up (a ZeroMQ socket's FD also signals after a send)."""
+        return self._n_ctl_in + self._n_data_in + self._counts["reply_in"]
+
     def peers_up(self) -> list[str]:
         return sorted(p for p, st in self._peers.items() if st.up)
 

@@ -156,7 +156,7 @@ class LinkLayer(NodeState):
             and _dropped_attempt(hello) == out.attempt
         )
         reason = "peer opened a new session"
-        incarnation = _extension_int(hello, INCARNATION) if hello.kind == "node" else 0
+        incarnation = _extension_int(hello, INCARNATION, 2**63) if hello.kind == "node" else 0
         known = self._peers.get(peer)
         if incarnation and known is not None and known.incarnation not in (0, incarnation):
             # A new process under the peer's name, before its old one was noticed gone: the old held the
@@ -376,13 +376,17 @@ def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | N
 
 def _dropped_attempt(hello: Hello) -> int:
     """The attempt of our HELLO whose session the peer has dropped since, as its HELLO names it (0: none)."""
-    return _extension_int(hello, DROPPED_ATTEMPT)
+    return _extension_int(hello, DROPPED_ATTEMPT, 2**64)
 
 
-def _extension_int(hello: Hello, key: str) -> int:
-    """A HELLO extension holding a decimal number below 2**64 (0: absent, or not such a number)."""
+def _extension_int(hello: Hello, key: str, below: int) -> int:
+    """A HELLO extension holding a number below ``below`` in plain decimal (no sign, no leading zero;
+    0: absent, or not such a number, so that one value has one spelling)."""
     value = hello.extensions.get(key, "")
-    return int(value) if value.isascii() and value.isdigit() and len(value) <= 20 else 0
+    if not (value.isascii() and value.isdigit() and len(value) <= 20) or value != str(int(value)):
+        return 0
+    number = int(value)
+    return number if number < below else 0
 
 
 #: IEP-83: the shortest heartbeat interval a server's idle timeout may ask for (seconds).

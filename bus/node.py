@@ -145,6 +145,7 @@ class Node:
         self._wake_rx: zmq.Socket[bytes] | None = None
         self._wake_tx: zmq.Socket[bytes] | None = None
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._calls_run = 0  # commands the loop ran for other threads (calls, status): input, for idle_spin
         self._calls: dict[int, Future[Any]] = {}
         self._thread: threading.Thread | None = None
         # Set by stop(), read by the loop once per turn (a plain flag: Event.is_set is a call of its own).
@@ -435,7 +436,7 @@ class Node:
                 self._flush()
             wait_ms, served = 0, False
             heartbeat, idle_spin = self.config.heartbeat_interval, self.config.idle_spin
-            spin_pays = True
+            short_waits = _SHORT_WAITS
             while not self._stopping:
                 touched = self._touched
                 if touched:
@@ -451,24 +452,28 @@ class Node:
                 elif served and idle_spin and _LOOPS[0] == 1:
                     # The last turn served input: its answer, or the next request, may be microseconds
                     # away, and reading it without sleeping spares the wake-up of a sleeping thread. Only
-                    # while it pays: a wait longer than the spin stops spinning until a short one is seen
-                    # again (sleeping), so spaced traffic and an idle node's heartbeats do not spin.
+                    # while it pays: after _SHORT_WAITS waits in a row that ended within the spin, so an
+                    # idle node's heartbeats and spaced traffic (pairs of messages included) do not spin.
+                    # Never past the next deadline: a timer is not made late by a spin.
                     idle_from = clock()
-                    events = (spin_pays and _spin(fds.poll, idle_from + idle_spin, clock)) or fds.poll(
-                        wait_ms
-                    )
+                    events = (
+                        short_waits >= _SHORT_WAITS
+                        and _spin(fds.poll, idle_from + min(idle_spin, wait_ms / 1000), clock)
+                    ) or fds.poll(max(0, wait_ms - int((clock() - idle_from) * 1000)))
                     started = clock()
-                    spin_pays = bool(events) and started - idle_from <= idle_spin
+                    short_waits = short_waits + 1 if events and started - idle_from <= idle_spin else 0
                 else:
                     events = fds.poll(wait_ms)
                     started = clock()
                 for fd, _ in events:
                     ready.add(by_fd[fd])
-                served = bool(ready)
+                handled = core.handled + self._calls_run
                 # _serve, written out: a turn usually serves one socket (a message, its answer).
                 for sock in sorted(ready, key=rank.__getitem__) if len(ready) > 1 else ready:
                     if handlers[sock]():
                         more.add(sock)
+                # Input, not a wake-up alone: a socket's FD also signals after a send.
+                served = core.handled + self._calls_run != handled
                 now = clock()
                 if now - started > heartbeat:
                     # We were busy long enough for peers' heartbeats to queue up unread: read them before
@@ -530,6 +535,7 @@ class Node:
                 break
         while not self._commands.empty():
             self._commands.get_nowait()()
+            self._calls_run += 1
         return False
 
     def _drain_control(self) -> bool:
@@ -867,6 +873,18 @@ _WAKE_LOCK = threading.Lock()
 #: while it is the only one of its process that may.
 _LOOPS = [0]
 _LOOPS_LOCK = threading.Lock()
+#: Waits after served input that ended within ``idle_spin``, in a row, before the loop spins again.
+_SHORT_WAITS = 2
+
+
+def _forget_loops() -> None:
+    """In a forked child: the parent's loops are not running here (and its lock may have been held)."""
+    global _LOOPS_LOCK
+    _LOOPS[0] = 0
+    _LOOPS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loops)
 _DRAIN_BUDGET = 256
 _send = _BackendSocket.send
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -114,6 +115,121 @@ def test_an_idle_node_stops_spinning(monkeypatch: pytest.MonkeyPatch) -> None:
         time.sleep(1.0)  # ten heartbeats: served turns whose next input is 0.1 s away
         assert spins.now() == before
         assert node.status()["counters"]["heartbeats_in"] >= heartbeats + 5  # it did serve input meanwhile
+
+
+@dataclass
+class Pairs:
+    """Every ``gap`` seconds (a timer), sends two Notes to "p" at once, ``bursts`` times; counts echoes."""
+
+    gap: float
+    bursts: int
+    name: str = "echo"
+    messages: ClassVar[tuple[type, ...]] = (Note,)
+    echoes: int = 0
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        if isinstance(event, c.LocalCall):
+            return [c.SetTimer(key="burst", at=now + self.gap), Reply(call_id=event.call_id)]
+        if isinstance(event, c.TimerFired) and self.bursts:
+            self.bursts -= 1
+            notes = [Send(peer="p", message=Note(text=str(i))) for i in (1, 2)]
+            return [*notes, c.SetTimer(key="burst", at=now + self.gap)]
+        if isinstance(event, MessageReceived):
+            self.echoes += 1
+        return []
+
+
+def test_pairs_of_messages_with_gaps_between_them_do_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each burst's two echoes arrive close together, then nothing for 50 ms: one short wait, never two
+    in a row, so no spin (which would find nothing once per burst)."""
+    spins = Spins(monkeypatch)
+    pairs = Pairs(gap=0.05, bursts=20)
+    node = Node("t", _config(idle_spin=0.01), [pairs])
+    node.bind()
+    peer = Peer("p", "spin", 0.1, 2.0)
+    try:
+        peer.give_peers({"t": node.endpoints, "p": peer.endpoints})  # type: ignore[dict-item]
+        node.start({"p": peer.endpoints})
+        node.wait_ready(timeout=10)
+        node.call("echo", "go", {}, timeout=10)
+        deadline = time.monotonic() + 20
+        while pairs.echoes < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = spins.now()  # the handshake's and the call's turns are over: bursts only from here
+        while pairs.echoes < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pairs.echoes == 40
+        assert spins.now() == before
+    finally:
+        peer.reap()
+        node.stop()
+
+
+def test_a_spin_never_runs_past_the_next_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a spin far longer than the time to a role's timer, each spin ends at the timer's deadline."""
+    budgets: list[float] = []
+    real = node_module._spin
+
+    def recorded(poll: Any, until: float, clock: Any) -> list[tuple[int, int]]:
+        budgets.append(until - clock())
+        return real(poll, until, clock)
+
+    monkeypatch.setattr(node_module, "_spin", recorded)
+
+    @dataclass
+    class Ticker:
+        """Pings "p" at once on each echo (so spins pay), and keeps a timer 20 ms ahead."""
+
+        name: str = "echo"
+        messages: ClassVar[tuple[type, ...]] = (Note,)
+        left: int = 40
+
+        def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+            if isinstance(event, c.LocalCall | MessageReceived) and self.left:
+                self.left -= 1
+                out: list[c.Action] = [c.SetTimer(key="tick", at=now + 0.02)]
+                out.append(Send(peer="p", message=Note(text=str(self.left))))
+                if isinstance(event, c.LocalCall):
+                    out.append(Reply(call_id=event.call_id))
+                return out
+            return []
+
+    ticker = Ticker()
+    config = BusConfig(cluster_tag="spin", heartbeat_interval=0.5, peer_timeout=2.0, idle_spin=0.25)
+    node = Node("t", config, [ticker])
+    node.bind()
+    peer = Peer("p", "spin", 0.1, 2.0)
+    try:
+        peer.give_peers({"t": node.endpoints, "p": peer.endpoints})  # type: ignore[dict-item]
+        node.start({"p": peer.endpoints})
+        node.wait_ready(timeout=10)
+        budgets.clear()  # the handshake's spins, before any timer was set
+        node.call("echo", "go", {}, timeout=10)
+        deadline = time.monotonic() + 20
+        while ticker.left and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not ticker.left
+        assert budgets, "it spun"
+        assert max(budgets) <= 0.025  # the timer's 20 ms (and the loop's 1 ms rounding), not 250 ms
+    finally:
+        peer.reap()
+        node.stop()
+
+
+def test_a_forked_child_starts_with_no_loops() -> None:
+    with _node(idle_spin=0.05):
+        assert node_module._LOOPS[0] == 1
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once, touching nothing else
+            os.write(write, str(node_module._LOOPS[0]).encode())
+            os._exit(0)
+        os.close(write)
+        try:
+            assert os.read(read, 16) == b"0"
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
 
 
 def test_a_node_that_never_spins_exchanges_the_same(monkeypatch: pytest.MonkeyPatch) -> None:

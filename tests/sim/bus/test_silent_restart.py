@@ -69,7 +69,7 @@ def hello_from_b(core: NodeCore, now: float, extensions: dict[str, str]) -> None
     core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], now)
 
 
-@pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣"])
+@pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣", "007", "0", str(2**63), str(2**64)])
 def test_a_hello_with_no_usable_incarnation_keeps_our_direction(value: str) -> None:
     """Not a number (or none, as a peer in another language may send): the HELLO is a new session of
     the peer we know, as before incarnations; our established direction towards it is kept."""
