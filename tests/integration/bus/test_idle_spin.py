@@ -80,9 +80,9 @@ def _config(idle_spin: float) -> BusConfig:
 
 
 @contextlib.contextmanager
-def _node(idle_spin: float) -> Iterator[Node]:
-    """Node "t" here, its peer "p" in a process of its own."""
-    node = Node("t", _config(idle_spin), [PingPong()])
+def _node(idle_spin: float, role: c.Role | None = None, config: BusConfig | None = None) -> Iterator[Node]:
+    """Node "t" here (running ``role``, a PingPong by default), its peer "p" in a process of its own."""
+    node = Node("t", config or _config(idle_spin), [role or PingPong()])
     node.bind()
     peer = Peer("p", "spin", 0.1, 2.0)
     try:
@@ -144,13 +144,7 @@ def test_pairs_of_messages_with_gaps_between_them_do_not_spin(monkeypatch: pytes
     in a row, so no spin (which would find nothing once per burst)."""
     spins = Spins(monkeypatch)
     pairs = Pairs(gap=0.05, bursts=20)
-    node = Node("t", _config(idle_spin=0.01), [pairs])
-    node.bind()
-    peer = Peer("p", "spin", 0.1, 2.0)
-    try:
-        peer.give_peers({"t": node.endpoints, "p": peer.endpoints})  # type: ignore[dict-item]
-        node.start({"p": peer.endpoints})
-        node.wait_ready(timeout=10)
+    with _node(idle_spin=0.01, role=pairs) as node:
         node.call("echo", "go", {}, timeout=10)
         deadline = time.monotonic() + 20
         while pairs.echoes < 8 and time.monotonic() < deadline:
@@ -160,9 +154,6 @@ def test_pairs_of_messages_with_gaps_between_them_do_not_spin(monkeypatch: pytes
             time.sleep(0.05)
         assert pairs.echoes == 40
         assert spins.now() == before
-    finally:
-        peer.reap()
-        node.stop()
 
 
 def test_a_spin_never_runs_past_the_next_timer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,13 +187,7 @@ def test_a_spin_never_runs_past_the_next_timer(monkeypatch: pytest.MonkeyPatch) 
 
     ticker = Ticker()
     config = BusConfig(cluster_tag="spin", heartbeat_interval=0.5, peer_timeout=2.0, idle_spin=0.25)
-    node = Node("t", config, [ticker])
-    node.bind()
-    peer = Peer("p", "spin", 0.1, 2.0)
-    try:
-        peer.give_peers({"t": node.endpoints, "p": peer.endpoints})  # type: ignore[dict-item]
-        node.start({"p": peer.endpoints})
-        node.wait_ready(timeout=10)
+    with _node(0.25, role=ticker, config=config) as node:
         budgets.clear()  # the handshake's spins, before any timer was set
         node.call("echo", "go", {}, timeout=10)
         deadline = time.monotonic() + 20
@@ -211,9 +196,6 @@ def test_a_spin_never_runs_past_the_next_timer(monkeypatch: pytest.MonkeyPatch) 
         assert not ticker.left
         assert budgets, "it spun"
         assert max(budgets) <= 0.025  # the timer's 20 ms (and the loop's 1 ms rounding), not 250 ms
-    finally:
-        peer.reap()
-        node.stop()
 
 
 def test_a_forked_child_starts_with_no_loops() -> None:
