@@ -45,14 +45,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import quote, unquote
 
-from sparkbus.bus.contract import HttpFetch, HttpFetched
+from sparkbus.bus.contract import HTTP_BUFFERS, HttpFetch, HttpFetched
 
 PAGES_CONTENT_TYPE = "application/X-presto-pages"
 _LENGTH = struct.Struct("<I")
@@ -117,6 +117,76 @@ class WaitingSource(BufferSource, Protocol):
 
 class SourceUnavailable(Exception):
     """The source cannot answer now (its node is stopping); the server answers 503."""
+
+
+class LoopBuffers:
+    """The ``binx.server`` role's buffers as the HTTP server's threads see them: every access is a
+    ``LocalCall`` run on the node's loop thread (``call_async``, as ``Node.call_async``), and a long-poll
+    waits in the role, not here."""
+
+    def __init__(self, node_id: str, call_async: Callable[[str, str, dict[str, Any]], Future[Any]]) -> None:
+        self._node_id = node_id
+        self._call_async = call_async
+        self._stopped: Future[None] = Future()
+
+    def close(self) -> None:
+        """Answer every access still waiting, and every later one, with ``SourceUnavailable``."""
+        with suppress(Exception):
+            self._stopped.set_result(None)
+
+    def _call(self, name: str, args: dict[str, Any], timeout: float) -> Any:
+        node = self._node_id
+        if self._stopped.done():
+            raise SourceUnavailable(f"node {node} is stopping")
+        try:
+            fut = self._call_async(HTTP_BUFFERS, name, args)
+        except RuntimeError as exc:
+            raise SourceUnavailable(str(exc)) from None
+        done, _ = wait([fut, self._stopped], timeout=timeout, return_when=FIRST_COMPLETED)
+        if fut not in done:
+            raise SourceUnavailable(
+                f"node {node} is stopping" if self._stopped.done() else f"node {node} is busy"
+            )
+        try:
+            return fut.result()
+        except RuntimeError as exc:
+            raise SourceUnavailable(str(exc)) from None
+
+    def read_wait(
+        self,
+        task_id: str,
+        buffer_id: int,
+        token: int,
+        max_bytes: int,
+        wait: float,
+        *,
+        size_only: bool = False,
+    ) -> BufferRead:
+        args = {
+            "task_id": task_id,
+            "buffer_id": buffer_id,
+            "token": token,
+            "max_bytes": max_bytes,
+            "wait": wait,
+            "size_only": size_only,
+        }
+        return cast(BufferRead, self._call("read", args, wait + _LOOP_ANSWER_TIMEOUT))
+
+    def read(
+        self, task_id: str, buffer_id: int, token: int, max_bytes: int, *, size_only: bool = False
+    ) -> BufferRead:
+        return self.read_wait(task_id, buffer_id, token, max_bytes, 0.0, size_only=size_only)
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int:
+        args = {"task_id": task_id, "buffer_id": buffer_id, "token": token}
+        return int(self._call("acknowledge", args, _LOOP_ANSWER_TIMEOUT))
+
+    def delete(self, task_id: str, buffer_id: int) -> None:
+        self._call("delete", {"task_id": task_id, "buffer_id": buffer_id}, _LOOP_ANSWER_TIMEOUT)
+
+
+#: How long an HTTP request waits for the loop's answer beyond its long-poll before it is answered 503.
+_LOOP_ANSWER_TIMEOUT = 10.0
 
 
 def parse_data_size(text: str) -> int:

@@ -36,9 +36,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import zmq
 from zmq.backend import Socket as _BackendSocket
@@ -49,7 +49,7 @@ from sparkbus.bus import allocator, security
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
-from sparkbus.bus.http_exchange import BufferRead, HttpExchangeServer, HttpFetcher, SourceUnavailable
+from sparkbus.bus.http_exchange import HttpExchangeServer, HttpFetcher, LoopBuffers
 from sparkbus.bus.state import Completed, Transmit
 
 log = logging.getLogger("sparkbus.bus")
@@ -170,7 +170,7 @@ class Node:
         # The HTTP exchange (module docstring): server and its source, fetcher, the peers' addresses.
         self._http_workers = http_workers
         self._http_server: HttpExchangeServer | None = None
-        self._http_source: _LoopBuffers | None = None
+        self._http_source: LoopBuffers | None = None
         self._http_fetcher: HttpFetcher | None = None
         self._peer_http: dict[str, str] = {}
         self._jobs_call: int | None = None  # the open "jobs" call on the http.client role
@@ -207,7 +207,7 @@ class Node:
             data = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         http = ""
         if c.HTTP_BUFFERS in self.core.roles and self._http_server is None:
-            self._http_source = _LoopBuffers(self)
+            self._http_source = LoopBuffers(self.node_id, self.call_async)
             self._http_server = HttpExchangeServer(self._http_source, host=self.host, port=0)
             http = f"{self.host}:{self._http_server.port}"
         self.endpoints = Endpoints(control=control, data=data, http=http)
@@ -801,72 +801,6 @@ class Node:
             self._zap_domain = None
 
 
-class _LoopBuffers:
-    """The ``binx.server`` role's buffers as the HTTP server's threads see them: every access is a
-    ``LocalCall`` run on the loop thread, and a long-poll waits in the role, not here."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self._stopped: Future[None] = Future()
-
-    def close(self) -> None:
-        """Answer every access still waiting, and every later one, with ``SourceUnavailable``."""
-        with contextlib.suppress(Exception):
-            self._stopped.set_result(None)
-
-    def _call(self, name: str, args: dict[str, Any], timeout: float) -> Any:
-        node = self._node.node_id
-        if self._stopped.done():
-            raise SourceUnavailable(f"node {node} is stopping")
-        try:
-            fut = self._node.call_async(c.HTTP_BUFFERS, name, args)
-        except RuntimeError as exc:
-            raise SourceUnavailable(str(exc)) from None
-        done, _ = wait([fut, self._stopped], timeout=timeout, return_when=FIRST_COMPLETED)
-        if fut not in done:
-            raise SourceUnavailable(
-                f"node {node} is stopping" if self._stopped.done() else f"node {node} is busy"
-            )
-        try:
-            return fut.result()
-        except RuntimeError as exc:
-            raise SourceUnavailable(str(exc)) from None
-
-    def read_wait(
-        self,
-        task_id: str,
-        buffer_id: int,
-        token: int,
-        max_bytes: int,
-        wait: float,
-        *,
-        size_only: bool = False,
-    ) -> BufferRead:
-        args = {
-            "task_id": task_id,
-            "buffer_id": buffer_id,
-            "token": token,
-            "max_bytes": max_bytes,
-            "wait": wait,
-            "size_only": size_only,
-        }
-        return cast(BufferRead, self._call("read", args, wait + _LOOP_ANSWER_TIMEOUT))
-
-    def read(
-        self, task_id: str, buffer_id: int, token: int, max_bytes: int, *, size_only: bool = False
-    ) -> BufferRead:
-        return self.read_wait(task_id, buffer_id, token, max_bytes, 0.0, size_only=size_only)
-
-    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int:
-        args = {"task_id": task_id, "buffer_id": buffer_id, "token": token}
-        return int(self._call("acknowledge", args, _LOOP_ANSWER_TIMEOUT))
-
-    def delete(self, task_id: str, buffer_id: int) -> None:
-        self._call("delete", {"task_id": task_id, "buffer_id": buffer_id}, _LOOP_ANSWER_TIMEOUT)
-
-
-#: How long an HTTP request waits for the loop's answer beyond its long-poll before it is answered 503.
-_LOOP_ANSWER_TIMEOUT = 10.0
 _WAKE_LOCK = threading.Lock()
 #: The node loops running in this process that may spin (``BusConfig.idle_spin``). Loops of one process
 #: share its GIL: one that spins takes the GIL from the others between its polls, so a loop spins only
