@@ -38,7 +38,6 @@ order rotating).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -56,7 +55,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
-from _common import parser, table, write
+from _common import cpu_seconds, parser, table, write
 
 from sparkbus.bus import BusConfig, Reply, allocator
 from sparkbus.bus import contract as c
@@ -181,15 +180,6 @@ def _config(idle_spin: float | None = None) -> BusConfig:
     )
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time of every thread of process ``pid`` so far (ns; Linux's per-thread schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended meanwhile
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
 def _rate(count: int, first: float, last: float) -> float:
     """Messages per second from the first to the last of ``count`` (the first one starts the clock)."""
     return (count - 1) / (last - first)
@@ -260,11 +250,11 @@ class BusPair:
 
     def rtt(self, size: int, count: int) -> list[float]:
         """Seconds per round trip, the first tenth left out. ``cpu_per_rtt``: both processes' CPU per
-        round trip over the whole call (ns)."""
+        round trip over the whole call (s)."""
         pids = (os.getpid(), self.proc.pid or 0)
-        before = sum(map(_cpu_ns, pids))
+        before = sum(map(cpu_seconds, pids))
         r = self.node.call("bench", "rtt", {"peer": "b", "size": size, "count": count}, timeout=600)
-        self.cpu_per_rtt = (sum(map(_cpu_ns, pids)) - before) / count
+        self.cpu_per_rtt = (sum(map(cpu_seconds, pids)) - before) / count
         return _after_warmup([b - a for a, b in itertools.pairwise(r["pongs"])])
 
     def close(self) -> None:
@@ -366,13 +356,13 @@ class RawPair:
         payload, sock = b"x" * size, self.dealer
         times = []
         pids = (os.getpid(), self.proc.pid or 0)
-        before = sum(map(_cpu_ns, pids))
+        before = sum(map(cpu_seconds, pids))
         for _ in range(count):
             t0 = time.monotonic()
             sock.send(payload)
             sock.recv()
             times.append(time.monotonic() - t0)
-        self.cpu_per_rtt = (sum(map(_cpu_ns, pids)) - before) / count
+        self.cpu_per_rtt = (sum(map(cpu_seconds, pids)) - before) / count
         assert self.conn.recv() is None
         return _after_warmup(times)
 
@@ -566,7 +556,7 @@ def main() -> None:
         over=("rtt_p50_ratio_bus_wiring", "rtt_p50_bus_us"),
     )
     for key, sides in (("bus", b), ("raw", r), ("bus_no_spin", s)):
-        f[f"rtt_cpu_us_{key}_rounds"] = [x["rtt_cpu"] / 1e3 for x in sides]
+        f[f"rtt_cpu_us_{key}_rounds"] = [x["rtt_cpu"] * 1e6 for x in sides]
         f[f"rtt_cpu_us_{key}"] = statistics.median(f[f"rtt_cpu_us_{key}_rounds"])
     kills = [peer_loss_kill_ms() for _ in range(1 if q else 3)]
     f["peer_loss_kill_ms"] = statistics.median(kills)

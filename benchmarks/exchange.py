@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parser, table, write
+from _common import cpu_seconds, parser, table, write
 
 from sparkbus.bus import BusConfig, allocator
 from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, Send
@@ -269,15 +269,6 @@ class BinxDriver:
 def http_exchange(client: HttpExchangeClient, task: str, start: threading.Barrier, out: list[int]) -> None:
     start.wait()
     out.append(sum(len(p) for p in client.fetch_all(task, 0, max_bytes=1, max_wait=0.0)))
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User and system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_cell(

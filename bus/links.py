@@ -20,7 +20,9 @@ from sparkbus.bus.messages import (
     Reject,
     Welcome,
     and_features,
+    check_version,
     retry_version,
+    version_text,
 )
 from sparkbus.bus.state import NodeState, _Inbound, _Outbound, _Peer
 from sparkbus.codecs import Buffer, DecodeError
@@ -35,7 +37,7 @@ class LinkLayer(NodeState):
         out.attempt += 1
         out.state = "hello_sent"
         out.hello_at = now
-        version = out.offered or self.config.versions[out.version_index]
+        version = self._offered(out)
         # Tell the peer when we dropped the session we gave its latest HELLO: if that HELLO is still its
         # current attempt, its WELCOME (on the way, or taken already) names a session we no longer know.
         inbound = self._inbound.get(out.peer)
@@ -65,15 +67,7 @@ class LinkLayer(NodeState):
             if offered is not None and offered not in cfg.versions:
                 # A HELLO of another version may carry fields this one does not know: what matters is
                 # the version, so the peer can retry with one we speak (IEP-90).
-                v = ".".join(map(str, offered))
-                self._refuse_rid(
-                    rid,
-                    ErrorCode.PROTOCOL_COMPATIBILITY,
-                    f"unsupported version {v}",
-                    now,
-                    attempt,
-                    version=self._answer_version(offered),
-                )
+                self._refuse_version(rid, offered, attempt, now)
                 return
             code = ErrorCode.HANDSHAKE_HEADER if exc.field in ("magic", "<body>") else ErrorCode.MALFORMED
             self._refuse_rid(rid, code, f"bad HELLO: {exc}", now)
@@ -89,15 +83,7 @@ class LinkLayer(NodeState):
             )
             return
         if hello.version not in cfg.versions:
-            v = ".".join(map(str, hello.version))
-            self._refuse_rid(
-                rid,
-                ErrorCode.PROTOCOL_COMPATIBILITY,
-                f"unsupported version {v}",
-                now,
-                hello.attempt,
-                version=self._answer_version(hello.version),
-            )
+            self._refuse_version(rid, hello.version, hello.attempt, now)
             return
         if hello.cluster_tag != cfg.cluster_tag:
             self._refuse_rid(
@@ -203,11 +189,17 @@ class LinkLayer(NodeState):
         self._counts["sessions_accepted"] += 1
         self._maybe_up(peer, now)
 
-    def _answer_version(self, offered: tuple[int, int, int]) -> tuple[int, int, int]:
-        """The version to answer an unsupported offer with: the newest we speak below it (a newer peer
-        may speak it too), else our newest."""
+    def _refuse_version(self, rid: bytes, offered: tuple[int, int, int], attempt: int, now: float) -> None:
+        """REJECT ``PROTOCOL_COMPATIBILITY`` of a HELLO offering a version we do not speak, with the one
+        to try: the newest we speak below it (a newer peer may speak it too), else our newest."""
         older = [v for v in self.config.versions if v < offered]
-        return max(older) if older else self.config.versions[0]
+        answer = max(older) if older else self.config.versions[0]
+        text = f"unsupported version {version_text(offered)}"
+        self._refuse_rid(rid, ErrorCode.PROTOCOL_COMPATIBILITY, text, now, attempt, version=answer)
+
+    def _offered(self, out: _Outbound) -> tuple[int, int, int]:
+        """The version our HELLOs towards ``out.peer`` offer: our newest, or the one negotiation chose."""
+        return out.offered or self.config.versions[0]
 
     def _new_session_id(self) -> int:
         while True:
@@ -227,10 +219,9 @@ class LinkLayer(NodeState):
                 out, f"cluster mismatch: expected {self.config.cluster_tag!r}, got {msg.cluster_tag!r}", now
             )
             return
-        offered = out.offered or self.config.versions[out.version_index]
-        if msg.version != offered:
+        if msg.version != self._offered(out):
             # The server picks the version by refusing ours, never by welcoming another one.
-            v, o = ".".join(map(str, msg.version)), ".".join(map(str, offered))
+            v, o = version_text(msg.version), version_text(self._offered(out))
             self._refuse_outbound(out, f"peer welcomed version {v}, but this node offered {o}", now)
             return
         out.state = "established"
@@ -256,8 +247,7 @@ class LinkLayer(NodeState):
             and out.state == "hello_sent"
             and msg.attempt == out.attempt
         ):
-            offered = out.offered or self.config.versions[out.version_index]
-            again = retry_version(self.config.versions, offered, msg.version)
+            again = retry_version(self.config.versions, self._offered(out), msg.version)
             if again is not None:
                 out.offered = again  # IEP-90: retry with the server's version, or an older one we speak
                 self._send_hello(out, now)
@@ -363,15 +353,14 @@ def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | N
     if not isinstance(body, dict):
         return None, 0
     version, attempt = body.get("version"), body.get("attempt")
-    if not (
-        isinstance(version, list)
-        and len(version) == 3
-        and all(type(x) is int and 0 <= x <= 0xFFFF for x in version)
-    ):
+    if not (isinstance(version, list) and len(version) == 3 and all(type(x) is int for x in version)):
         return None, 0
-    return (version[0], version[1], version[2]), attempt if type(
-        attempt
-    ) is int and 0 <= attempt < 2**63 else 0
+    offered = (version[0], version[1], version[2])
+    try:
+        check_version(offered)
+    except ValueError:
+        return None, 0
+    return offered, attempt if type(attempt) is int and 0 <= attempt < 2**63 else 0
 
 
 def _dropped_attempt(hello: Hello) -> int:

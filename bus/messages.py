@@ -65,9 +65,15 @@ def retry_version(
     return max(lower) if lower else None
 
 
-def _check_version(version: tuple[int, int, int]) -> None:
+def check_version(version: tuple[int, int, int]) -> None:
+    """Raises ValueError unless each part of ``version`` fits 2 bytes (IEP-90)."""
     if any(not 0 <= part <= 0xFFFF for part in version):
         raise ValueError(f"version parts must fit 2 bytes, got {version}")
+
+
+def version_text(version: tuple[int, int, int]) -> str:
+    """``(1, 0, 0)`` as ``"1.0.0"``."""
+    return ".".join(map(str, version))
 
 
 @message(0x0001)
@@ -97,7 +103,7 @@ class Hello:
     extensions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_version(self.version)
+        check_version(self.version)
         if not self.node_id or len(self.node_id) > 255:
             raise ValueError("node_id must be 1..255 characters")
         if self.kind not in ("node", "client"):
@@ -121,7 +127,7 @@ class Welcome:
     attempt: int = 0
 
     def __post_init__(self) -> None:
-        _check_version(self.version)
+        check_version(self.version)
         if self.session <= 0:
             raise ValueError("session must be positive")
 

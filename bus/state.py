@@ -47,7 +47,6 @@ class _Outbound:
     # incarnation) and moves on with every HELLO, and a link lost while a HELLO is unanswered moves it on
     # too: a WELCOME carrying any other number answers a HELLO of an attempt that is over, and is ignored.
     attempt: int = 0
-    version_index: int = 0
     offered: tuple[int, int, int] | None = None
     session: int = 0
     seq: int = 0

@@ -47,6 +47,7 @@ from sparkbus.bus.messages import (
     Welcome,
     features_to_bits,
     retry_version,
+    version_text,
 )
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Limits
 from sparkbus.roles.client.chunks import ArrowParts
@@ -447,12 +448,16 @@ class ClientCore:
         self.out.append(Open(link.key, link.transports[link.index]))
         self._hello(link, now)
 
+    def _offered(self, link: Link) -> tuple[int, int, int]:
+        """The version this link's HELLOs offer: our newest, or the one negotiation chose."""
+        return link.offered or self.config.versions[0]
+
     def _hello(self, link: Link, now: float) -> None:
         link.attempt += 1
         link.deadline = now + self.config.handshake_timeout
         hello = Hello(
             magic=MAGIC,
-            version=link.offered or self.config.versions[0],
+            version=self._offered(link),
             features=self._features,
             cluster_tag=self.cluster_tag or self.config.cluster_tag,
             node_id=self.name,
@@ -469,18 +474,15 @@ class ClientCore:
             if msg.code in FINAL_CODES:
                 self._refused(link, f"{msg.code.name}: {msg.message}", now)
             elif msg.code == ErrorCode.PROTOCOL_COMPATIBILITY and (
-                again := retry_version(
-                    self.config.versions, link.offered or self.config.versions[0], msg.version
-                )
+                again := retry_version(self.config.versions, self._offered(link), msg.version)
             ):
                 link.offered = again  # IEP-90: try again with the server's version, or an older one of ours
                 self._hello(link, now)
             else:
                 self._failed(link, f"handshake refused: {msg.code.name}: {msg.message}", now)
             return
-        offered = link.offered or self.config.versions[0]
-        if msg.version != offered:
-            v, o = ".".join(map(str, msg.version)), ".".join(map(str, offered))
+        if msg.version != self._offered(link):
+            v, o = version_text(msg.version), version_text(self._offered(link))
             self._failed(link, f"the node welcomed version {v}, but this client offered {o}", now)
             return
         tag = self.cluster_tag or self.config.cluster_tag
