@@ -233,18 +233,14 @@ class ReplicationRole(Receiving, Placement):
     # ------------------------------------------------------------ the procedures (spec 3.5, 3.8)
 
     def _run_all(self) -> None:
-        for rep in list(self.local.values()):
-            try:
-                self._run(rep)
-            except StoreError as exc:
-                self._count("store_errors")
-                raise LocalProtocolError(f"{rep.spec.partition}: {exc}") from exc
-        for rep in list(self.draining.values()):
-            try:
-                self._drain(rep)
-            except StoreError as exc:
-                self._count("store_errors")
-                raise LocalProtocolError(f"{rep.spec.partition} (draining): {exc}") from exc
+        steps = ((self.local, self._run, ""), (self.draining, self._drain, " (draining)"))
+        for replicas, step, which in steps:
+            for rep in list(replicas.values()):
+                try:
+                    step(rep)
+                except StoreError as exc:
+                    self._count("store_errors")
+                    raise LocalProtocolError(f"{rep.spec.partition}{which}: {exc}") from exc
 
     def _run(self, rep: LocalReplica) -> None:
         lifecycle = rep.lifecycle
@@ -541,19 +537,9 @@ class ReplicationRole(Receiving, Placement):
                 out.temp = False
         if out.state is not OutState.SENDING:
             return  # OFFERED: ended when answered; DRAINED: every byte sent, the ack ends it
-        out.close_view()
         out.chunks += 1
-        out.state = next_out(out.state, OutEvent.DRAINED, out.what)
         self._emit(SendBatch(peer=out.peer, stream=out.stream, data=b"", last=True))
-        self._emit(CloseStream(peer=out.peer, stream=out.stream))
-        self._emit(
-            Send(
-                peer=out.peer,
-                message=SegmentTransited(
-                    partition=out.dest[1], segment_id=out.segment_id, size=out.offset, chunks=out.chunks
-                ),
-            )
-        )
+        self._drained(out)
 
     def _mark_acked(self, out: _Out) -> None:
         rep = self._sender_rep(out)
@@ -604,17 +590,21 @@ class ReplicationRole(Receiving, Placement):
             out.chunks += 1
             self._emit(SendBatch(peer=out.peer, stream=stream, data=data, last=out.offset == out.size))
         if out.offset == out.size:
-            out.close_view()
-            out.state = next_out(out.state, OutEvent.DRAINED, out.what)
-            self._emit(CloseStream(peer=out.peer, stream=stream))
-            self._emit(
-                Send(
-                    peer=out.peer,
-                    message=SegmentTransited(
-                        partition=out.dest[1], segment_id=out.segment_id, size=out.size, chunks=out.chunks
-                    ),
-                )
+            self._drained(out)
+
+    def _drained(self, out: _Out) -> None:
+        """The last batch of ``out`` went out (or ``_abandon``'s empty one): close the stream, sum it up."""
+        out.close_view()
+        out.state = next_out(out.state, OutEvent.DRAINED, out.what)
+        self._emit(CloseStream(peer=out.peer, stream=out.stream))
+        self._emit(
+            Send(
+                peer=out.peer,
+                message=SegmentTransited(
+                    partition=out.dest[1], segment_id=out.segment_id, size=out.offset, chunks=out.chunks
+                ),
             )
+        )
 
     def _on_declined(self, peer: str, msg: SegmentDeclined) -> None:
         out = self._out_for(peer, msg.partition, msg.segment_id)
