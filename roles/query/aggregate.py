@@ -202,6 +202,11 @@ def normalised(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
     return pc.if_else(pc.is_nan(zeroed), pa.scalar(float("nan"), values.type), zeroed)
 
 
+def _nan_on_top(kernel: str, values: pa.ChunkedArray | pa.Array) -> bool:
+    """A MAX of floats: Spark orders NaN above everything, where Arrow's min and max skip it."""
+    return kernel == "max" and values.type in _FLOATS
+
+
 def _nan_tops(maxima: pa.ChunkedArray | pa.Array, any_nan: pa.ChunkedArray | pa.Array) -> Any:
     """MAX as Spark orders floats, NaN above everything: NaN where the group holds one (Arrow skips NaN)."""
     return pc.if_else(pc.fill_null(any_nan, False), pa.scalar(float("nan"), maxima.type), maxima)
@@ -297,8 +302,8 @@ def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
             result = pc.sum(values, min_count=0)
         elif kernel in ("min", "max"):
             result = pc.min_max(values)[kernel]
-            if kernel == "max" and values.type in _FLOATS and pc.any(pc.is_nan(values)).as_py():
-                result = pa.scalar(float("nan"), values.type)  # Arrow skips NaN; Spark puts it on top
+            if _nan_on_top(kernel, values) and pc.any(pc.is_nan(values)).as_py():
+                result = pa.scalar(float("nan"), values.type)
         elif kernel == "distinct":
             out[name] = _list_of(_distinct(normalised(values.combine_chunks())))
             continue
@@ -403,7 +408,7 @@ def _apply_hashed(
                 inputs[f"__c{i}"] = _hash_input(values, kernel)
                 aggregations.append((f"__c{i}", _HASH[kernel]))
                 shared[key] = f"__c{i}_{_HASH[kernel]}"
-                if kernel == "max" and values.type in _FLOATS:
+                if _nan_on_top(kernel, values):
                     inputs[f"__n{i}"] = pc.is_nan(values)
                     aggregations.append((f"__n{i}", "any"))
                     nan_of[shared[key]] = f"__n{i}_any"
@@ -683,7 +688,7 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
         values = g if col is None else _column(table, col)
         inputs[f"__c{i}"] = _hash_input(values, kernel)
         aggregations.append((f"__c{i}", _HASH[kernel]))
-        if kernel == "max" and values.type in _FLOATS:
+        if _nan_on_top(kernel, values):
             inputs[f"__n{i}"] = pc.is_nan(values)
             aggregations.append((f"__n{i}", "any"))
     grouped = pa.table(inputs).group_by(["__g"], use_threads=False).aggregate(aggregations)
