@@ -26,6 +26,16 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 Value: TypeAlias = Any
 
 
+def is_literal_value(value: object) -> bool:
+    """What a literal or a query parameter can hold (``Scalar``): None, a bool, an int, a float or a str."""
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def outside_int64(value: object) -> bool:
+    """An integer that int64 (SQL's BIGINT) cannot hold."""
+    return isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Column:
     """A column of the operator's input, by name."""
@@ -44,11 +54,11 @@ class Literal:
     value: Scalar
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, int | float | str | bool | type(None)):
+        if not is_literal_value(self.value):
             raise PlanError(
                 "lit", f"literal must be int, float, str, bool or None, got {type(self.value).__name__}"
             )
-        if type(self.value) is int and not INT64_MIN <= self.value <= INT64_MAX:
+        if type(self.value) is int and outside_int64(self.value):
             raise PlanError("lit", f"integer literal {self.value} is outside int64")
 
 

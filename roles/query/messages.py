@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkbus.codecs import message
 from sparkbus.roles.query.errors import ErrorCode
-from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN
+from sparkbus.roles.query.expressions import is_literal_value, outside_int64
 from sparkbus.roles.query.plan import Fragment, check_fragments, fragment_from_plain
 
 MAX_FRAGMENTS = 64
@@ -81,9 +81,9 @@ def check_parameter(value: Any, where: str) -> None:
     Raises:
         ValueError: anything else, naming ``where``.
     """
-    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+    if outside_int64(value):
         raise ValueError(f"{where}: {value} is outside int64")
-    if value is not None and not isinstance(value, bool | int | float | str):
+    if not is_literal_value(value):
         raise ValueError(
             f"{where}: expected null, a bool, an int, a float or a str, got {type(value).__name__}"
         )

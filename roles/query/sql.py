@@ -18,7 +18,7 @@ import sqlglot
 from sqlglot import exp
 
 from sparkbus.roles.query.errors import SqlError
-from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN, Call, Column, Expr, Literal, Param
+from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param, outside_int64
 from sparkbus.roles.query.plan import (
     MAX_ROWS,
     AggCall,
@@ -238,7 +238,7 @@ class _Translator:
             value = float(node.this)
         if negative:
             value = -value
-        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        if outside_int64(value):
             raise self.error(f"integer literal {value} is outside the range of BIGINT (64-bit)", node)
         return value
 
