@@ -184,6 +184,16 @@ class QueryRole:
         self.counters["unexpected_errors"] += 1
         self._fail(q, ErrorCode.DATA_EXCEPTION, f"{where}: {type(exc).__name__}: {exc}", self.member, out)
 
+    def _failed_at(
+        self, q: QueryState, exc: Exception, where: str, out: list[c.Action], *, named: bool = True
+    ) -> None:
+        """``exc`` was raised at ``where`` while ``q`` ran: a ``QueryError`` fails it with its own code (its
+        message after ``where`` when ``named``), anything else as ``_failed_unexpectedly``."""
+        if isinstance(exc, QueryError):
+            self._fail(q, exc.code, f"{where}: {exc.message}" if named else exc.message, self.member, out)
+        else:
+            self._failed_unexpectedly(q, exc, where, out)
+
     # ------------------------------------------------------------------ local calls
 
     def _on_call(self, call: c.LocalCall, now: float, out: list[c.Action]) -> None:
@@ -352,11 +362,8 @@ class QueryRole:
         try:
             folded = run.inbox is not None and run.inbox.folded
             table = engine.run(run.fragment.root, self.store, start.parameters, received, folded=folded)
-        except QueryError as exc:
-            self._fail(q, exc.code, exc.message, self.member, out)
-            return
         except Exception as exc:
-            self._failed_unexpectedly(q, exc, f"fragment {run.fragment.id}", out)
+            self._failed_at(q, exc, f"fragment {run.fragment.id}", out, named=False)
             return
         send = run.fragment.send
         if send is None:
@@ -369,11 +376,8 @@ class QueryRole:
         if send.mode == "hash" and table is not None:
             try:
                 parts = list(engine.hash_partition(table, send.keys, len(receivers)))
-            except QueryError as exc:
-                self._fail(q, exc.code, exc.message, self.member, out)
-                return
             except Exception as exc:
-                self._failed_unexpectedly(q, exc, "hash partition", out)
+                self._failed_at(q, exc, "hash partition", out, named=False)
                 return
         else:
             parts = [table] * len(receivers)
@@ -457,11 +461,8 @@ class QueryRole:
         try:
             for page in data:
                 run.inbox.add(page)
-        except QueryError as exc:
-            self._fail(q, exc.code, f"pages from {peer}: {exc.message}", self.member, out)
-            return
         except Exception as exc:
-            self._failed_unexpectedly(q, exc, f"pages from {peer}", out)
+            self._failed_at(q, exc, f"pages from {peer}", out)
             return
         self.counters["batches_in"] += len(data)
         if complete:
@@ -603,11 +604,8 @@ class QueryRole:
             return
         try:
             run.inbox.add(ev.data)
-        except QueryError as exc:
-            self._fail(q, exc.code, f"batch from {ev.peer}: {exc.message}", self.member, out)
-            return
         except Exception as exc:
-            self._failed_unexpectedly(q, exc, f"batch from {ev.peer}", out)
+            self._failed_at(q, exc, f"batch from {ev.peer}", out)
             return
         self.counters["batches_in"] += 1
         out.append(c.Consumed(peer=ev.peer, stream=ev.stream, size=ev.size))
