@@ -27,17 +27,20 @@ serves a table:
   per local replica (rows, loaded, pending, replicated, error), which the driver queries to follow a
   load.
 
-Replicas live in ``$SPARKBUS_DATA_DIR/<node>-<random>`` (a fresh temporary directory when unset).
+Replicas live in ``$SPARKBUS_DATA_DIR/<cluster>/<node>``, one directory per node that a restarted node opens
+again (``NodeData``); without the variable, in a new temporary directory per start, which a restart does not
+find.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -132,16 +135,52 @@ def split_by_partition(rows: pa.Table) -> list[tuple[str, pa.Table]]:
     ]
 
 
-def _storage_for(node: str) -> Any:
-    base = os.environ.get(DATA_DIR_ENV)
-    if base:
-        Path(base).mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"{node}-", dir=base or None))
+class DataDirInUse(RuntimeError):
+    """Another live process (or another node object in this one) holds the node's data directory."""
 
-    def storage(partition: str) -> DiskStorage:
-        return DiskStorage(root / partition.replace("/", "~"))
 
-    return storage
+class NodeData:
+    """The directory of one node's replicas, and the lock that keeps it to one process.
+
+    With ``$SPARKBUS_DATA_DIR`` set it is ``<that>/<cluster>/<node>``: the same path on every start, so a
+    restarted node opens its stores again (recovery: docs/REPLICATION.md). An exclusive ``flock`` on its
+    ``LOCK`` file is held until ``close`` (or the process's death, which releases it): two processes
+    serving one node's files would corrupt them. Without the variable the directory is a new temporary one.
+
+    Calling it gives the ``DiskStorage`` of a partition's replica (``"t/0"`` lives in ``t~0``).
+
+    Raises:
+        DataDirInUse: the directory is locked.
+    """
+
+    LOCK = "LOCK"
+
+    def __init__(self, node: str, cluster: str, base: str | None) -> None:
+        self._lock: IO[bytes] | None = None
+        if not base:
+            self.root = Path(tempfile.mkdtemp(prefix=f"{node}-"))
+            return
+        self.root = Path(base) / cluster / node
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = open(self.root / self.LOCK, "ab")  # noqa: SIM115 (held until close)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise DataDirInUse(
+                f"node {node}: its data directory {self.root} is in use by another process (or another "
+                f"node {node} in this one); two processes must not serve the same replicas"
+            ) from None
+        self._lock = lock
+
+    def __call__(self, partition: str) -> DiskStorage:
+        return DiskStorage(self.root / partition.replace("/", "~"))
+
+    def close(self) -> None:
+        """Release the lock (idempotent); the files stay for the next start."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 class ServingReplication(ReplicationRole):
@@ -186,6 +225,12 @@ class ServingReplication(ReplicationRole):
             for table in keys:
                 catalog.publish(table, lambda table=table: self.serve(table))
             catalog.publish(REPLICAS_TABLE, self.replicas_table)
+
+    def close(self) -> None:
+        """The node stopped: release what the storage holds (``NodeData``'s directory lock)."""
+        close = getattr(self.storage_for, "close", None)
+        if close is not None:
+            close()
 
     # ------------------------------------------------------------ placement with per-table keys
 
@@ -366,7 +411,7 @@ def make_role(ctx: Any) -> ServingReplication:
         ctx.node_id,
         layout_for(topology),
         {t.name: tuple(t.key) for t in tables},
-        _storage_for(ctx.node_id),
+        NodeData(ctx.node_id, topology.cluster.name, os.environ.get(DATA_DIR_ENV)),
         local_data=tuple(getattr(ctx, "local_data", ())),
         catalog=getattr(ctx, "catalog", None),
         config=ReplicationConfig(store=StoreConfig(key=tuple(tables[0].key) if tables else ("key",))),
