@@ -11,6 +11,7 @@ COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG. Everything else is re
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -236,6 +237,10 @@ class _Translator:
             value: int | float = int(node.this)
         except ValueError:
             value = float(node.this)
+            if math.isinf(value):  # as Spark SQL: a literal beyond DOUBLE's range is an error, not infinity
+                raise self.error(
+                    f"numeric literal {node.this} is outside the range of DOUBLE", node
+                ) from None
         if negative:
             value = -value
         if outside_int64(value):

@@ -127,6 +127,24 @@ def test_integer_literals_outside_int64_are_refused_when_parsed(literal: str) ->
     assert text[info.value.start : info.value.end] in (literal, literal.lstrip("-"))  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("literal", ["1e400", "-1E400", "1.5e309"])
+def test_float_literals_beyond_double_are_refused_not_read_as_infinity(literal: str) -> None:
+    """As Spark SQL does (INVALID_NUMERIC_LITERAL_RANGE): before, 1e400 became infinity and matched rows."""
+    text = f"SELECT x FROM t WHERE x < {literal}"
+    with pytest.raises(SqlError, match="outside the range of DOUBLE") as info:
+        parse_sql(text)
+    assert info.value.code is ErrorCode.PARSING
+    assert text[info.value.start : info.value.end] in (literal, literal.lstrip("-"))  # type: ignore[misc]
+
+
+def test_the_largest_doubles_are_literals() -> None:
+    table = pa.table({"x": pa.array([1.0, 2.0], pa.float64())})
+    assert sql("SELECT x FROM t WHERE x < 1.7976931348623157e308 AND x > -1e308", [table]) == [
+        {"x": 1.0},
+        {"x": 2.0},
+    ]
+
+
 def test_the_int64_bounds_themselves_are_literals() -> None:
     table = pa.table({"x": pa.array([-(2**63), 0, 2**63 - 1], pa.int64())})
     got = sql("SELECT x FROM t WHERE x > -9223372036854775808 AND x < 9223372036854775807", [table])
