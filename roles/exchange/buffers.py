@@ -411,7 +411,9 @@ class OutputBuffers:
         instance_id: the node's incarnation, stamped on buffers created without their own.
         max_buffer_bytes: default per-buffer bound (Presto's ``sink.max-buffer-size`` is 32 MB).
         max_total_bytes: bound on the page bytes held by all buffers together.
-        max_tombstones: how many deleted buffers are remembered.
+        max_tombstones: how many deleted buffers are remembered (at least 1: a DELETE answers the reads
+            parked on its buffer through the tombstone). A DELETE of a buffer not created yet leaves one
+            too, so the producer's later ``create`` gets the deleted buffer and its pages are dropped.
     """
 
     def __init__(
@@ -422,8 +424,8 @@ class OutputBuffers:
         max_total_bytes: int = 512 * MiB,
         max_tombstones: int = 4096,
     ) -> None:
-        if max_total_bytes <= 0 or max_tombstones < 0:
-            raise ValueError("max_total_bytes must be positive and max_tombstones >= 0")
+        if max_total_bytes <= 0 or max_tombstones < 1:
+            raise ValueError("max_total_bytes must be positive and max_tombstones >= 1")
         self.instance_id = instance_id
         self.max_buffer_bytes = max_buffer_bytes
         self.max_total_bytes = max_total_bytes
@@ -454,7 +456,8 @@ class OutputBuffers:
     def create(
         self, task_id: str, buffer_id: int, *, instance_id: str | None = None, max_bytes: int | None = None
     ) -> OutputBuffer:
-        """Create an empty buffer.
+        """Create an empty buffer; if its consumer already deleted it (a DELETE may come first: spec 002's
+        race with setup), the deleted buffer, which drops every page added to it.
 
         Raises:
             LocalProtocolError: a live buffer with this key exists.
@@ -462,7 +465,9 @@ class OutputBuffers:
         key = (task_id, buffer_id)
         if key in self._buffers:
             raise LocalProtocolError(f"task {task_id} buffer {buffer_id} already exists")
-        self._tombstones.pop(key, None)
+        deleted = self._tombstones.get(key)
+        if deleted is not None:
+            return deleted
         buf = OutputBuffer(
             task_id,
             buffer_id,
@@ -536,7 +541,12 @@ class OutputBuffers:
         key = (task_id, buffer_id)
         buf = self._buffers.pop(key, None)
         if buf is None:
-            return
+            if key in self._tombstones:
+                return
+            # Not created yet: remember the delete, so the producer's create gets a deleted buffer.
+            buf = OutputBuffer(
+                task_id, buffer_id, instance_id=self.instance_id, max_bytes=self.max_buffer_bytes
+            )
         self._bytes -= buf.destroy()
         self._tombstones[key] = buf
         while len(self._tombstones) > self.max_tombstones:

@@ -187,7 +187,7 @@ class BinxServer:
         """Create the buffer if it is new, append ``pages`` and, with ``last``, finish it: one call for a
         producer whose output is ready at once (a query fragment). Nothing is added if any page does not
         fit (``BufferFullError``)."""
-        if (task_id, buffer_id) not in self.buffers:
+        if self.buffers.get(task_id, buffer_id) is None:  # a deleted buffer stays deleted: pages dropped
             self.buffers.create(task_id, buffer_id)
         if pages:
             self.buffers.add_pages(task_id, buffer_id, pages)

@@ -140,6 +140,24 @@ def test_delete_frees_and_leaves_a_tombstone() -> None:
     assert bufs.bytes_held == 0
 
 
+def test_a_delete_before_the_buffer_is_created_drops_the_producers_pages() -> None:
+    """Spec 002's race of DELETE with setup: a consumer that closes before the producer started must not
+    leave the producer's pages held for ever (nobody would read or delete them again)."""
+    bufs = OutputBuffers(instance_id="inst")
+    bufs.delete(T, B)
+    buf = bufs.create(T, B)
+    assert buf.state is BufferState.DESTROYED
+    assert bufs.add_pages(T, B, [b"y" * 1000]) == 0
+    bufs.no_more_pages(T, B)
+    assert bufs.bytes_held == 0 and (T, B) not in bufs
+    assert bufs.read(T, B, 0, 10).complete
+
+
+def test_at_least_one_tombstone_is_kept() -> None:
+    with pytest.raises(ValueError, match="max_tombstones >= 1"):
+        OutputBuffers(max_tombstones=0)
+
+
 def test_tombstones_are_bounded() -> None:
     bufs = OutputBuffers(max_tombstones=2)
     for i in range(4):

@@ -152,6 +152,22 @@ def test_delete_is_acknowledged_idempotent_and_answers_waiters() -> None:
     assert after.status == ReplyStatus.NODATA and after.bufferComplete
 
 
+def test_pages_published_after_a_delete_are_dropped() -> None:
+    """The consumer's DELETE may land before the producer publishes (the query role creates, then
+    publishes its fragment's pages): the buffer stays deleted and holds nothing, before and after create."""
+    srv = BinxServer(OutputBuffers(instance_id="i7"))
+    srv.create_buffer(T, B)
+    assert only_reply(send(srv, request(RequestType.DELETE))).status == ReplyStatus.OK
+    srv.publish(T, B, [b"x" * 1000], last=True, now=1.0)
+    assert srv.buffers.bytes_held == 0
+    late = BinxServer(OutputBuffers(instance_id="i7"))
+    assert only_reply(send(late, request(RequestType.DELETE))).status == ReplyStatus.OK  # before create
+    late.create_buffer(T, B)
+    late.publish(T, B, [b"y" * 1000], last=True, now=1.0)
+    assert late.buffers.bytes_held == 0
+    assert only_reply(send(late, request())).bufferComplete
+
+
 def test_server_error_codes() -> None:
     srv = server_with(b"a", b"b")
     send(srv, request(token=2))
