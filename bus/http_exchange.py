@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import math
 import os
 import re
 import select
@@ -198,7 +199,10 @@ def parse_data_size(text: str) -> int:
     m = _SIZE.match(text)
     if m is None:
         raise ValueError(f"not a data size: {text!r}")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    size = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if not math.isfinite(size):  # "9" * 400: infinity, which int() cannot take
+        raise ValueError(f"not a data size: {text[:40]!r}... is too large")
+    return int(size)
 
 
 def parse_duration(text: str) -> float:
@@ -581,6 +585,10 @@ class HttpExchangeClient:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout + wait)
                 self._conn._create_connection = self._open  # type: ignore[attr-defined]
             self._conn.timeout = self.timeout + wait
+            if self._conn.sock is not None:
+                # http.client applies its timeout only when it connects: a kept-alive socket still has the
+                # one of the request that opened it (an ack's, shorter than a long poll's).
+                self._conn.sock.settimeout(self.timeout + wait)
             try:
                 self._conn.request(method, path, headers=headers)
                 resp = self._conn.getresponse()

@@ -63,7 +63,8 @@ class RetryState:
         self.failures += 1
         if self.failures == 1:
             return 0.0
-        base: float = min(self.policy.max_delay, self.policy.min_delay * 2.0 ** (self.failures - 2))
+        # The exponent is capped: 2.0 ** 1024 overflows, which a long max_error_duration reaches.
+        base: float = min(self.policy.max_delay, self.policy.min_delay * 2.0 ** min(self.failures - 2, 64))
         return base * (1 + self.policy.jitter * self.rng.uniform(-1.0, 1.0))
 
     def start_error_period(self, now: float) -> None:

@@ -128,6 +128,18 @@ def test_bad_requests_are_refused(server: HttpExchangeServer, client: HttpExchan
     assert resp.status == 404
     resp, _ = conn._request("DELETE", "/v1/task/x/results/0/5", {}, 0.0)
     assert resp.status == 405
+    # a size that is no number: answered 400, not a dropped connection (the handler used to die)
+    resp, body = conn._request("GET", "/v1/task/x/results/0/0", {"X-Presto-Max-Size": "9" * 400 + "B"}, 0.0)
+    assert resp.status == 400 and b"too large" in body
+
+
+def test_a_long_poll_on_a_kept_alive_connection_gets_its_own_timeout(server: HttpExchangeServer) -> None:
+    """http.client sets a socket's timeout when it connects: a long poll over a connection an ack opened
+    timed out after the ack's timeout (0.3 s here) instead of its own (0.3 s + its wait)."""
+    fill(server, 7, [], finish=False)
+    with HttpExchangeClient("127.0.0.1", server.port, timeout=0.3) as c:
+        c.acknowledge(T, 7, 0)
+        assert c.get(T, 7, 0, max_wait=0.8).status == 204
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

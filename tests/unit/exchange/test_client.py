@@ -385,6 +385,14 @@ def test_backoff_is_exponential_with_seeded_jitter() -> None:
         BackoffPolicy(jitter=1.5)
 
 
+def test_backoff_stays_at_its_cap_however_many_failures() -> None:
+    """A long error budget (3 h of 10 s retries is about 1,080 failures) used to overflow 2.0 ** n at the
+    1,026th failure: the role raised, and the http.client role's parked fetch was never answered."""
+    state = RetryState(BackoffPolicy(max_error_duration=3 * 3600.0), random.Random(1))
+    delays = [state.failed(float(i)) for i in range(1_200)]
+    assert min(delays[200:]) >= 9.0 and max(delays) <= 11.0
+
+
 def test_backoff_timers_follow_the_policy() -> None:
     pair = make_pair(seed=3)
     pair.connect()

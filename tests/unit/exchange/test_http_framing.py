@@ -42,3 +42,9 @@ def test_bad_sizes_and_durations(text: str) -> None:
         parse_data_size(text)
     with pytest.raises(ValueError, match="not a"):
         parse_duration(text)
+
+
+def test_a_size_too_large_for_a_number_is_not_a_size() -> None:
+    """Before, 400 nines made infinity and int() raised OverflowError, which killed the request's thread."""
+    with pytest.raises(ValueError, match="too large"):
+        parse_data_size("9" * 400 + "B")
