@@ -62,6 +62,8 @@ def offer_problem(offer: SegmentOffered) -> str | None:
             return f"included id {value[:40]!r} is not a segment id"
     if offer.max_lsn > MAX_LSN:
         return f"max_lsn {offer.max_lsn} is above {MAX_LSN}"
+    if offer.base_id == offer.segment_id or offer.segment_id in offer.included:
+        return f"segment {offer.segment_id} names itself as its base or among its included ids"
     return None
 
 
@@ -118,7 +120,12 @@ class Receiving:
         store = rep.store
         if rep.lifecycle not in (Lifecycle.LOAD, Lifecycle.SERVE) or offer.target != rep.me.placement:
             return DeclineReason.INVALID
+        # A segment id names one segment: one listed already EXISTS (before a fast-forward, which would
+        # replace our entry with the offer's, possibly based on itself), after the sender checks.
+        listed = any(e.segment_id == offer.segment_id for e in store.entries)
         if rep.leads:
+            if listed:
+                return DeclineReason.SEGMENT_EXISTS
             if offer.base_id == store.root:
                 return "ff"
             if rep.lifecycle == Lifecycle.LOAD and store.root is None:
@@ -129,6 +136,8 @@ class Receiving:
         leader = rep.leader
         if leader is None or leader.node != peer or leader.placement != offer.sender:
             return DeclineReason.INVALID
+        if listed:
+            return DeclineReason.SEGMENT_EXISTS
         if offer.base_id == store.root:
             return "ff"
         if is_referenced(store.entries, store.root, offer.segment_id):

@@ -340,8 +340,9 @@ def chain(entries: Sequence[SegmentEntry], root: str | None) -> list[SegmentEntr
     out: list[SegmentEntry] = []
     by_id = {e.segment_id: e for e in entries}
     next_id = root
+    # Each entry is taken at most once: a list that loops (which no honest peer makes) must not hang.
     while next_id is not None and next_id in by_id:
-        entry = by_id[next_id]
+        entry = by_id.pop(next_id)
         out.append(entry)
         if entry.major:
             break

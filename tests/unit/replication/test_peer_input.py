@@ -26,7 +26,7 @@ from sparkbus.roles.replication.messages import (
     SegmentTransited,
 )
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
-from sparkbus.roles.replication.segments import SegmentEntry
+from sparkbus.roles.replication.segments import SegmentEntry, chain
 from sparkbus.roles.replication.storage import DiskStorage, FileWriter, MemoryStorage, Storage, Tap
 from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError
 
@@ -100,6 +100,8 @@ def transfer(role: ReplicationRole, offer: SegmentOffered, data: bytes) -> Segme
         {"base_id": "x/../y", "major": True},
         {"included": ("1.1", "WAL")},
         {"max_lsn": MAX_LSN + 1},  # pushed the clock to where the next write overflows
+        {"base_id": "1.1", "segment_id": "1.1"},  # based on itself: the chain would loop for ever
+        {"included": ("1.1",)},  # includes itself
     ],
 )
 def test_an_offer_the_store_could_not_keep_is_declined_invalid(
@@ -157,6 +159,29 @@ def test_the_segment_offered_is_fast_forwarded() -> None:
     ack = transfer(role, offer_of(entry, data), data)
     assert ack.ok, ack
     assert [e.segment_id for e in role.local[P].store.entries] == [entry.segment_id]
+
+
+def test_an_offer_of_a_segment_already_listed_is_exists_even_based_on_the_root() -> None:
+    """A peer offering our root again as based on our root (a loop once listed) got a fast-forward: the
+    entry was replaced by one based on itself, and walking the chain hung the node's loop thread."""
+    entry, data = segment()
+    role = follower()
+    assert transfer(role, offer_of(entry, data), data).ok
+    again = offer_of(entry, data, base_id=entry.segment_id, segment_id=entry.segment_id)
+    reply = answer(role, again)
+    assert isinstance(reply, SegmentDeclined) and reply.reason is DeclineReason.INVALID
+    store = role.local[P].store
+    for base in (None, "2.5"):  # the receive procedure itself: EXISTS before anything else
+        reply = answer(role, offer_of(entry, data, base_id=base))
+        assert isinstance(reply, SegmentDeclined) and reply.reason is DeclineReason.SEGMENT_EXISTS
+    assert [e.segment_id for e in store.entries] == [entry.segment_id]
+
+
+def test_a_segment_list_that_loops_is_walked_once() -> None:
+    looped = SegmentEntry(
+        segment_id="1.1", base_id="1.1", included=(), major=False, rows=1, max_lsn=1, size=1, checksum=b""
+    )
+    assert chain([looped], "1.1") == [looped]
 
 
 class _FailingDisk(MemoryStorage):
