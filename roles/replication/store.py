@@ -613,13 +613,18 @@ class PartitionStore:
         return None
 
     def reset(self) -> None:
-        """Forget every segment, the memtable and the log (a new, empty placement)."""
-        for e in self.entries:
-            self.storage.delete(segment_file(e.segment_id))
+        """Forget every segment, the memtable and the log (a new, empty placement).
+
+        The manifest that lists nothing is saved before any file goes (a listed file is a whole file): a
+        crash in between leaves unlisted segment files, which the next ``open`` deletes.
+        """
+        gone = [segment_file(e.segment_id) for e in self.entries]
         self.entries, self.root = [], None
         self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
         self._wal_flushed = self._wal_seq
         self.save_manifest()
+        for name in gone:
+            self.storage.delete(name)
         self.storage.delete(WAL)
 
     # ------------------------------------------------------------ reads

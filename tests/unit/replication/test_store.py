@@ -535,3 +535,25 @@ def test_a_crash_at_any_step_of_a_re_placement_loses_no_row() -> None:
         for placement in (1, 2):
             assert _reopen(storage.crashed(), placement) == [1, 2, 3, 4, 5, 6], (strike, placement)
     assert struck > 10, "the crash struck at every mutation of the re-placement"
+
+
+@pytest.mark.parametrize("crash_at", range(1, 6))
+def test_a_crash_inside_reset_leaves_a_store_that_opens(crash_at: int) -> None:
+    """reset (UNLOAD_FINAL after a split, the end of a drain) deleted the segment files before it saved
+    the manifest that stops listing them: a crash in between left a manifest naming files that were gone,
+    and the store, and with it every partition of the node's role, never opened again."""
+    st = MemoryStorage()
+    store = PartitionStore.open(st, P, 1, StoreConfig(flush_rows=2))
+    for k in (1, 3):
+        store.write(rows(k, k + 1), 0.0)
+        store.flush()
+    assert len(store.entries) == 2
+    st.arm_crash(crash_at)
+    try:
+        store.reset()
+    except SimulatedCrash:
+        pass
+    after = PartitionStore.open(st.crashed(), P, 1, StoreConfig(flush_rows=2))
+    got = keys_of(after) if after.schema is not None else []
+    assert got in ([], [1, 2, 3, 4])
+    assert not [n for n in after.storage.names() if n.startswith("seg-")] or after.entries
