@@ -401,6 +401,32 @@ class ReplicationRole(Receiving, Placement):
                 nodes |= {r.node for r in target.replicas}
         return nodes - {self.node}
 
+    def _finalize_problem(self, peer: str, msg: JoinFinalized | SplitFinalized) -> str | None:
+        spec = self.layout.partitions.get(msg.partition)
+        if spec is None or spec.replica_on(peer) is None:
+            return f"{peer} holds no replica of {msg.partition}"
+        if isinstance(msg, SplitFinalized):
+            return self._split_problem(msg.partition, msg.targets)
+        return None
+
+    def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
+        """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
+        value of the key's first column (it would fail every rewrite of a segment for the range)."""
+        rep = self.local.get(partition)
+        schema = None if rep is None else rep.store.schema
+        key_type = None if schema is None or rep is None else schema.field(rep.store.config.key[0]).type
+        for t in targets:
+            if t.partition == partition or t.partition not in self.layout.partitions:
+                return f"split target {t.partition!r} is not another partition of the layout"
+            for bound in (t.low, t.high):
+                if bound is None or key_type is None:
+                    continue
+                try:
+                    pa.scalar(bound, type=key_type)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                    return f"split bound {bound!r} of {t.partition} is not a {key_type} key"
+        return None
+
     def _apply_split(self, msg: SplitFinalized) -> None:
         spec = self.layout.partitions.get(msg.partition)
         if spec is not None and spec.split_targets != msg.targets:
@@ -658,10 +684,16 @@ class ReplicationRole(Receiving, Placement):
             self._on_transited(peer, msg)
         elif isinstance(msg, SegmentAcked):
             self._on_acked(peer, msg)
-        elif isinstance(msg, JoinFinalized):
-            self._apply_join(msg.partition, msg.placement)
-        elif isinstance(msg, SplitFinalized):
-            self._apply_split(msg)
+        elif isinstance(msg, JoinFinalized | SplitFinalized):
+            # Only a replica of the partition finalizes its join or split (spec 3.7, 3.8): from anyone
+            # else, or with targets this node cannot split into, it would stop the partition for good.
+            problem = self._finalize_problem(peer, msg)
+            if problem is not None:
+                self._count("finalize_refused")
+            elif isinstance(msg, JoinFinalized):
+                self._apply_join(msg.partition, msg.placement)
+            else:
+                self._apply_split(msg)
         else:
             raise RemoteProtocolError(f"{peer}: {type(msg).__name__} is not a replication message")
 
@@ -794,6 +826,9 @@ class ReplicationRole(Receiving, Placement):
         targets = tuple(args["targets"])
         if not targets or not all(isinstance(t, SplitTarget) for t in targets):
             raise TypeError("targets must be a non-empty sequence of SplitTarget")
+        problem = self._split_problem(rep.spec.partition, targets)
+        if problem is not None:
+            raise ValueError(problem)
         spec = replace(rep.spec, split_targets=targets, async_split=bool(args.get("async_split", False)))
         self._set_spec(spec)
         rep = self.local[spec.partition]

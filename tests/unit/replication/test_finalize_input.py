@@ -1,0 +1,90 @@
+"""JOIN_FINALIZE and SPLIT_FINALIZE from a peer, and the split call, are checked before they are applied.
+
+Applied unchecked, a finalize from a node that holds no replica of the partition, or one naming a target
+that is not in the layout, moved the leader's partition to UNLOAD for good (writes refused, the unload
+never finished); a split bound that is not a value of the key made every later event raise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sparkbus.bus.contract import LocalCall, MessageReceived, Reply, TimerFired
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
+from sparkbus.roles.replication.messages import JoinFinalized, SplitFinalized
+from sparkbus.roles.replication.role import ReplicationRole
+
+from .test_dropped_replica import P, make, write
+
+TARGET = PartitionSpec(partition="t/1", replicas=(Replica(node="b", placement=21),), lifecycle=Lifecycle.LOAD)
+
+
+def leader_with_rows() -> ReplicationRole:
+    a = make("a")
+    write(a, [1, 2])
+    list(a.handle(LocalCall(call_id=5, name="assign", args={"spec": TARGET}), 1.2))
+    return a
+
+
+def reply(actions: list[Any]) -> Reply:
+    (r,) = [x for x in actions if isinstance(x, Reply)]
+    return r
+
+
+def still_serving(a: ReplicationRole) -> None:
+    list(a.handle(TimerFired(key="replication/tick"), 3.0))  # a later event does not raise
+    assert a.local[P].lifecycle is Lifecycle.SERVE
+    assert reply(write(a, [7], now=3.1)).error is None
+
+
+@pytest.mark.parametrize(
+    ("peer", "targets"),
+    [
+        ("b", (SplitTarget(partition="nope/9"),)),  # a replica of P, a target no layout has
+        ("b", (SplitTarget(partition=P),)),  # into itself
+        ("b", (SplitTarget(partition="t/1", low="zz"),)),  # a string bound on an int64 key
+        ("b", (SplitTarget(partition="t/1", high=2**70),)),  # beyond int64
+        ("z", (SplitTarget(partition="t/1", high=5),)),  # from a node that holds no replica of P
+    ],
+)
+def test_a_split_finalize_that_cannot_apply_is_ignored(peer: str, targets: tuple[SplitTarget, ...]) -> None:
+    a = leader_with_rows()
+    list(a.handle(MessageReceived(peer=peer, message=SplitFinalized(partition=P, targets=targets)), 1.5))
+    assert a.counters["finalize_refused"] == 1
+    still_serving(a)
+
+
+def test_a_split_finalize_from_a_replica_with_good_targets_applies() -> None:
+    a = leader_with_rows()
+    msg = SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1", high=5),))
+    list(a.handle(MessageReceived(peer="b", message=msg), 1.5))
+    assert a.local[P].lifecycle is Lifecycle.UNLOAD and "finalize_refused" not in a.counters
+
+
+def test_a_join_finalize_from_a_node_without_a_replica_is_ignored() -> None:
+    spec = PartitionSpec(
+        partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2, joining=True))
+    )
+    a = make("a", spec)
+    list(a.handle(MessageReceived(peer="z", message=JoinFinalized(partition=P, placement=2)), 1.0))
+    assert a.counters["finalize_refused"] == 1 and a.layout.partitions[P].replicas[1].joining
+    list(a.handle(MessageReceived(peer="b", message=JoinFinalized(partition=P, placement=2)), 1.1))
+    assert not a.layout.partitions[P].replicas[1].joining
+
+
+@pytest.mark.parametrize(
+    ("target", "problem"),
+    [
+        (SplitTarget(partition="t/1", high="m"), "split bound 'm' of t/1 is not a int64 key"),
+        (SplitTarget(partition="t/9"), "split target 't/9' is not another partition of the layout"),
+    ],
+)
+def test_a_split_call_that_cannot_apply_is_refused_with_the_reason(target: SplitTarget, problem: str) -> None:
+    a = leader_with_rows()
+    call = LocalCall(call_id=6, name="split", args={"partition": P, "targets": (target,)})
+    got = reply(list(a.handle(call, 1.5)))
+    assert got.error is not None and problem in got.error
+    assert not a.layout.partitions[P].split_targets
+    still_serving(a)
