@@ -327,6 +327,10 @@ class HttpFetched:
 class Role(Protocol):
     """What a role offers the bus.
 
+    A role may also define ``close()``: ``Node.stop`` calls it once the loop has stopped (on every stop,
+    so it must be idempotent), for what the role holds outside the bus, e.g. the replication role's
+    data directory lock, which a node started again in the same process must be able to take.
+
     Attributes:
         name: unique on a node, e.g. ``"query"``; also the first part of the stream keys it receives.
         messages: the control message classes routed to this role.

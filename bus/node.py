@@ -353,6 +353,11 @@ class Node:
             self._http_source.close()  # HTTP requests waiting for the loop are answered 503
         try:
             self._stop_loop(timeout)
+            # Nothing calls the roles any more: each may let go of what it holds (Role, "close").
+            for role in self.core.roles.values():
+                close = getattr(role, "close", None)
+                if callable(close):
+                    close()
         finally:
             if self._http_server is not None:
                 self._http_server.close()

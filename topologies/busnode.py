@@ -211,9 +211,3 @@ class BusNodeHandle:
             return
         self._stopped = True
         self.node.stop()
-        # Once the loop is gone nothing calls the roles: they may let go of what they hold (a store's
-        # directory lock), so a node started again in this process (a reused Spark worker) can take it.
-        for role in self.roles:
-            close = getattr(role, "close", None)
-            if callable(close):
-                close()
