@@ -25,6 +25,9 @@ Choices where the spec is silent:
   Presto does after a consumer has seen enough) and readers get an empty, complete answer.
 * An aborted buffer answers every read with ABORTED and frees its pages: the consumer learns of the
   failure at once instead of retrying until its error budget runs out.
+* A buffer that ended (deleted, aborted, or finished with every page acknowledged) leaves the live buffers
+  for the same bounded list, so a long-running server does not keep an entry for every buffer it ever
+  had; once the list forgets it, a read of it is UNKNOWN_BUFFER.
 """
 
 from __future__ import annotations
@@ -212,6 +215,18 @@ class OutputBuffer:
     def bytes_held(self) -> int:
         """Page bytes held (added, not yet acknowledged)."""
         return self._bytes
+
+    @property
+    def pages_held(self) -> int:
+        """Pages held (added, not yet acknowledged)."""
+        return len(self._pages)
+
+    @property
+    def ended(self) -> bool:
+        """Nothing more can happen to the buffer's pages: deleted, aborted, or finished with every page
+        acknowledged."""
+        state = self.state
+        return state is not BufferState.OPEN and (state is not BufferState.NO_MORE_PAGES or not self._pages)
 
     @property
     def waiters(self) -> tuple[Waiter, ...]:
@@ -411,9 +426,12 @@ class OutputBuffers:
         instance_id: the node's incarnation, stamped on buffers created without their own.
         max_buffer_bytes: default per-buffer bound (Presto's ``sink.max-buffer-size`` is 32 MB).
         max_total_bytes: bound on the page bytes held by all buffers together.
-        max_tombstones: how many deleted buffers are remembered (at least 1: a DELETE answers the reads
-            parked on its buffer through the tombstone). A DELETE of a buffer not created yet leaves one
-            too, so the producer's later ``create`` gets the deleted buffer and its pages are dropped.
+        max_tombstones: how many ended buffers are remembered, the most recently ended first: deleted,
+            aborted, or finished with every page acknowledged (at least 1: a DELETE or an abort answers
+            the reads parked on its buffer through it). Ended buffers leave the live ones, so this bounds
+            what a long-running server keeps of the buffers it had. A DELETE of a buffer not created yet
+            leaves one too, so the producer's later ``create`` gets the deleted buffer and its pages are
+            dropped. A forgotten buffer reads as UNKNOWN_BUFFER.
     """
 
     def __init__(
@@ -430,8 +448,8 @@ class OutputBuffers:
         self.max_buffer_bytes = max_buffer_bytes
         self.max_total_bytes = max_total_bytes
         self.max_tombstones = max_tombstones
-        self._buffers: dict[BufferKey, OutputBuffer] = {}
-        self._tombstones: OrderedDict[BufferKey, OutputBuffer] = OrderedDict()
+        self._buffers: dict[BufferKey, OutputBuffer] = {}  # live: open, or finished with pages unread
+        self._ended: OrderedDict[BufferKey, OutputBuffer] = OrderedDict()  # the latest ended, oldest first
         self._bytes = 0
 
     @property
@@ -443,13 +461,25 @@ class OutputBuffers:
         return key in self._buffers
 
     def get(self, task_id: str, buffer_id: int) -> OutputBuffer | None:
-        """The live or deleted buffer under this key, or None."""
+        """The live buffer under this key, or the ended one while it is remembered, or None."""
         key = (task_id, buffer_id)
-        return self._buffers.get(key) or self._tombstones.get(key)
+        return self._buffers.get(key) or self._ended.get(key)
 
     def keys(self) -> list[BufferKey]:
         """Keys of the live buffers."""
         return list(self._buffers)
+
+    def _end(self, buf: OutputBuffer) -> None:
+        """Move an ended buffer from the live ones to the newest end of the remembered ones, forgetting
+        the oldest beyond ``max_tombstones``. None of those has a parked read: every read of an ended
+        buffer is answerable (an error, or complete), so its waiters were answered when it ended."""
+        key = buf.key
+        self._buffers.pop(key, None)
+        ended = self._ended
+        ended[key] = buf
+        ended.move_to_end(key)
+        while len(ended) > self.max_tombstones:
+            ended.popitem(last=False)
 
     # ------------------------------------------------------------ producer API
 
@@ -460,14 +490,14 @@ class OutputBuffers:
         race with setup), the deleted buffer, which drops every page added to it.
 
         Raises:
-            LocalProtocolError: a live buffer with this key exists.
+            LocalProtocolError: a buffer with this key exists, live or ended but not deleted.
         """
         key = (task_id, buffer_id)
-        if key in self._buffers:
+        ended = self._ended.get(key)
+        if key in self._buffers or (ended is not None and ended.state is not BufferState.DESTROYED):
             raise LocalProtocolError(f"task {task_id} buffer {buffer_id} already exists")
-        deleted = self._tombstones.get(key)
-        if deleted is not None:
-            return deleted
+        if ended is not None:
+            return ended
         buf = OutputBuffer(
             task_id,
             buffer_id,
@@ -508,11 +538,16 @@ class OutputBuffers:
 
     def no_more_pages(self, task_id: str, buffer_id: int) -> None:
         """The producer finished this buffer."""
-        self._producer_target(task_id, buffer_id).no_more_pages()
+        buf = self._producer_target(task_id, buffer_id)
+        buf.no_more_pages()
+        if buf.ended:
+            self._end(buf)
 
     def abort(self, task_id: str, buffer_id: int, reason: str) -> None:
         """The producer failed: readers get ABORTED with ``reason``."""
-        self._bytes -= self._producer_target(task_id, buffer_id).abort(reason)
+        buf = self._producer_target(task_id, buffer_id)
+        self._bytes -= buf.abort(reason)
+        self._end(buf)
 
     # ------------------------------------------------------------ consumer API
 
@@ -524,8 +559,17 @@ class OutputBuffers:
         if buf is None:
             return _error((task_id, buffer_id), "", token, ErrorCode.UNKNOWN_BUFFER, "no such buffer")
         result, freed = buf.read(token, max_bytes, size_only=size_only)
-        self._bytes -= freed
+        if freed:
+            self._bytes -= freed
+            if result.complete and buf.state is BufferState.NO_MORE_PAGES and not buf.pages_held:
+                self._end(buf)  # a finished buffer whose every page is acknowledged
         return result
+
+    def _freed(self, buf: OutputBuffer, freed: int) -> None:
+        """Pages were acknowledged: account for them, and end a finished buffer with none left."""
+        self._bytes -= freed
+        if buf.state is BufferState.NO_MORE_PAGES and not buf.pages_held:
+            self._end(buf)
 
     def acknowledge(self, task_id: str, buffer_id: int, token: int) -> ErrorCode:
         """Free the pages before ``token``; unknown buffers are ignored (acks are best-effort)."""
@@ -533,24 +577,23 @@ class OutputBuffers:
         if buf is None:
             return ErrorCode.NONE
         freed, code = buf.acknowledge(token)
-        self._bytes -= freed
+        if freed:
+            self._freed(buf, freed)
         return code
 
     def delete(self, task_id: str, buffer_id: int) -> None:
         """Destroy a buffer and free its pages; deleting twice, or an unknown buffer, is fine."""
-        key = (task_id, buffer_id)
-        buf = self._buffers.pop(key, None)
+        buf = self.get(task_id, buffer_id)
         if buf is None:
-            if key in self._tombstones:
-                return
-            # Not created yet: remember the delete, so the producer's create gets a deleted buffer.
+            # Not created yet (or forgotten): remember the delete, so the producer's create gets a deleted
+            # buffer.
             buf = OutputBuffer(
                 task_id, buffer_id, instance_id=self.instance_id, max_bytes=self.max_buffer_bytes
             )
+        elif buf.state is BufferState.DESTROYED:
+            return
         self._bytes -= buf.destroy()
-        self._tombstones[key] = buf
-        while len(self._tombstones) > self.max_tombstones:
-            self._tombstones.popitem(last=False)
+        self._end(buf)
 
     def take_ready(self, task_id: str, buffer_id: int, now: float) -> list[tuple[Waiter, PageResult, bool]]:
         """Answer the parked reads of one buffer that can be answered at ``now``."""
@@ -558,5 +601,6 @@ class OutputBuffers:
         if buf is None:
             return []
         ready, freed = buf.take_ready(now)
-        self._bytes -= freed
+        if freed:
+            self._freed(buf, freed)
         return ready

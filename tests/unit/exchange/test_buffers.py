@@ -258,3 +258,72 @@ def test_accounting_matches_unacknowledged_pages(sizes: list[int], reads: list[t
             assert r.pages == tuple(pages[token : r.next_token])
             assert r.next_token == len(pages) or r.pages or token == len(pages)
         assert bufs.bytes_held == sum(sizes[acked:])
+
+
+def _end_many(bufs: OutputBuffers, n: int) -> None:
+    """Buffers 0..n-1, each ended one of the three ways a buffer ends: aborted by its producer, deleted by
+    its consumer, or finished and read to the end by a consumer that never deletes it."""
+    for i in range(n):
+        bufs.create(T, i)
+        bufs.add_pages(T, i, [b"page"])
+        if i % 3 == 0:
+            bufs.abort(T, i, f"task {i} failed")
+        elif i % 3 == 1:
+            bufs.delete(T, i)
+        else:
+            bufs.no_more_pages(T, i)
+            assert bufs.read(T, i, 1, 10).complete  # reading past the last page acknowledges it
+
+
+def test_ended_buffers_leave_the_map_and_only_the_latest_are_remembered() -> None:
+    """A long-running server must not keep an entry for every buffer that ever ended: aborted, deleted and
+    fully read ones are remembered up to ``max_tombstones`` together, the oldest forgotten first."""
+    bufs = OutputBuffers(instance_id="inst", max_tombstones=3)
+    _end_many(bufs, 300)
+    assert bufs.keys() == [] and bufs.bytes_held == 0
+    assert [i for i in range(300) if bufs.get(T, i) is not None] == [297, 298, 299]
+    # The remembered ones still answer as they ended ...
+    aborted = bufs.read(T, 297, 1, 10)
+    assert aborted.error_code is ErrorCode.ABORTED and "task 297 failed" in aborted.error_message
+    finished = bufs.read(T, 299, 1, 10)
+    assert finished.complete and finished.error_code is ErrorCode.NONE and finished.pages == ()
+    assert bufs.read(T, 298, 0, 10).complete  # deleted
+    # ... and a forgotten one is an unknown buffer: a clear answer, retried by the client until give-up.
+    late = bufs.read(T, 0, 1, 10)
+    assert late.error_code is ErrorCode.UNKNOWN_BUFFER and "no such buffer" in late.error_message
+
+
+def test_an_ended_buffer_keeps_its_token_create_and_delete_rules() -> None:
+    bufs = OutputBuffers(instance_id="inst")
+    bufs.create(T, 0)
+    bufs.add_pages(T, 0, [b"a", b"b"])
+    bufs.no_more_pages(T, 0)
+    assert bufs.read(T, 0, 1, 10).complete and (T, 0) in bufs  # the last page is not acknowledged yet
+    assert bufs.read(T, 0, 2, 10).complete and (T, 0) not in bufs  # now it is: the buffer ended
+    assert bufs.read(T, 0, 1, 10).error_code is ErrorCode.TOKEN_GONE
+    assert bufs.read(T, 0, 3, 10).error_code is ErrorCode.TOKEN_AHEAD
+    assert bufs.acknowledge(T, 0, 2) is ErrorCode.NONE
+    bufs.no_more_pages(T, 0)  # the producer may say it twice
+    with pytest.raises(LocalProtocolError, match="add_pages is not allowed in state no_more_pages"):
+        bufs.add_pages(T, 0, [b"c"])
+    with pytest.raises(LocalProtocolError, match=f"task {T} buffer 0 already exists"):
+        bufs.create(T, 0)
+    bufs.create(T, 1)
+    bufs.abort(T, 1, "boom")
+    with pytest.raises(LocalProtocolError, match=f"task {T} buffer 1 already exists"):
+        bufs.create(T, 1)
+    bufs.abort(T, 1, "again")  # idempotent, keeps the first reason
+    assert "boom" in bufs.read(T, 1, 0, 10).error_message
+    # A DELETE of an ended buffer destroys it, and the deleted buffer is what a later create gets.
+    for buffer_id in (0, 1):
+        bufs.delete(T, buffer_id)
+        deleted = bufs.create(T, buffer_id)
+        assert deleted.state is BufferState.DESTROYED and bufs.add_pages(T, buffer_id, [b"x"]) == 0
+    assert bufs.keys() == [] and bufs.bytes_held == 0
+
+
+def test_an_empty_buffer_finished_at_once_ends_at_once() -> None:
+    bufs = OutputBuffers(instance_id="inst", max_tombstones=1)
+    bufs.create(T, 0)
+    bufs.no_more_pages(T, 0)
+    assert bufs.keys() == [] and bufs.read(T, 0, 0, 10).complete

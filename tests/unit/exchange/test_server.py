@@ -231,3 +231,20 @@ def test_local_calls_drive_the_producer_api() -> None:
     assert call("abort", task_id=T, buffer_id=B, reason="x").error is None
     assert "no call named" in (call("bogus", task_id=T, buffer_id=B).error or "")
     assert "KeyError" in (call("create").error or "")
+
+
+def test_a_late_request_for_a_forgotten_buffer_is_answered_at_once() -> None:
+    """Ended buffers are remembered only up to the bound: a request that comes after its buffer was
+    forgotten gets UNKNOWN_BUFFER at once, even a long-poll, and a DELETE of it is acknowledged."""
+    srv = BinxServer(OutputBuffers(instance_id="i7", max_tombstones=1))
+    for buffer_id in (0, 1):
+        srv.create_buffer(T, buffer_id)
+        srv.add_pages(T, buffer_id, [b"a"], now=0.0)
+        srv.abort_buffer(T, buffer_id, "killed", now=0.0)
+    assert srv.buffers.keys() == []
+    aborted = only_reply(send(srv, request(bufferId=1, wait_us=1_000_000)))
+    assert aborted.errorCode == ErrorCode.ABORTED and "killed" in aborted.errorMessage
+    late = only_reply(send(srv, request(bufferId=0, wait_us=1_000_000)))
+    assert late.status == ReplyStatus.SERVER_ERROR and late.errorCode == ErrorCode.UNKNOWN_BUFFER
+    assert f"task {T} buffer 0" in late.errorMessage and not srv._parked
+    assert only_reply(send(srv, request(RequestType.DELETE, bufferId=0))).status == ReplyStatus.OK
