@@ -20,7 +20,12 @@ Per source, as Presto's HTTP exchange client and ``binx.client``:
   connection to the HTTP server means its node is gone, and the query should say so now rather than
   after minutes of retries.)
 * received pages wait in the source up to ``max_queued_bytes``; beyond that it stops requesting until
-  the caller fetches.
+  the caller fetches;
+* a request the driver has not answered ``answer_timeout`` (default: ``max_error_duration``) after its
+  long-poll ends fails the source (``ExchangeGaveUp``), and a DELETE that long is forgotten: the driver's
+  socket timeout bounds each read, not the request, so a server that accepted the request and answers
+  a byte at a time, or a job the driver never starts, would otherwise leave the fetch waiting for ever.
+  The bound is that long so that requests merely queued behind the driver's busy workers do not fail.
 
 "abandon" frees the server's buffer with a DELETE unless the source already deleted it; a parked fetch
 fails with "abandoned".
@@ -36,6 +41,7 @@ from typing import ClassVar
 from sparkbus.bus.contract import (
     HTTP_CLIENT,
     Action,
+    CancelTimer,
     Event,
     HttpFetch,
     HttpFetched,
@@ -69,6 +75,8 @@ class HttpSource:
     queued_bytes: int = 0
     complete: bool = False
     job: int | None = None
+    sent_at: float = 0.0
+    timer_at: float | None = None
     backing_off: bool = False
     fetch_call: int | None = None
     error: str = ""
@@ -91,6 +99,8 @@ class HttpClient:
         max_queued_bytes: received bytes held per source before it stops requesting until the caller
             fetches.
         max_sources: the most sources at once; more "fetch" calls are refused.
+        answer_timeout: how long past its long-poll a request may go unanswered by the driver before the
+            source fails (None: the policy's ``max_error_duration``).
     """
 
     name = HTTP_CLIENT_ROLE
@@ -105,11 +115,15 @@ class HttpClient:
         max_wait: float = 2.0,
         max_queued_bytes: int = 32 * MiB,
         max_sources: int = 10_000,
+        answer_timeout: float | None = None,
     ) -> None:
         if max_request_bytes <= 0 or max_queued_bytes <= 0 or max_wait < 0:
             raise ValueError("max_request_bytes and max_queued_bytes must be > 0, max_wait >= 0")
+        if answer_timeout is not None and answer_timeout <= 0:
+            raise ValueError(f"answer_timeout must be positive, got {answer_timeout}")
         self.rng = rng if rng is not None else random.Random(0)
         self.policy = policy or BackoffPolicy()
+        self.answer_timeout = self.policy.max_error_duration if answer_timeout is None else answer_timeout
         self.max_request_bytes = max_request_bytes
         self.max_wait = max_wait
         self.max_queued_bytes = max_queued_bytes
@@ -117,7 +131,7 @@ class HttpClient:
         self._sources: dict[SourceKey, HttpSource] = {}
         self._by_sid: dict[int, HttpSource] = {}
         self._jobs: dict[int, int] = {}  # job id -> source id (DATA requests in flight)
-        self._deletes: set[int] = set()  # DELETE jobs in flight
+        self._deletes: dict[int, str] = {}  # DELETE jobs in flight -> their timer's key
         self._pending: list[HttpFetch] = []  # not yet handed to the driver
         self._driver_call: int | None = None  # the driver's open "jobs" call
         self._next_sid = 0
@@ -183,7 +197,7 @@ class HttpClient:
         src = self._sources.get(key)
         if call.name == "abandon":
             if src is not None:
-                self._abandon(src, out)
+                self._abandon(src, now, out)
             out.append(Reply(call_id=call.call_id))
             return
         if src is None:
@@ -211,17 +225,23 @@ class HttpClient:
         src.fetch_call = call.call_id
         self._deliver(src, out)
         if src.sid in self._by_sid and src.job is None and not src.backing_off and not src.complete:
-            self._request(src)
+            self._request(src, now, out)
 
     # ------------------------------------------------------------ requests and answers
 
-    def _request(self, src: HttpSource) -> None:
+    def _request(self, src: HttpSource, now: float, out: list[Action]) -> None:
         if src.queued_bytes >= self.max_queued_bytes:
             return  # the caller's next fetch asks again
         self._next_job += 1
         self._jobs[self._next_job] = src.sid
         src.job = self._next_job
+        src.sent_at = now
         self.counters["requests"] += 1
+        # One timer per source, not per request, as binx.client's request timer: while the driver answers,
+        # the timer armed for an earlier request is moved to the current one's deadline when it fires.
+        if src.timer_at is None:
+            src.timer_at = self._deadline(src)
+            out.append(SetTimer(key=f"answer/{src.sid}", at=src.timer_at))
         self._pending.append(
             HttpFetch(
                 job=self._next_job,
@@ -234,9 +254,15 @@ class HttpClient:
             )
         )
 
-    def _delete(self, src: HttpSource) -> None:
+    def _deadline(self, src: HttpSource) -> float:
+        """When the source's request in flight has waited too long for the driver's answer."""
+        return src.sent_at + self.max_wait + self.answer_timeout
+
+    def _delete(self, src: HttpSource, now: float, out: list[Action]) -> None:
         self._next_job += 1
-        self._deletes.add(self._next_job)
+        timer = f"delete/{self._next_job}"
+        self._deletes[self._next_job] = timer
+        out.append(SetTimer(key=timer, at=now + self.answer_timeout))
         self.counters["deletes"] += 1
         self._pending.append(
             HttpFetch(
@@ -245,8 +271,9 @@ class HttpClient:
         )
 
     def _on_answer(self, answer: HttpFetched, now: float, out: list[Action]) -> None:
-        if answer.job in self._deletes:
-            self._deletes.discard(answer.job)
+        timer = self._deletes.pop(answer.job, None)
+        if timer is not None:
+            out.append(CancelTimer(key=timer))
             if answer.error is not None:
                 self.counters["delete_failures"] += 1
             return
@@ -287,10 +314,10 @@ class HttpClient:
         src.token = answer.next_token
         if answer.complete:
             src.complete = True
-            self._delete(src)
+            self._delete(src, now, out)
         self._deliver(src, out)
         if not src.complete and src.sid in self._by_sid:
-            self._request(src)
+            self._request(src, now, out)
 
     def _back_off(self, src: HttpSource, now: float, out: list[Action]) -> None:
         delay = src.retry.failed(now)
@@ -309,12 +336,37 @@ class HttpClient:
 
     def _on_timer(self, key: str, now: float, out: list[Action]) -> None:
         kind, _, num = key.partition("/")
-        src = self._by_sid.get(int(num)) if kind == "retry" and num.isdigit() else None
-        if src is None or not src.backing_off:
+        if not num.isdigit():
             return
-        src.backing_off = False
+        if kind == "delete":
+            if self._deletes.pop(int(num), None) is not None:
+                self.counters["delete_failures"] += 1  # a late answer is then stale
+            return
+        src = self._by_sid.get(int(num))
+        if src is None:
+            return
+        if kind == "answer":
+            self._on_answer_timer(src, now, out)
+        elif kind == "retry" and src.backing_off:
+            src.backing_off = False
+            if src.job is None:
+                self._request(src, now, out)
+
+    def _on_answer_timer(self, src: HttpSource, now: float, out: list[Action]) -> None:
+        src.timer_at = None
         if src.job is None:
-            self._request(src)
+            return  # answered; the next request arms the timer again
+        deadline = self._deadline(src)
+        if now < deadline:  # armed for an earlier request that was answered: move it
+            src.timer_at = deadline
+            out.append(SetTimer(key=f"answer/{src.sid}", at=deadline))
+            return
+        text = (
+            f"ExchangeGaveUp: {src.label}: no answer to its request for {now - src.sent_at:.1f} s "
+            f"(long-poll {self.max_wait:g} s + answer timeout {self.answer_timeout:g} s): the server "
+            "accepted it and does not answer, or the request never started"
+        )
+        self._fail(src, text, out)
 
     # ------------------------------------------------------------ endings
 
@@ -325,7 +377,7 @@ class HttpClient:
         if src.error:
             out.append(Reply(call_id=src.fetch_call, error=src.error))
             src.fetch_call = None
-            self._drop(src)
+            self._drop(src, out)
             return
         if not src.queue and not src.complete:
             return
@@ -336,23 +388,29 @@ class HttpClient:
         src.queue_token = src.token
         src.queued_bytes = 0
         if src.complete:
-            self._drop(src)
+            self._drop(src, out)
 
     def _fail(self, src: HttpSource, text: str, out: list[Action]) -> None:
         src.error = text
+        if src.job is not None:  # a request the driver still holds: its answer, if it comes, is stale
+            self._jobs.pop(src.job, None)
+            src.job = None
         self._deliver(src, out)  # a fetch waiting gets the error now; otherwise the next one does
 
-    def _abandon(self, src: HttpSource, out: list[Action]) -> None:
+    def _abandon(self, src: HttpSource, now: float, out: list[Action]) -> None:
         if src.fetch_call is not None:
             out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was abandoned"))
             src.fetch_call = None
         if not src.complete and not src.error:
-            self._delete(src)  # frees the server's pages; nobody waits for the answer
-        self._drop(src)
+            self._delete(src, now, out)  # frees the server's pages; nobody waits for the answer
+        self._drop(src, out)
 
-    def _drop(self, src: HttpSource) -> None:
+    def _drop(self, src: HttpSource, out: list[Action]) -> None:
         self._sources.pop((src.peer, src.task_id, src.buffer_id), None)
         self._by_sid.pop(src.sid, None)
         if src.job is not None:
             self._jobs.pop(src.job, None)
             src.job = None
+        if src.timer_at is not None:
+            src.timer_at = None
+            out.append(CancelTimer(key=f"answer/{src.sid}"))

@@ -4,10 +4,12 @@ requests (docs/EXCHANGE.md section 5): pages, long-polls, DELETE, and every way 
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import pytest
 
+from sparkbus.bus.contract import HTTP_BUFFERS, Action, Event, LocalCall
 from sparkbus.bus.sim import HTTP_TIMEOUT, SimBus
 from sparkbus.roles.exchange import (
     BackoffPolicy,
@@ -24,11 +26,14 @@ BUF = {"task_id": "t1", "buffer_id": 0}
 class Pair:
     """Server ``s`` (binx.server), client ``c`` (http.client), and ``bare``, a node with no buffers."""
 
-    def __init__(self, seed: int, *, give_up: float = 5.0) -> None:
+    def __init__(self, seed: int, *, give_up: float = 5.0, **client_kw: Any) -> None:
         self.sim = SimBus(seed=seed)
         self.server = BinxServer(OutputBuffers(instance_id="s0"))
         self.client = HttpClient(
-            rng=random.Random(seed), policy=BackoffPolicy(max_error_duration=give_up), max_wait=1.0
+            rng=random.Random(seed),
+            policy=BackoffPolicy(max_error_duration=give_up),
+            max_wait=1.0,
+            **client_kw,
         )
         self.sim.add_node("s", [self.server])
         self.sim.add_node("c", [self.client])
@@ -114,7 +119,7 @@ def test_an_aborted_producer_fails_a_parked_fetch_at_once_with_its_reason() -> N
 
 @pytest.mark.parametrize("notify", [True, False])
 def test_a_server_that_dies_under_a_long_poll_fails_the_fetch(notify: bool) -> None:
-    p = Pair(7)
+    p = Pair(7, answer_timeout=2 * HTTP_TIMEOUT)  # the role's own bound comes after the socket timeout
     p.on_server("create", BUF)
     cid = p.fetch()
     p.sim.run_for(0.5)
@@ -163,3 +168,37 @@ def test_a_second_fetch_while_one_waits_and_unknown_calls_are_refused() -> None:
     _, error = p.outcome(p.sim.call("c", "http.client", "fetch", {"peer": "s"}))
     assert error is not None and "bad arguments" in error
     assert p.sim.reply(first) is None
+
+
+class MuteServer:
+    """A ``binx.server`` that takes every HTTP request and never answers: what the client sees of a server
+    that accepted the connection and then hangs, or trickles its answer so no socket timeout fires."""
+
+    name = HTTP_BUFFERS
+    messages: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def handle(self, event: Event, now: float) -> Iterable[Action]:
+        if isinstance(event, LocalCall):
+            self.requests += 1
+        return []
+
+
+def test_a_server_that_never_answers_fails_the_fetch_after_the_wait_and_the_give_up_time() -> None:
+    sim = SimBus(seed=11)
+    mute = MuteServer()
+    client = HttpClient(rng=random.Random(11), policy=BackoffPolicy(max_error_duration=5.0), max_wait=1.0)
+    sim.add_node("m", [mute])
+    sim.add_node("c", [client])
+    sim.start()
+    sim.run_until(sim.all_up)
+    start = sim.now
+    cid = sim.call("c", "http.client", "fetch", {**KEY, "peer": "m"})
+    sim.run_until(lambda: sim.reply(cid) is not None, limit=30.0)
+    done = sim.reply(cid)
+    assert done is not None and done.result is None and done.error is not None
+    assert done.error.startswith("ExchangeGaveUp: http source task t1 buffer 0 at peer m: no answer")
+    assert mute.requests == 1 and 6.0 <= sim.now - start < 6.1  # the 1 s long-poll plus the 5 s
+    assert client.source("m", "t1", 0) is None and client.in_flight == 0

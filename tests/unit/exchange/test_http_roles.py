@@ -17,6 +17,7 @@ from sparkbus.bus.contract import (
     TimerFired,
 )
 from sparkbus.roles.exchange import (
+    BackoffPolicy,
     BinxServer,
     BufferState,
     ErrorCode,
@@ -207,3 +208,61 @@ def test_received_pages_are_bounded_per_source_until_the_caller_fetches() -> Non
     assert d.replies[fetch].result["pages"] == [b"y" * 6, b"z" * 6]
     [job] = d.jobs
     assert job.token == 3
+
+
+def timers_of(actions: list[Any]) -> list[SetTimer]:
+    return [a for a in actions if isinstance(a, SetTimer)]
+
+
+def test_a_request_the_driver_never_answers_fails_the_fetch_after_the_wait_and_the_give_up_time() -> None:
+    """The driver's socket timeout is per read, so a server that accepted the request and trickles its
+    answer (or a driver that never starts the job) would leave the fetch waiting for ever: the role gives
+    the request its long-poll plus ``max_error_duration``, then fails the source clearly."""
+    d = Driver(HttpClient(policy=BackoffPolicy(max_error_duration=5.0), max_wait=1.0))
+    actions, fetch = d.call("fetch", KEY, now=10.0)
+    [job] = d.jobs
+    [timer] = timers_of(actions)
+    assert timer.at == 16.0  # 10 + the 1 s long-poll + the 5 s give-up time
+    d.take(list(d.client.handle(TimerFired(key=timer.key), timer.at - 0.5)))
+    assert fetch not in d.replies  # not due yet
+    d.take(list(d.client.handle(TimerFired(key=timer.key), timer.at)))
+    error = str(d.replies[fetch].error)
+    assert error.startswith("ExchangeGaveUp: http source task t buffer 0 at peer s: no answer to its request")
+    assert "for 6.0 s (long-poll 1 s + answer timeout 5 s)" in error
+    assert d.client.source("s", "t", 0) is None and d.client.in_flight == 0
+    d.answer(job, pages=(b"too late",), token=0, next_token=1)  # the driver's answer, if it ever comes
+    assert d.client.counters["stale_answers"] == 1
+
+
+def test_the_answer_timer_follows_the_latest_request_without_one_timer_per_request() -> None:
+    d = Driver(HttpClient(policy=BackoffPolicy(max_error_duration=5.0), max_wait=1.0))
+    actions, fetch = d.call("fetch", KEY, now=0.0)
+    [timer] = timers_of(actions)
+    for i in range(3):  # answered in time: the next requests arm no timer of their own
+        actions, _ = d.call(
+            "fetched",
+            {"result": HttpFetched(job=d.jobs.pop().job, token=i, next_token=i + 1, pages=(b"p",))},
+            2.0 * i,
+        )
+        assert timers_of(actions) == []
+        d.replies.pop(fetch, None)
+        _, fetch = d.call("fetch", KEY, now=2.0 * i)
+    # The timer armed for the first request fires: moved to the latest request's deadline (4 + 1 + 5).
+    actions = list(d.client.handle(TimerFired(key=timer.key), timer.at))
+    assert timers_of(actions) == [SetTimer(key=timer.key, at=10.0)]
+    assert fetch not in d.replies
+    d.take(list(d.client.handle(TimerFired(key=timer.key), 10.0)))
+    assert "ExchangeGaveUp" in str(d.replies[fetch].error)
+
+
+def test_a_delete_the_driver_never_answers_is_forgotten_after_the_give_up_time() -> None:
+    d = Driver(HttpClient(policy=BackoffPolicy(max_error_duration=5.0), max_wait=1.0))
+    d.call("fetch", KEY)
+    actions, _ = d.call("abandon", KEY, now=3.0)
+    [delete] = [j for j in d.jobs if j.delete]
+    [timer] = [t for t in timers_of(actions) if t.key.startswith("delete/")]
+    assert timer.at == 8.0 and d.client.in_flight == 1  # the abandoned request's answer is not awaited
+    d.take(list(d.client.handle(TimerFired(key=timer.key), timer.at)))
+    assert d.client.in_flight == 0 and d.client.counters["delete_failures"] == 1
+    d.answer(delete, complete=True)  # late: counted once, not twice
+    assert d.client.counters["delete_failures"] == 1
