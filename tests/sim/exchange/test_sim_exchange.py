@@ -183,3 +183,26 @@ def test_exchanges_share_the_link_with_one_data_request_each(seed: int) -> None:
     server = sim.node("worker").roles["binx.server"]
     assert isinstance(server, BinxServer) and not server.buffers.keys()
     assert sim.node("consumer").roles["binx.client"].counters["requests"] == 6 * 20 + 6
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_a_restarted_consumer_reusing_its_old_sequences_is_not_refused(seed: int) -> None:
+    """A consumer that restarts numbers its requests from 1 again, while the server may still hold its old
+    incarnation's long-poll under the same (peer, sequence), which would be BAD_REQUEST (final). The bus
+    reports the old link lost before the new session's first message, so the old request is dropped."""
+    sim = cluster(seed, max_wait=20.0)
+    produce(sim, [], finish=False)
+    sim.call("consumer", "binx.client", "fetch", {"peer": "worker", "task_id": T, "buffer_id": 0})
+    server = sim.node("worker").roles["binx.server"]
+    assert isinstance(server, BinxServer)
+    sim.run_until(lambda: bool(server._parked))
+    [(peer, old_sequence)] = server._parked
+    sim.crash("consumer", notify=False)  # the worker sees nothing: its parked request stays
+    sim.restart("consumer", roles=[BinxClient(rng=random.Random(seed), max_wait=20.0, max_request_bytes=400)])
+    cid = sim.call("consumer", "binx.client", "fetch", {"peer": "worker", "task_id": T, "buffer_id": 0})
+    sim.run_until(lambda: server.counters["requests"] >= 2 or sim.reply(cid) is not None)
+    assert server.counters["dropped_waiters"] == 1  # the old incarnation's request
+    assert list(server._parked) == [(peer, old_sequence)]  # the new one: the same number, parked
+    produce(sim, PAGES[:2], create=False)
+    assert sim.result(cid)["pages"] == PAGES[:2]
+    assert server.counters["bad_requests"] == 0

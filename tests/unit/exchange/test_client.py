@@ -307,6 +307,25 @@ def test_request_timeout_retries_with_the_same_token() -> None:
     assert data[0].pageToken == data[1].pageToken == 0 and data[0] == lost[1]
 
 
+def test_a_retry_after_a_lost_reply_has_a_new_sequence_and_gets_the_same_pages() -> None:
+    """The server refuses a (peer, sequence) that is still parked as BAD_REQUEST, which is final; a retry
+    must never hit it. The client's retry carries a new sequence and the same token, and a token read
+    again returns the same pages (the token rules), so a lost reply costs one request timeout, nothing
+    more, whether the first request is still parked or long answered."""
+    pair = make_pair(request_timeout=2.0, max_wait=1.0)
+    pair.connect()
+    produce(pair, [b"a"], finish=False)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.step()  # the request reaches the server, which answers with the page ...
+    lost = pair.wire.popleft()  # ... and the reply vanishes without a broken link
+    assert isinstance(lost[1], BinReply) and lost[1].pageNextToken == 1
+    pair.advance(pair.now + 3.5)
+    assert pair.result(fetch)["pages"] == [b"a"]
+    first, retry = requests_sent(pair, RequestType.DATA)[:2]
+    assert retry.sequence != first.sequence and retry.pageToken == first.pageToken == 0
+    assert pair.server.counters["bad_requests"] == 0
+
+
 def test_late_reply_after_timeout_is_ignored() -> None:
     pair = make_pair(request_timeout=2.0)
     pair.connect()

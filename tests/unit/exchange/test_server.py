@@ -197,11 +197,26 @@ def test_parked_requests_are_bounded() -> None:
 
 
 def test_duplicate_pending_sequence_is_a_bad_request() -> None:
+    """Two requests of one peer with one sequence at once: the client's dispatcher keys its promises by the
+    sequence (RFC-0009), so two replies with it could not both be right. A client's retry carries a new
+    sequence (test_client's lost-reply test), and a restarted client's old requests are dropped on the
+    PeerLost the bus delivers before its new session's messages."""
     srv = server_with()
     req = request(wait_us=1_000_000)
     send(srv, req)
     rep = only_reply(send(srv, req))
     assert rep.errorCode == ErrorCode.BAD_REQUEST and not ErrorCode(rep.errorCode).retryable
+
+
+def test_a_sequence_repeated_after_its_reply_is_answered_again_with_the_same_pages() -> None:
+    """A client that resends a request with its old sequence after the reply was lost gets the reply again:
+    the sequence is refused only while its request is parked."""
+    srv = server_with(b"ab")
+    req = request()
+    first = only_reply(send(srv, req))
+    again = only_reply(send(srv, req))
+    assert again == first and again.status == ReplyStatus.OK and bytes(again.data) == b"ab"
+    assert srv.counters["bad_requests"] == 0
 
 
 def test_peer_lost_drops_its_parked_requests() -> None:
