@@ -22,6 +22,8 @@ from sparkbus.roles.replication.local import ReplicationConfig
 from sparkbus.roles.replication.messages import (
     DeclineReason,
     JoinFinalized,
+    ReplicaHello,
+    ReplicaRejoin,
     SegmentAccepted,
     SegmentAcked,
     SegmentDeclined,
@@ -47,6 +49,8 @@ __all__ = [
     "PartitionSpec",
     "PartitionStore",
     "Replica",
+    "ReplicaHello",
+    "ReplicaRejoin",
     "ReplicationConfig",
     "ReplicationRole",
     "SegmentAccepted",

@@ -12,6 +12,9 @@ The spec's five opcodes (section 4.1) and the two metadata operations this famil
   (``ok``), or failed to (``error``: the sender aborts and retries later).
 * JOIN_FINALIZE 0x0125 and SPLIT_FINALIZE 0x0126: the metadata operations of spec 3.7 and 3.8, sent by
   a partition leader to every replica of the partition (there is no separate coordination service).
+* REPLICA_HELLO 0x0127 and REPLICA_REJOIN 0x0128: a replica names its store's epoch to its peers; a peer
+  that knew another epoch of that placement tells it that it joins again (spec 3.6, a store that starts
+  empty under a placement its peers' acked lists still name; ``epochs.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from sparkbus.bus.contract import RemoteProtocolError
 from sparkbus.codecs import message
 from sparkbus.roles.replication.layout import SplitTarget
+from sparkbus.roles.replication.store import EPOCH_BYTES
 
 _MAX_ID = 256
 #: Counts and versions travel as msgpack integers; everything above int64 is refused at decode.
@@ -154,13 +158,25 @@ class SegmentAcked:
 @message(0x0125)
 @dataclass(frozen=True, kw_only=True)
 class JoinFinalized:
-    """JOIN_FINALIZE: the joining replica ``placement`` of ``partition`` holds the latest segment."""
+    """JOIN_FINALIZE: the joining replica ``placement`` of ``partition`` holds the latest segment.
+
+    ``epoch`` is empty for a replica the layout placed as joining (spec 3.7), and names the store for a
+    replica that joined again after it started empty (``ReplicaRejoin``).
+    """
 
     partition: str
     placement: int
+    epoch: bytes = b""
 
     def __post_init__(self) -> None:
         _check_partition(self.partition)
+        if self.epoch:
+            _check_epoch(self.epoch)
+
+
+def _check_epoch(value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) != EPOCH_BYTES:
+        raise ValueError(f"epoch must be {EPOCH_BYTES} bytes, got {value!r}")
 
 
 @message(0x0126)
@@ -176,6 +192,40 @@ class SplitFinalized:
         _check_partition(self.partition)
         if not self.targets:
             raise ValueError("targets must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StoreNamed:
+    """A replica placement of a partition and the epoch of the store that holds it."""
+
+    partition: str
+    placement: int
+    epoch: bytes
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        _check_epoch(self.epoch)
+
+
+@message(0x0127)
+@dataclass(frozen=True, kw_only=True)
+class ReplicaHello(_StoreNamed):
+    """REPLICA_HELLO: the sender's replica ``placement`` of ``partition`` holds the store ``epoch``.
+
+    Sent to each peer that holds a replica of the partition when the link to it comes up, before anything
+    else of the partition, so the peer learns of a store that started empty before it trusts its acks.
+    """
+
+
+@message(0x0128)
+@dataclass(frozen=True, kw_only=True)
+class ReplicaRejoin(_StoreNamed):
+    """REPLICA_REJOIN: the receiver's replica ``placement`` (store ``epoch``) is new to its peers.
+
+    The sender knew another store under that placement and has struck it from its acked lists; the
+    receiver takes no part in leader election until a leader finalizes its join (``JoinFinalized`` with
+    the same ``epoch``).
+    """
 
 
 def stream_key(partition: str, segment_id: str, attempt: int) -> str:
@@ -208,4 +258,6 @@ MESSAGES: tuple[type, ...] = (
     SegmentAcked,
     JoinFinalized,
     SplitFinalized,
+    ReplicaHello,
+    ReplicaRejoin,
 )

@@ -47,16 +47,17 @@ from sparkbus.roles.replication.transfers import InEvent, InState, next_in
 log = logging.getLogger(__name__)
 
 Decision = Literal["ff", "merge"] | DeclineReason
-#: A segment id as ``PartitionStore`` makes them: the writing placement in hex, a dot, its number there.
-#: An offered id becomes a file name and a manifest entry, so nothing else is taken.
-SEGMENT_ID = re.compile(r"[0-9a-f]{1,16}\.[0-9]{1,20}")
+#: A segment id as ``PartitionStore`` makes them: the writing placement in hex, the store's epoch in hex
+#: (absent in ids written before stores had epochs), its number there, joined by dots. An offered id
+#: becomes a file name and a manifest entry, so nothing else is taken.
+SEGMENT_ID = re.compile(r"[0-9a-f]{1,16}(\.[0-9a-f]{16})?\.[0-9]{1,20}")
 
 
 def offer_problem(offer: SegmentOffered) -> str | None:
     """Why ``offer`` cannot be taken whatever the partition's state, or None."""
     for what, value in (("segment_id", offer.segment_id), ("base_id", offer.base_id)):
         if value is not None and not SEGMENT_ID.fullmatch(value):
-            return f"{what} {value[:40]!r} is not a segment id (<placement hex>.<number>)"
+            return f"{what} {value[:40]!r} is not a segment id (<placement hex>.<epoch hex>.<number>)"
     for value in offer.included:
         if not SEGMENT_ID.fullmatch(value):
             return f"included id {value[:40]!r} is not a segment id"

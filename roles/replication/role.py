@@ -45,6 +45,7 @@ from sparkbus.bus.contract import (
     TimerFired,
 )
 from sparkbus.codecs import DecodeError, decode_batch, encode_batch
+from sparkbus.roles.replication.epochs import Epochs, records_of
 from sparkbus.roles.replication.layout import (
     FirstLiveElection,
     Layout,
@@ -59,6 +60,8 @@ from sparkbus.roles.replication.messages import (
     MESSAGES,
     DeclineReason,
     JoinFinalized,
+    ReplicaHello,
+    ReplicaRejoin,
     SegmentAccepted,
     SegmentAcked,
     SegmentDeclined,
@@ -112,7 +115,7 @@ class _Out:
         return f"{self.dest[1]}/{self.segment_id} -> {self.peer} (placement {self.dest[2]})"
 
 
-class ReplicationRole(Receiving, Placement):
+class ReplicationRole(Receiving, Placement, Epochs):
     """Segment replication (spec 001) for every partition replica on ``node``.
 
     Args:
@@ -151,6 +154,7 @@ class ReplicationRole(Receiving, Placement):
         self._started = False
         self._now = 0.0
         self._actions: list[Action] = []
+        self._finalized_ahead: dict[tuple[str, int], set[bytes]] = {}
 
     # ------------------------------------------------------------ entry point
 
@@ -165,6 +169,7 @@ class ReplicationRole(Receiving, Placement):
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
                     self._apply_join(rep.spec.partition, placement)
+            self._rejoin_at_start()
             self._elect()
             out.append(SetTimer(key=TICK, at=now + self.config.tick))
         if isinstance(event, MessageReceived):
@@ -183,6 +188,7 @@ class ReplicationRole(Receiving, Placement):
                 # PeerLost first; without it an open offer would block its destination for ever.
                 self._abort_peer(event.peer)
             self.live.add(event.peer)
+            self._hello(event.peer)  # before anything else of the partitions we share
             self._elect()
             self._resend_finalize(event.peer)
         elif isinstance(event, PeerLost):
@@ -313,8 +319,12 @@ class ReplicationRole(Receiving, Placement):
             if replica.placement not in entry.acked:
                 self._offer(rep, target_partition, replica, entry, split)
                 return
-        if split is None and replica.joining and replica.node in self.live and rep.store.root is not None:
-            self._finalize_join(rep, replica)
+        if split is None and replica.joining and replica.node in self.live:
+            epoch = self._rejoin_epoch(rep, replica)
+            if epoch is not None:  # it started empty: nothing to send is enough (epochs.py)
+                self._finalize_rejoin(rep, replica, epoch)
+            elif rep.store.root is not None:
+                self._finalize_join(rep, replica)
 
     def _follow(self, rep: LocalReplica) -> None:
         """Follower: delete what the leader holds; push to the leader what it has not acked."""
@@ -690,10 +700,16 @@ class ReplicationRole(Receiving, Placement):
             problem = self._finalize_problem(peer, msg)
             if problem is not None:
                 self._count("finalize_refused")
+            elif isinstance(msg, JoinFinalized) and msg.epoch:
+                self._on_rejoin_finalized(msg)
             elif isinstance(msg, JoinFinalized):
                 self._apply_join(msg.partition, msg.placement)
             else:
                 self._apply_split(msg)
+        elif isinstance(msg, ReplicaHello):
+            self._on_hello(peer, msg)
+        elif isinstance(msg, ReplicaRejoin):
+            self._on_rejoin(peer, msg)
         else:
             raise RemoteProtocolError(f"{peer}: {type(msg).__name__} is not a replication message")
 
@@ -772,6 +788,9 @@ class ReplicationRole(Receiving, Placement):
                 "term": rep.term,
                 "lifecycle": rep.lifecycle.name,
                 "placement": rep.me.placement,
+                "epoch": rep.store.epoch.hex(),
+                "joining": [r.node for r in rep.spec.replicas if r.joining],
+                "epochs": {p: [e.hex(), state] for p, (e, state) in records_of(rep).items()},
                 "root": rep.store.root,
                 "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],
                 "memtable_rows": rep.store.memtable_rows,

@@ -24,6 +24,7 @@ discarded by its CRC). Additions to acked lists are saved lazily (``set_acked``,
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -99,6 +100,10 @@ class StoreConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.flush_age <= 0:
             raise ValueError(f"flush_age must be > 0, got {self.flush_age}")
+
+
+#: A store's epoch (``PartitionStore.epoch``): random bytes drawn when the store is created.
+EPOCH_BYTES = 8
 
 
 def segment_file(segment_id: str) -> str:
@@ -235,6 +240,10 @@ class PartitionStore:
                     raise SegmentCorrupt(segment_file(entry.segment_id), "checksum differs from the manifest")
         # Read now, not when first needed: a listed segment that cannot be read fails the open.
         _ = store.schema
+        if "epoch" not in store.meta:
+            # A store that starts empty is a new store, whatever its placement (``epochs.py``).
+            store.meta["epoch"] = os.urandom(EPOCH_BYTES)
+            store.save_manifest()
         if store._wal_flushed == 1 << 62:
             store._wal_flushed = store._wal_seq = 0
             storage.delete(WAL)
@@ -460,8 +469,10 @@ class PartitionStore:
     # ------------------------------------------------------------ segments
 
     def _new_id(self) -> str:
+        """``<placement>.<epoch>.<n>``: a store that starts empty under an old placement (its disk lost)
+        counts from 1 again, and its ids must not name the old store's segments its peers still hold."""
         self._next_segment += 1
-        return f"{self.placement:x}.{self._next_segment}"
+        return f"{self.placement:x}.{self.epoch.hex()}.{self._next_segment}"
 
     def _write(
         self, segment_id: str, base: str | None, included: tuple[str, ...], major: bool, table: pa.Table
@@ -598,6 +609,22 @@ class PartitionStore:
             self.save_manifest()
         elif old is not None and acked != old.acked:
             self._acked_unsaved = True
+
+    def forget_acked(self, placement: int) -> bool:
+        """Strike ``placement`` from every acked list, saved at once; True if any named it.
+
+        For a placement whose store is new (it started empty): what it acked is gone with the old store.
+        """
+        if not any(placement in e.acked for e in self.entries):
+            return False
+        self.entries = [e.with_acked(e.acked - {placement}) for e in self.entries]
+        self.save_manifest()
+        return True
+
+    @property
+    def epoch(self) -> bytes:
+        """Random bytes drawn when this store was created: a store that starts empty gets new ones."""
+        return bytes(self.meta["epoch"])
 
     def save_acked(self) -> bool:
         """Persist acked lists recorded lazily (the role calls it on its tick); True if it wrote."""

@@ -79,6 +79,15 @@ class Cluster:
                 self.storages[owner, part] = storage.crashed()
         self.reap_struck()
 
+    def lose_disk(self, node: str) -> None:
+        """SIGKILL, then a restart on empty storage: the disk was lost, or the node moved to a machine
+        without its data directory. The layout (from the topology) still gives it its old placements."""
+        self.crash(node)
+        for owner, part in list(self.storages):
+            if owner == node:
+                self.storages[owner, part] = MemoryStorage()
+        self.restart(node)
+
     def restart(self, node: str) -> None:
         if self.alive(node):
             return

@@ -13,6 +13,8 @@ from sparkbus.roles.replication.layout import SplitTarget
 from sparkbus.roles.replication.messages import (
     DeclineReason,
     JoinFinalized,
+    ReplicaHello,
+    ReplicaRejoin,
     SegmentAccepted,
     SegmentAcked,
     SegmentDeclined,
@@ -45,6 +47,9 @@ SAMPLES = [
     SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=True),
     SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=False, error="checksum"),
     JoinFinalized(partition="t/0", placement=4),
+    JoinFinalized(partition="t/0", placement=4, epoch=b"\x07" * 8),
+    ReplicaHello(partition="t/0", placement=4, epoch=b"\x07" * 8),
+    ReplicaRejoin(partition="t/0", placement=4, epoch=b"\x07" * 8),
     SplitFinalized(
         partition="t/0", targets=(SplitTarget(partition="t/1", high=10), SplitTarget(partition="t/2", low=10))
     ),
@@ -112,3 +117,21 @@ def test_ack_is_either_ok_or_an_error() -> None:
         SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=True, error="x")
     with pytest.raises(ValueError):
         SegmentAcked(partition="t/0", segment_id="1.2", placement=2, ok=False)
+
+
+@pytest.mark.parametrize("epoch", [b"", b"\x01" * 7, b"\x01" * 9])
+def test_an_epoch_of_another_length_is_refused(epoch: bytes) -> None:
+    for kind in (ReplicaHello, ReplicaRejoin):
+        with pytest.raises(ValueError, match="epoch"):
+            kind(partition="t/0", placement=1, epoch=epoch)
+    if epoch:  # empty is a layout join's finalize
+        with pytest.raises(ValueError, match="epoch"):
+            JoinFinalized(partition="t/0", placement=1, epoch=epoch)
+
+
+def test_a_decoded_hello_with_a_short_epoch_is_refused() -> None:
+    frames = CODEC.encode(ReplicaHello(partition="t/0", placement=1, epoch=b"\x01" * 8))
+    body = msgpack.unpackb(frames[1])
+    body["epoch"] = b"\x01"
+    with pytest.raises(DecodeError, match="epoch"):
+        CODEC.decode([frames[0], msgpack.packb(body)])

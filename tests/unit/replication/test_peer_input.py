@@ -28,7 +28,7 @@ from sparkbus.roles.replication.messages import (
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
 from sparkbus.roles.replication.segments import SegmentEntry, chain
 from sparkbus.roles.replication.storage import DiskStorage, FileWriter, MemoryStorage, Storage, Tap
-from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError
+from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError, read_manifest
 
 P = "t/0"
 SPEC = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2)))
@@ -101,18 +101,22 @@ def transfer(role: ReplicationRole, offer: SegmentOffered, data: bytes) -> Segme
         {"included": ("1.1", "WAL")},
         {"max_lsn": MAX_LSN + 1},  # pushed the clock to where the next write overflows
         {"base_id": "1.1", "segment_id": "1.1"},  # based on itself: the chain would loop for ever
-        {"included": ("1.1",)},  # includes itself
+        {"included": "itself"},  # includes itself
     ],
 )
 def test_an_offer_the_store_could_not_keep_is_declined_invalid(
     tmp_path: Path, change: dict[str, Any]
 ) -> None:
     entry, data = segment()
+    if change.get("included") == "itself":
+        change = {"included": (entry.segment_id,)}
     role = follower(DiskStorage(tmp_path))
     reply = answer(role, offer_of(entry, data, **change))
     assert isinstance(reply, SegmentDeclined) and reply.reason is DeclineReason.INVALID, reply
     assert not role.incoming
-    assert [p.name for p in tmp_path.iterdir()] == [], "nothing was written"
+    # The store's own manifest (written when it opened, with its epoch) lists nothing.
+    assert [p.name for p in tmp_path.iterdir()] == ["MANIFEST"], "nothing was written"
+    assert read_manifest(DiskStorage(tmp_path))["entries"] == []
     assert role.counters["offers_refused"] == 1
 
 
