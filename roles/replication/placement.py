@@ -141,19 +141,40 @@ class Placement:
             self._flush(rep)
 
     def _drain(self, rep: LocalReplica) -> None:
-        """An unassigned replica: push to the leader what no current replica holds; then drop it."""
+        """An unassigned replica: push to the leader what no current replica holds; then drop it.
+
+        In UNLOAD (the partition split) the leader takes nothing more: what no current replica holds
+        goes to each split target's leader instead, rewritten to its range, as UNLOAD does (spec 3.8).
+        """
         partition = rep.spec.partition
         self._flush(rep)
         holders = {r.placement for r in rep.spec.replicas}
         alone = [e for e in rep.store.entries if not e.acked & holders]
+        targets = self._saved_targets(rep.store) if rep.lifecycle == Lifecycle.UNLOAD else ()
+        if targets:
+            alone = self._drain_to_targets(rep, alone, targets)
         if not alone and not self._sending(partition):
             rep.store.reset()
             del self.draining[partition]
             self._count("drains_done")
             return
         leader = self.election.leader(rep.spec, frozenset(self.live))
-        if alone and leader is not None:
+        if alone and leader is not None and not targets:
             self._offer(rep, partition, leader, alone[0], None)  # one at a time, in list order
+
+    def _drain_to_targets(
+        self, rep: LocalReplica, alone: list[SegmentEntry], targets: tuple[SplitTarget, ...]
+    ) -> list[SegmentEntry]:
+        """Offer each target's leader the first segment of ``alone`` it has not acked; the ones left."""
+        left: list[SegmentEntry] = []
+        for target in targets:
+            spec = self.layout.partitions.get(target.partition)
+            leader = None if spec is None else self.election.leader(spec, frozenset(self.live))
+            missing = [e for e in alone if leader is None or leader.placement not in e.acked]
+            if missing and leader is not None:
+                self._offer(rep, target.partition, leader, missing[0], target)
+            left += [e for e in missing if e not in left]
+        return left
 
     def _with_saved_split(self, spec: PartitionSpec, store: PartitionStore) -> PartitionSpec:
         """``spec`` with the split its replica's manifest records (``_save_split``), if it names none.
@@ -164,10 +185,15 @@ class Placement:
         saved = store.meta.get("split")
         if spec.split_targets or not saved:
             return spec
-        targets = tuple(SplitTarget(partition=t[0], low=t[1], high=t[2]) for t in saved["targets"])
-        spec = replace(spec, split_targets=targets, async_split=bool(saved["async_split"]))
+        spec = replace(spec, split_targets=self._saved_targets(store), async_split=bool(saved["async_split"]))
         self.layout.partitions[spec.partition] = spec
         return spec
+
+    @staticmethod
+    def _saved_targets(store: PartitionStore) -> tuple[SplitTarget, ...]:
+        """The split targets ``store``'s manifest records (``_save_split``), or none."""
+        saved = store.meta.get("split") or {"targets": ()}
+        return tuple(SplitTarget(partition=t[0], low=t[1], high=t[2]) for t in saved["targets"])
 
     @staticmethod
     def _save_split(rep: LocalReplica) -> None:

@@ -29,6 +29,7 @@ from sparkbus.roles.replication.messages import (
     SegmentDeclined,
     SegmentOffered,
     SegmentTransited,
+    SplitFinalized,
     parse_stream,
     stream_key,
 )
@@ -173,6 +174,16 @@ class Receiving:
             return decline(DeclineReason.INVALID, f"{self.node} holds no replica of {offer.partition}")
         decision = self._decide(rep, offer, peer)
         if isinstance(decision, DeclineReason):
+            unloading = rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
+            if unloading and rep.spec.split_targets:
+                # Split: the sender pushes to the targets' leaders instead. A replica unassigned before
+                # the finalize reached it drains here, and no PeerUp re-sends it (not a replica now).
+                split = SplitFinalized(
+                    partition=offer.partition,
+                    targets=rep.spec.split_targets,
+                    async_split=rep.spec.async_split,
+                )
+                self._emit(Send(peer=peer, message=split))
             return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
         refused = self.refused.get((offer.partition, offer.segment_id, offer.checksum))
         if refused is not None:

@@ -422,7 +422,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
     def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
         """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
         value of the key's first column (it would fail every rewrite of a segment for the range)."""
-        rep = self.local.get(partition)
+        rep = self.local.get(partition) or self.draining.get(partition)
         schema = None if rep is None else rep.store.schema
         key_type = None if schema is None or rep is None else schema.field(rep.store.config.key[0]).type
         for t in targets:
@@ -441,11 +441,13 @@ class ReplicationRole(Receiving, Placement, Epochs):
         spec = self.layout.partitions.get(msg.partition)
         if spec is not None and spec.split_targets != msg.targets:
             self._set_spec(replace(spec, split_targets=msg.targets, async_split=msg.async_split))
-        source = self.local.get(msg.partition)
-        if source is not None and source.lifecycle in (Lifecycle.LOAD, Lifecycle.SERVE):
-            self._save_split(source)  # saved with the lifecycle, in one manifest write
-            source.set_lifecycle(Lifecycle.UNLOAD)
-            self._count("splits_finalized")
+        for source in (self.local.get(msg.partition), self.draining.get(msg.partition)):
+            if source is not None and source.lifecycle in (Lifecycle.LOAD, Lifecycle.SERVE):
+                # A draining replica pushes to the targets from now on (Placement._drain).
+                source.spec = replace(source.spec, split_targets=msg.targets, async_split=msg.async_split)
+                self._save_split(source)  # saved with the lifecycle, in one manifest write
+                source.set_lifecycle(Lifecycle.UNLOAD)
+                self._count("splits_finalized")
         for t in msg.targets:
             target = self.local.get(t.partition)
             if target is not None and target.lifecycle == Lifecycle.LOAD:
