@@ -50,10 +50,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote, unquote
 
 from sparkbus.bus.contract import HTTP_BUFFERS, HttpFetch, HttpFetched
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 PAGES_CONTENT_TYPE = "application/X-presto-pages"
 _LENGTH = struct.Struct("<I")
@@ -511,13 +514,65 @@ class HttpExchangeError(Exception):
         super().__init__(f"HTTP {status} (error code {code}): {message}")
 
 
+class HttpRequestTimeout(TimeoutError):
+    """A request had no complete answer within its limit (its long-poll wait plus the client's
+    ``timeout``); the client closed the connection it used.
+
+    Attributes:
+        url: the request's URL.
+        limit: the limit, seconds.
+    """
+
+    def __init__(self, url: str, limit: float, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+        self.limit = limit
+
+
+class _BoundedSocket(socket.socket):
+    """A client socket whose every send and receive also ends at ``deadline`` (``time.monotonic``
+    seconds), set by ``HttpExchangeClient`` for each request: the socket timeout bounds one wait, so a
+    server that trickles its answer a byte at a time would otherwise hold the request for ever. Past the
+    deadline a wait raises ``TimeoutError``, as the socket timeout does."""
+
+    deadline = math.inf
+
+    def _bound(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        timeout = self.gettimeout()
+        if timeout is None or left < timeout:
+            self.settimeout(left)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self._bound()
+        return super().recv(bufsize, flags)
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self._bound()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
+        self._bound()
+        return super().send(data, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        self._bound()
+        super().sendall(data, flags)
+
+
 class HttpExchangeClient:
     """A keep-alive client of one HTTP exchange server (one connection; not thread-safe).
+
+    Each request has a limit of its long-poll wait plus ``timeout``, from its start (a connect included)
+    to the last byte of its answer: past it the request raises ``HttpRequestTimeout`` and the connection
+    is closed, so a server that answers slowly or trickles its answer holds the calling thread no longer.
 
     Args:
         host: server address.
         port: server port.
-        timeout: socket timeout of every request, seconds (added to the long-poll wait).
+        timeout: each request's limit beyond its long-poll wait, seconds.
     """
 
     def __init__(self, host: str, port: int, *, timeout: float = 20.0) -> None:
@@ -527,6 +582,7 @@ class HttpExchangeClient:
         self._conn: http.client.HTTPConnection | None = None
         self._sock: socket.socket | None = None  # the last socket opened, shut down by ``abort``
         self._aborted = False
+        self._deadline = math.inf  # of the request in progress (``time.monotonic``)
 
     def close(self) -> None:
         """Close the connection."""
@@ -553,10 +609,14 @@ class HttpExchangeClient:
         abort before the connect starts is seen too."""
         error: OSError = OSError(f"no address for {address[0]}")
         for family, kind, proto, _, addr in socket.getaddrinfo(*address, 0, socket.SOCK_STREAM):
-            sock = socket.socket(family, kind, proto)
+            sock = _BoundedSocket(family, kind, proto)
+            sock.deadline = self._deadline
             self._sock = sock
+            left = self._deadline - time.monotonic()
             try:
-                _connect(sock, addr, timeout, lambda: self._aborted)
+                if left <= 0:
+                    raise TimeoutError(f"connecting to {addr}: no time left")
+                _connect(sock, addr, left if timeout is None else min(timeout, left), lambda: self._aborted)
             except OSError as exc:
                 sock.close()
                 error = exc
@@ -578,26 +638,48 @@ class HttpExchangeClient:
     def _request(
         self, method: str, path: str, headers: dict[str, str], wait: float
     ) -> tuple[http.client.HTTPResponse, bytes]:
-        for attempt in (0, 1):
-            if self._aborted:
-                raise ConnectionAbortedError(f"{method} {path}: the client was aborted")
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout + wait)
-                self._conn._create_connection = self._open  # type: ignore[attr-defined]
-            self._conn.timeout = self.timeout + wait
-            if self._conn.sock is not None:
-                # http.client applies its timeout only when it connects: a kept-alive socket still has the
-                # one of the request that opened it (an ack's, shorter than a long poll's).
-                self._conn.sock.settimeout(self.timeout + wait)
-            try:
-                self._conn.request(method, path, headers=headers)
-                resp = self._conn.getresponse()
-                return resp, resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                # The server closed an idle keep-alive connection: reconnect once.
-                self.close()
-                if attempt:
-                    raise
+        """Send a request and read its whole answer within ``wait + self.timeout`` seconds.
+
+        Raises:
+            HttpRequestTimeout: no complete answer within that limit (the connection is closed).
+        """
+        limit = self.timeout + wait
+        self._deadline = time.monotonic() + limit
+        try:
+            for attempt in (0, 1):
+                if self._aborted:
+                    raise ConnectionAbortedError(f"{method} {path}: the client was aborted")
+                if self._conn is None:
+                    self._conn = http.client.HTTPConnection(self.host, self.port, timeout=limit)
+                    self._conn._create_connection = self._open  # type: ignore[attr-defined]
+                self._conn.timeout = limit
+                sock = self._conn.sock
+                if sock is not None:
+                    # http.client applies its timeout only when it connects: a kept-alive socket still has
+                    # the one of the request that opened it (an ack's, shorter than a long poll's).
+                    sock.settimeout(limit)
+                    if isinstance(sock, _BoundedSocket):
+                        sock.deadline = self._deadline
+                try:
+                    self._conn.request(method, path, headers=headers)
+                    resp = self._conn.getresponse()
+                    return resp, resp.read()
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                    # The server closed an idle keep-alive connection: reconnect once.
+                    self.close()
+                    if attempt:
+                        raise
+        except TimeoutError as exc:
+            # Every wait of the request ends by its deadline, so any timeout is the request's: its
+            # connection may hold the rest of an answer, and is not used again.
+            self.close()
+            url = f"http://{self.host}:{self.port}{path}"
+            raise HttpRequestTimeout(
+                url,
+                limit,
+                f"{method} {url}: no complete answer within {limit:g} s "
+                f"(long-poll {wait:g} s + request timeout {self.timeout:g} s), connection closed: {exc}",
+            ) from exc
         raise AssertionError("unreachable")
 
     @staticmethod
@@ -705,6 +787,8 @@ def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
         )
     except HttpExchangeError as exc:
         return HttpFetched(job=job.job, error=f"{here}: HTTP {exc.status}: {exc.message}", code=exc.code)
+    except HttpRequestTimeout as exc:
+        return HttpFetched(job=job.job, error=f"{here}: {exc}")
     except (OSError, http.client.HTTPException, ValueError) as exc:
         client.close()
         return HttpFetched(
@@ -753,7 +837,7 @@ class HttpFetcher:
     Args:
         deliver: takes each ``HttpFetched`` (it must not block; the node queues it for its loop).
         workers: the most requests in progress at once (a long-poll holds a worker up to its wait).
-        timeout: socket timeout of every request, seconds, on top of its long-poll wait.
+        timeout: each request's limit beyond its long-poll wait, seconds (``HttpExchangeClient``).
         name: prefix of the worker threads' names.
     """
 
