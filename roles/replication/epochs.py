@@ -9,8 +9,9 @@ sent again what it acked, and a leader would serve an empty partition while its 
 So each store draws an *epoch* when it is created (``PartitionStore.epoch``: random bytes in its
 manifest) and the pair (placement, epoch) is the identity the spec's placement id stands for:
 
-* when a link comes up, each replica sends ``ReplicaHello`` (its placement and epoch) to the peer, for
-  every partition both hold, before anything else of the partition;
+* when a link comes up, each replica sends ``ReplicaHello`` (its placement, epoch and what the store
+  knows of itself) to the peer, for every partition both hold, before anything else of the partition;
+  and to every live replica when it is placed by ``assign`` or its own state changes;
 * a peer records the epoch of each placement it hears from (in its manifest). The first epoch it hears
   is taken as it is. Another epoch under a placement it knows is a new store: the peer strikes the
   placement from its acked lists (``PartitionStore.forget_acked``, saved at once), takes it for a
@@ -23,7 +24,8 @@ manifest) and the pair (placement, epoch) is the identity the spec's placement i
   again, and re-sends that finalize to each peer that comes back, as for the layout's joins.
 
 A record is ``(epoch, state)`` with state ``member`` (first heard as it is), ``rejoining`` or ``joined``
-(finalized). A finalize for an epoch other than the one recorded waits in memory until the replica's
+(finalized); a hello's state is taken as the store says it, except a lagging ``rejoining`` after a
+finalize. When every replica is joining and some only rejoin, those may be elected (``_electable``). A finalize for an epoch other than the one recorded waits in memory until the replica's
 own hello names that epoch (it may come first on another link), so an old finalize never brings back an
 old store's epoch. A node that knew no epoch of a placement (a store written before epochs existed)
 takes the first one it hears as it is: for such a node, a disk lost before then goes unnoticed.
@@ -73,12 +75,32 @@ class Epochs:
     def _set_spec(self, spec: PartitionSpec) -> None:
         raise NotImplementedError
 
-    def _rejoin_at_start(self) -> None:
-        """Placements recorded as rejoining stay joining across a restart (the layout does not know)."""
+    def _rejoin_at_start(self, partition: str | None = None) -> None:
+        """Placements recorded as rejoining stay joining across a restart or an ``assign`` (the layout
+        does not know)."""
         for rep in list(self.local.values()):
+            if partition is not None and rep.spec.partition != partition:
+                continue
             for placement, (epoch, state) in records_of(rep).items():
                 if state == REJOINING and (placement != rep.me.placement or epoch == rep.store.epoch):
                     self._set_joining(rep.spec.partition, placement, True)
+
+    def _own_hello(self, rep: LocalReplica) -> ReplicaHello:
+        epoch = rep.store.epoch
+        own = records_of(rep).get(rep.me.placement, (epoch, MEMBER))
+        state = own[1] if own[0] == epoch else MEMBER
+        return ReplicaHello(
+            partition=rep.spec.partition, placement=rep.me.placement, epoch=epoch, state=state
+        )
+
+    def _announce(self, partition: str) -> None:
+        """Name our store of ``partition`` to every live peer that holds it (placed, or our state changed)."""
+        rep = self.local.get(partition)
+        if rep is None:
+            return
+        for r in rep.spec.replicas:
+            if r.node != self.node and r.node in self.live:
+                self._emit(Send(peer=r.node, message=self._own_hello(rep)))
 
     def _hello(self, peer: str) -> None:
         """A link came up: name our stores to ``peer`` and repeat the rejoins we finalized or saw finalized."""
@@ -86,8 +108,7 @@ class Epochs:
             if rep.spec.replica_on(peer) is None:
                 continue
             partition = rep.spec.partition
-            hello = ReplicaHello(partition=partition, placement=rep.me.placement, epoch=rep.store.epoch)
-            self._emit(Send(peer=peer, message=hello))
+            self._emit(Send(peer=peer, message=self._own_hello(rep)))
             for placement, (epoch, state) in records_of(rep).items():
                 if state == JOINED:
                     msg = JoinFinalized(partition=partition, placement=placement, epoch=epoch)
@@ -107,26 +128,32 @@ class Epochs:
         if rep is None:
             return
         records = records_of(rep)
-        known = records.get(msg.placement)
-        if known is None:
-            records[msg.placement] = (msg.epoch, MEMBER)
-            _save(rep, records)
-            return
-        if known[0] == msg.epoch:
-            if known[1] == REJOINING:  # it may have restarted before it saved the rejoin
+        q, said = msg.placement, msg.state
+        known = records.get(q)
+        if known is not None and known[0] == msg.epoch:
+            if known[1] == REJOINING and said == MEMBER:  # it may have restarted before it saved the rejoin
                 self._send_rejoin(peer, msg)
+            elif known[1] != said and said != MEMBER and (known[1], said) != (JOINED, REJOINING):
+                # What the store knows of itself: a peer told it it rejoins, or a leader finalized it.
+                self._record(rep, records, q, msg.epoch, said)
+            return
+        if known is None:
+            self._record(rep, records, q, msg.epoch, said)  # the first store we hear of, as it says
             return
         # A new store under a placement we know: what the old one acked is gone with it.
         self._count("replica_resets")
-        rep.store.forget_acked(msg.placement)
-        finalized = msg.epoch in self._finalized_ahead.pop((msg.partition, msg.placement), set())
-        records[msg.placement] = (msg.epoch, JOINED if finalized else REJOINING)
-        _save(rep, records)
-        if finalized:
-            self._set_joining(msg.partition, msg.placement, False)
-        else:
-            self._set_joining(msg.partition, msg.placement, True)
+        rep.store.forget_acked(q)
+        finalized = said == JOINED or msg.epoch in self._finalized_ahead.pop((msg.partition, q), set())
+        self._record(rep, records, q, msg.epoch, JOINED if finalized else REJOINING)
+        if not finalized and said != REJOINING:
             self._send_rejoin(peer, msg)
+
+    def _record(self, rep: LocalReplica, records: Records, placement: int, epoch: bytes, state: str) -> None:
+        was = records.get(placement, (b"", MEMBER))[1]
+        records[placement] = (epoch, state)
+        _save(rep, records)
+        if state in (REJOINING, JOINED) or was == REJOINING:  # a layout's join is left alone
+            self._set_joining(rep.spec.partition, placement, state == REJOINING)
 
     def _send_rejoin(self, peer: str, msg: ReplicaHello) -> None:
         rejoin = ReplicaRejoin(partition=msg.partition, placement=msg.placement, epoch=msg.epoch)
@@ -141,10 +168,9 @@ class Epochs:
         records = records_of(rep)
         if records.get(msg.placement, (b"", MEMBER))[1] != MEMBER:
             return  # rejoining already, or finalized: a late repeat
-        records[msg.placement] = (msg.epoch, REJOINING)
-        _save(rep, records)
         self._count("rejoins")
-        self._set_joining(msg.partition, msg.placement, True)
+        self._record(rep, records, msg.placement, msg.epoch, REJOINING)
+        self._announce(msg.partition)  # peers that took our first hello as a member's learn it
 
     def _on_rejoin_finalized(self, msg: JoinFinalized) -> None:
         """A leader finalized the rejoin of (placement, epoch); the sender holds a replica (checked)."""
@@ -160,10 +186,10 @@ class Epochs:
             return
         if known is not None and known[1] != REJOINING:
             return
-        records[msg.placement] = (msg.epoch, JOINED)
-        _save(rep, records)
         self._count("joins_finalized")
-        self._set_joining(msg.partition, msg.placement, False)
+        self._record(rep, records, msg.placement, msg.epoch, JOINED)
+        if msg.placement == rep.me.placement:
+            self._announce(msg.partition)
 
     def _rejoin_epoch(self, rep: LocalReplica, replica: Replica) -> bytes | None:
         """The epoch of ``replica`` if we take it for rejoining, else None."""
@@ -181,6 +207,27 @@ class Epochs:
                 self._emit(Send(peer=r.node, message=msg))
         self._count("joins_finalized")
         self._set_joining(rep.spec.partition, replica.placement, False)
+
+    def _electable(self, spec: PartitionSpec) -> PartitionSpec:
+        """``spec`` for the election: when every replica is joining and some only rejoin (their stores
+        started empty), those may lead. Their peers that held the rows lost them too, or the partition
+        would have no leader for good; the first one in placement order leads and finalizes the others,
+        and once one is a member again it leads."""
+        if any(not r.joining for r in spec.replicas):
+            return spec
+        rep = self.local.get(spec.partition)
+        if rep is None:
+            return spec
+        records = records_of(rep)
+        rejoining = {p for p, (_, state) in records.items() if state == REJOINING}
+        if not rejoining:
+            return spec
+        return replace(
+            spec,
+            replicas=tuple(
+                replace(r, joining=False) if r.placement in rejoining else r for r in spec.replicas
+            ),
+        )
 
     def _set_joining(self, partition: str, placement: int, joining: bool) -> None:
         spec = self.layout.partitions.get(partition)

@@ -194,6 +194,9 @@ class SplitFinalized:
             raise ValueError("targets must not be empty")
 
 
+HELLO_STATES = ("member", "rejoining", "joined")
+
+
 @dataclass(frozen=True, kw_only=True)
 class _StoreNamed:
     """A replica placement of a partition and the epoch of the store that holds it."""
@@ -213,8 +216,18 @@ class ReplicaHello(_StoreNamed):
     """REPLICA_HELLO: the sender's replica ``placement`` of ``partition`` holds the store ``epoch``.
 
     Sent to each peer that holds a replica of the partition when the link to it comes up, before anything
-    else of the partition, so the peer learns of a store that started empty before it trusts its acks.
+    else of the partition, so the peer learns of a store that started empty before it trusts its acks;
+    and again when the replica is placed (``assign``) or its ``state`` changes. ``state`` is what the
+    store knows of itself: ``member``, ``rejoining`` (a peer told it so) or ``joined`` (its rejoin was
+    finalized).
     """
+
+    state: str = "member"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.state not in HELLO_STATES:
+            raise ValueError(f"state must be one of {HELLO_STATES}, got {self.state!r}")
 
 
 @message(0x0128)

@@ -4,8 +4,9 @@ Mixed into ``ReplicationRole``. A replica that is unassigned or re-placed may ho
 replica has (writes it acknowledged and has not replicated yet). protocol-facts 2.3's rule for a
 partition that is dropped applies: drop only when nothing needs replication. So:
 
-* an unassigned replica drains: it stops serving, flushes, pushes to the partition's leader every
-  segment no current replica has acked, and deletes its files only once none is left;
+* an unassigned replica drains: it stops serving, flushes, pushes to the partition's leader (in
+  UNLOAD: to each split target's leader) every segment no current replica has acked, and deletes its
+  files only once none is left;
 * a re-placed replica carries over: the segments no other current replica has acked are set aside
   (``PartitionStore.mark_carry``) and merged, with their versions, into the new placement, which starts
   with an empty segment list as the spec asks and replicates them like new writes.
@@ -26,6 +27,7 @@ from sparkbus.roles.replication.layout import (
     LeaderElection,
     Lifecycle,
     PartitionSpec,
+    Replica,
     SplitTarget,
 )
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
@@ -67,6 +69,9 @@ class Placement:
         raise NotImplementedError
 
     def _offer(self, rep: LocalReplica, target: str, replica: Any, entry: SegmentEntry, split: Any) -> None:
+        raise NotImplementedError
+
+    def _leader_in(self, spec: PartitionSpec) -> Replica | None:
         raise NotImplementedError
 
     def _host(self, spec: PartitionSpec) -> None:
@@ -158,7 +163,7 @@ class Placement:
             del self.draining[partition]
             self._count("drains_done")
             return
-        leader = self.election.leader(rep.spec, frozenset(self.live))
+        leader = self._leader_in(rep.spec)
         if alone and leader is not None and not targets:
             self._offer(rep, partition, leader, alone[0], None)  # one at a time, in list order
 
@@ -169,7 +174,7 @@ class Placement:
         left: list[SegmentEntry] = []
         for target in targets:
             spec = self.layout.partitions.get(target.partition)
-            leader = None if spec is None else self.election.leader(spec, frozenset(self.live))
+            leader = None if spec is None else self._leader_in(spec)
             missing = [e for e in alone if leader is None or leader.placement not in e.acked]
             if missing and leader is not None:
                 self._offer(rep, target.partition, leader, missing[0], target)

@@ -220,7 +220,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
     def _elect(self) -> None:
         live = frozenset(self.live)
         for rep in self.local.values():
-            leader = self.election.leader(rep.spec, live)
+            leader = self.election.leader(self._electable(rep.spec), live)
             if leader != rep.leader:
                 was_leader = rep.leads
                 rep.leader = leader
@@ -234,7 +234,10 @@ class ReplicationRole(Receiving, Placement, Epochs):
         spec = self.layout.partitions.get(partition)
         if spec is None:
             return None
-        return self.election.leader(spec, frozenset(self.live))
+        return self._leader_in(spec)
+
+    def _leader_in(self, spec: PartitionSpec) -> Replica | None:
+        return self.election.leader(self._electable(spec), frozenset(self.live))
 
     # ------------------------------------------------------------ the procedures (spec 3.5, 3.8)
 
@@ -834,6 +837,8 @@ class ReplicationRole(Receiving, Placement, Epochs):
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"spec must be a PartitionSpec, got {type(spec).__name__}")
         self._set_spec(spec)
+        self._rejoin_at_start(spec.partition)  # the topology's spec knows nothing of rejoins
+        self._announce(spec.partition)  # a peer placed now had no PeerUp to hear our store from
         return None
 
     def _call_split(self, args: dict[str, Any]) -> Any:

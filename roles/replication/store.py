@@ -647,6 +647,7 @@ class PartitionStore:
         """
         gone = [segment_file(e.segment_id) for e in self.entries]
         self.entries, self.root = [], None
+        self.meta["epoch"] = os.urandom(EPOCH_BYTES)  # empty again: a new store to its peers (epochs.py)
         self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
         self._wal_flushed = self._wal_seq
         self.save_manifest()

@@ -66,6 +66,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
 #: The same, where a field name means a type of its own (a replication store's epoch is 8 bytes).
 TYPED_FIELDS: dict[tuple[str, Any], st.SearchStrategy[Any]] = {
     ("epoch", bytes): st.one_of(st.binary(min_size=8, max_size=8), st.just(b"")),
+    ("state", str): st.one_of(st.sampled_from(["member", "rejoining", "joined"]), texts),
 }
 blobs = st.one_of(st.binary(max_size=64), st.just(b""))
 plain_values = st.one_of(st.none(), st.booleans(), ints, texts, blobs)

@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import pytest
 
+from sparkbus.roles.replication.layout import PartitionSpec, Replica
+from sparkbus.roles.replication.storage import MemoryStorage
+
 from .cluster import NODES, Cluster, P, spec
 
 SEEDS = [1, 2, 3]
 
 
-def _loaded(seed: int) -> tuple[Cluster, list[int]]:
-    c = Cluster([spec(*NODES)], seed=seed)
+def _loaded(
+    seed: int, replicas: tuple[str, ...] = NODES, nodes: tuple[str, ...] = NODES
+) -> tuple[Cluster, list[int]]:
+    """20 keys written on a, flushed and replicated to ``replicas``."""
+    c = Cluster([spec(*replicas)], seed=seed, nodes=nodes)
     keys = c.write_keys("a", range(20))
     c.call("a", "flush", partition=P)
     c.settle(10)
-    c.assert_identical(NODES, keys)
+    c.assert_identical(replicas, keys)
     return c, keys
 
 
@@ -118,3 +124,117 @@ def test_a_restart_with_its_disk_is_not_a_rejoin(seed: int) -> None:
         assert "replica_resets" not in counters and "rejoins" not in counters, (n, counters)
         assert _partition(c, n)["joining"] == []
     c.assert_clean()
+
+
+def _until_a_rejoins(c: Cluster) -> None:
+    """Run until a takes itself for joining, before its leader finalizes it."""
+    for _ in range(200):
+        if _partition(c, "a")["joining"] == ["a"]:
+            break
+        c.settle(0.005)
+    assert _partition(c, "a")["joining"] == ["a"] and _partition(c, "b")["joining"] == ["a"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_replicas_that_lost_their_disks_one_after_the_other_still_elect_a_leader(seed: int) -> None:
+    # a rejoins; before b has finalized it, b loses its disk too. Each took the other for rejoining (or a
+    # fresh b took a for a member): no replica was electable on a, and b named a, for good.
+    c, _ = _loaded(seed, ("a", "b"), ("a", "b"))
+    c.lose_disk("a")
+    _until_a_rejoins(c)
+    c.lose_disk("b")
+    c.settle(30)
+    assert c.leader("a") == c.leader("b") is not None
+    leader = c.leader("a")
+    assert leader is not None
+    new = c.write_keys(leader, range(100, 105), "new")
+    assert new == list(range(100, 105))
+    c.settle(20)
+    assert set(new) <= set(c.read("a")["key"]) and c.read("a") == c.read("b")
+    assert _partition(c, "a")["joining"] == [] == _partition(c, "b")["joining"]
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_replicas_that_lost_their_disks_at_once_both_rejoin(seed: int) -> None:
+    # b took both for rejoining; a's fresh store heard c's first hello as a member's and, leading, never
+    # finalized it: c stayed joining in b's and its own view. A hello now says what the store knows.
+    c, keys = _loaded(seed)
+    c.crash("a")
+    c.crash("c")
+    for owner, part in list(c.storages):
+        if owner in ("a", "c"):
+            c.storages[owner, part] = MemoryStorage()
+    c.restart("a")
+    c.restart("c")
+    c.settle(40)
+    c.assert_identical(NODES, keys)
+    for n in NODES:
+        assert _partition(c, n)["joining"] == [], n
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replica_placed_while_its_links_are_up_is_known_by_its_epoch(seed: int) -> None:
+    # Its hello went only with a PeerUp: placed by assign, its peers never recorded its epoch and took
+    # the empty store it came back with after a lost disk for the first one they heard.
+    c, keys = _loaded(seed, ("a", "b"))
+    for n in NODES:
+        c.call(n, "assign", spec=spec(*NODES))
+    c.specs = [spec(*NODES)]  # the topology places c now
+    c.settle(20)
+    c.assert_identical(NODES, keys)
+    c.lose_disk("c")
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("restart", [False, True])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replica_drained_and_placed_again_under_its_old_placement_is_caught_up(
+    seed: int, restart: bool
+) -> None:
+    # The end of its drain emptied the store and kept the epoch: its peers' acked lists still named the
+    # placement, so placed again it stayed empty. An emptied store draws a new epoch.
+    c, keys = _loaded(seed)
+    for n in NODES:
+        c.call(n, "assign", spec=spec("a", "b"))
+    c.settle(10)
+    assert c.counters("c").get("drains_done") == 1
+    for n in NODES:
+        c.call(n, "assign", spec=spec(*NODES))
+    if restart:
+        c.crash("c")
+        c.restart("c")
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("placement", [2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_assign_in_the_middle_of_a_rejoin_keeps_it(seed: int, placement: int) -> None:
+    # The assign's spec (from the topology) cleared the joining flags: the empty store was elected, and
+    # after a restart the nodes disagreed on who leads, both refusing writes.
+    c, keys = _loaded(seed, ("a", "b"))
+    c.lose_disk("a")
+    _until_a_rejoins(c)
+    # b's replica moves to c (2: the id the topology gives the second replica; 3: a new one).
+    moved = PartitionSpec(
+        partition=P, replicas=(Replica(node="a", placement=1), Replica(node="c", placement=placement))
+    )
+    for n in NODES:
+        c.call(n, "assign", spec=moved)
+    assert c.leader("a") != "a", "still rejoining: not elected"
+    c.specs = [moved]
+    c.settle(20)
+    c.crash("a")
+    c.restart("a")
+    c.settle(30)
+    assert c.leader("a") == c.leader("c") is not None
+    leader = c.leader("c")
+    assert leader is not None
+    keys += c.write_keys(leader, range(100, 103), "new")
+    c.settle(20)
+    c.assert_identical(["a", "c"], keys)

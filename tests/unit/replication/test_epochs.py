@@ -145,3 +145,45 @@ def test_a_leader_with_nothing_to_send_finalizes_a_rejoin_at_once() -> None:
     # A peer that comes back hears it again, after our hello.
     resent = [x.message for x in a.handle(PeerUp(peer="c"), 3.0) if isinstance(x, Send)]
     assert isinstance(resent[0], ReplicaHello) and final in resent
+
+
+def test_a_hello_says_what_the_store_knows_of_itself() -> None:
+    a = role("a")
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    # Another peer told b it rejoins (b's first hello to us said member): its next hello says so.
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD, state="rejoining"))
+    assert record(a, 2) == [OLD.hex(), "rejoining"] and joining(a) == ["b"]
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD, state="joined"))
+    assert record(a, 2) == [OLD.hex(), "joined"] and joining(a) == []
+    # A lagging hello does not undo a finalize, and a new store already finalized is taken as one.
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD, state="rejoining"))
+    assert joining(a) == []
+    assert receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=NEW, state="joined")) == []
+    assert record(a, 2) == [NEW.hex(), "joined"] and joining(a) == []
+
+
+def test_a_layout_join_is_not_ended_by_a_members_hello() -> None:
+    spec = PartitionSpec(
+        partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2, joining=True))
+    )
+    a = ReplicationRole("a", Layout.of([spec]), lambda p: MemoryStorage(), CONFIG)
+    list(a.handle(TimerFired(key="replication/tick"), 0.0))
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    assert joining(a) == ["b"], "only the leader's JOIN_FINALIZE ends a join the layout placed"
+
+
+def test_when_every_replica_rejoins_the_first_in_placement_order_leads() -> None:
+    a = role("a")
+    for peer in ("b", "c"):
+        list(a.handle(PeerUp(peer=peer), 0.5))
+    epoch = a.local[P].store.epoch
+    receive(a, "b", ReplicaRejoin(partition=P, placement=1, epoch=epoch))
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD, state="rejoining"))
+    assert sorted(joining(a)) == ["a", "b"]
+    assert a.local[P].leader is not None and a.local[P].leader.node == "c", "the only member leads"
+    sent = receive(a, "c", ReplicaHello(partition=P, placement=3, epoch=OLD, state="rejoining"))
+    # No member is left: a, first in placement order, leads; holding nothing, it finalizes b and c at
+    # once, and b, the first member again, leads.
+    assert JoinFinalized(partition=P, placement=2, epoch=OLD) in sent
+    assert JoinFinalized(partition=P, placement=3, epoch=OLD) in sent
+    assert joining(a) == ["a"] and a.local[P].leader is not None and a.local[P].leader.node == "b"

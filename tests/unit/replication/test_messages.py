@@ -49,6 +49,7 @@ SAMPLES = [
     JoinFinalized(partition="t/0", placement=4),
     JoinFinalized(partition="t/0", placement=4, epoch=b"\x07" * 8),
     ReplicaHello(partition="t/0", placement=4, epoch=b"\x07" * 8),
+    ReplicaHello(partition="t/0", placement=4, epoch=b"\x07" * 8, state="rejoining"),
     ReplicaRejoin(partition="t/0", placement=4, epoch=b"\x07" * 8),
     SplitFinalized(
         partition="t/0", targets=(SplitTarget(partition="t/1", high=10), SplitTarget(partition="t/2", low=10))
@@ -135,3 +136,8 @@ def test_a_decoded_hello_with_a_short_epoch_is_refused() -> None:
     body["epoch"] = b"\x01"
     with pytest.raises(DecodeError, match="epoch"):
         CODEC.decode([frames[0], msgpack.packb(body)])
+
+
+def test_a_hello_names_a_state_it_knows() -> None:
+    with pytest.raises(ValueError, match="state"):
+        ReplicaHello(partition="t/0", placement=1, epoch=b"\x01" * 8, state="leader")
