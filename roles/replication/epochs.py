@@ -75,7 +75,7 @@ class Epochs:
     def _set_spec(self, spec: PartitionSpec) -> None:
         raise NotImplementedError
 
-    def _rejoin_at_start(self, partition: str | None = None) -> None:
+    def _reapply_rejoins(self, partition: str | None = None) -> None:
         """Placements recorded as rejoining stay joining across a restart or an ``assign`` (the layout
         does not know)."""
         for rep in list(self.local.values()):
@@ -198,15 +198,12 @@ class Epochs:
 
     def _finalize_rejoin(self, rep: LocalReplica, replica: Replica, epoch: bytes) -> None:
         """Leader: ``replica`` acked every segment from the major; it takes part in elections again."""
-        records = records_of(rep)
-        records[replica.placement] = (epoch, JOINED)
-        _save(rep, records)
         msg = JoinFinalized(partition=rep.spec.partition, placement=replica.placement, epoch=epoch)
         for r in rep.spec.replicas:
             if r.node != self.node and r.node in self.live:  # the others on their next hello
                 self._emit(Send(peer=r.node, message=msg))
         self._count("joins_finalized")
-        self._set_joining(rep.spec.partition, replica.placement, False)
+        self._record(rep, records_of(rep), replica.placement, epoch, JOINED)
 
     def _electable(self, spec: PartitionSpec) -> PartitionSpec:
         """``spec`` for the election: when every replica is joining and some only rejoin (their stores

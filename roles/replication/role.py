@@ -169,7 +169,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
                     self._apply_join(rep.spec.partition, placement)
-            self._rejoin_at_start()
+            self._reapply_rejoins()
             self._elect()
             out.append(SetTimer(key=TICK, at=now + self.config.tick))
         if isinstance(event, MessageReceived):
@@ -218,9 +218,8 @@ class ReplicationRole(Receiving, Placement, Epochs):
     # ------------------------------------------------------------ placement and election
 
     def _elect(self) -> None:
-        live = frozenset(self.live)
         for rep in self.local.values():
-            leader = self.election.leader(self._electable(rep.spec), live)
+            leader = self._leader_in(rep.spec)
             if leader != rep.leader:
                 was_leader = rep.leads
                 rep.leader = leader
@@ -837,7 +836,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"spec must be a PartitionSpec, got {type(spec).__name__}")
         self._set_spec(spec)
-        self._rejoin_at_start(spec.partition)  # the topology's spec knows nothing of rejoins
+        self._reapply_rejoins(spec.partition)  # the topology's spec knows nothing of rejoins
         self._announce(spec.partition)  # a peer placed now had no PeerUp to hear our store from
         return None
 

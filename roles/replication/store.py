@@ -610,16 +610,14 @@ class PartitionStore:
         elif old is not None and acked != old.acked:
             self._acked_unsaved = True
 
-    def forget_acked(self, placement: int) -> bool:
-        """Strike ``placement`` from every acked list, saved at once; True if any named it.
+    def forget_acked(self, placement: int) -> None:
+        """Strike ``placement`` from every acked list, saved at once.
 
         For a placement whose store is new (it started empty): what it acked is gone with the old store.
         """
-        if not any(placement in e.acked for e in self.entries):
-            return False
-        self.entries = [e.with_acked(e.acked - {placement}) for e in self.entries]
-        self.save_manifest()
-        return True
+        if any(placement in e.acked for e in self.entries):
+            self.entries = [e.with_acked(e.acked - {placement}) for e in self.entries]
+            self.save_manifest()
 
     @property
     def epoch(self) -> bytes:
