@@ -29,13 +29,14 @@ serves a table:
 
 Replicas live in ``$SPARKBUS_DATA_DIR/<cluster>/<node>``, one directory per node that a restarted node opens
 again (``NodeData``); without the variable, in a new temporary directory per start, which a restart does not
-find.
+find and the node removes when it stops.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 from collections import deque
 from dataclasses import replace
@@ -145,7 +146,7 @@ class NodeData:
     With ``$SPARKBUS_DATA_DIR`` set it is ``<that>/<cluster>/<node>``: the same path on every start, so a
     restarted node opens its stores again (recovery: docs/REPLICATION.md). An exclusive ``flock`` on its
     ``LOCK`` file is held until ``close`` (or the process's death, which releases it): two processes
-    serving one node's files would corrupt them. Without the variable the directory is a new temporary one.
+    serving one node's files would corrupt them. Without the variable the directory is a new temporary one, removed by ``close``.
 
     Calling it gives the ``DiskStorage`` of a partition's replica (``"t/0"`` lives in ``t~0``).
 
@@ -157,6 +158,7 @@ class NodeData:
 
     def __init__(self, node: str, cluster: str, base: str | None) -> None:
         self._lock: IO[bytes] | None = None
+        self.temporary = not base
         if not base:
             self.root = Path(tempfile.mkdtemp(prefix=f"{node}-"))
             return
@@ -177,7 +179,13 @@ class NodeData:
         return DiskStorage(self.root / partition.replace("/", "~"))
 
     def close(self) -> None:
-        """Release the lock (idempotent); the files stay for the next start."""
+        """Release the lock (idempotent); the files stay for the next start.
+
+        A temporary directory is removed instead: no later start would find it, and each start of a
+        node without ``$SPARKBUS_DATA_DIR`` otherwise left its replicas' files behind.
+        """
+        if self.temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
         if self._lock is not None:
             self._lock.close()
             self._lock = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -288,10 +287,13 @@ def test_a_node_without_a_data_directory_starts_empty_every_time(monkeypatch: py
     rows = pa.table({"id": [1, 2], PARTITION_COLUMN: ["a/0", "a/1"]})
     sim, first = _start(rows)
     sim2, second = _start()  # no lock: each start has a directory of its own
+    roots = [first.storage_for.root, second.storage_for.root]
     try:
         assert _keys(sim) == [1, 2] and _keys(sim2) == []
-        assert first.storage_for.root != second.storage_for.root
+        assert roots[0] != roots[1] and all(r.is_dir() for r in roots)
     finally:
         for role in (first, second):
             role.close()
-            shutil.rmtree(role.storage_for.root)
+            role.close()  # idempotent
+    # No later start would find them: a stopped node removes its temporary directory.
+    assert not any(r.exists() for r in roots)
