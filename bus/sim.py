@@ -8,10 +8,13 @@ be cut (with or without a disconnect notice), nodes crashed and restarted. Same 
 The simulator is also the driver of the HTTP exchange (docs/EXCHANGE.md section 5), as ``bus/node.py`` is:
 it keeps a "jobs" call open on every node's ``http.client`` role and carries out each ``HttpFetch``
 against the peer's ``binx.server`` role in memory, through the same ``LocalCall`` ``read`` / ``delete``
-the node's HTTP server makes, each way after a seeded latency. A request to a node that is down or cut
-off fails as a refused connection would; a node that crashes or is cut off with requests in flight
-fails them as a reset would (at once with a notice, after ``HTTP_TIMEOUT`` without one, as a socket
-timeout would).
+the node's HTTP server makes, each way after a seeded latency. Each request has the deadline the node's
+``HttpExchangeClient`` gives it: its long-poll wait (none for a DELETE) plus ``HTTP_TIMEOUT`` from its
+start; with no answer by then it fails as ``HttpRequestTimeout`` does, naming the URL and the limit. A
+request to a node that is down or cut off with a notice fails at once as a refused connection would, and
+one in flight when its node crashes or its link is cut with a notice as a reset would. Without a notice
+(a stopped process, a link that drops everything) nothing answers: requests in flight and new ones to
+that peer end at their deadline, as on real sockets.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
@@ -32,7 +36,8 @@ from sparkbus.bus.state import Completed, Transmit
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError
 
 _HEARTBEAT = REGISTRY.code_of(Heartbeat)
-#: Seconds until an HTTP request to a silently dead or cut-off peer fails (the client's socket timeout).
+#: Each HTTP request's limit beyond its long-poll wait, seconds: the ``timeout`` of the node's ``HttpFetcher``
+#: (its default: ``Node`` sets none). A request unanswered that long past its start fails.
 HTTP_TIMEOUT = 20.0
 
 
@@ -72,6 +77,8 @@ class _HttpJob:
     target: str
     target_inc: int
     fetch: c.HttpFetch
+    expiry: _Delivery | None = None  # the queued step that fails the request at its deadline
+    never_connected: bool = False  # its connect got no answer (a silent link cut)
 
 
 class SimBus:
@@ -113,6 +120,9 @@ class SimBus:
         self._driver_calls: set[tuple[str, int]] = set()
         self._http_seq = 0
         self.http_requests = 0
+        # Nodes crashed and links cut without a notice: their HTTP requests get no answer at all.
+        self._http_silent_nodes: set[str] = set()
+        self._http_silent_links: set[frozenset[str]] = set()
         self._started = False
         self.delivered = 0
         self.dropped = 0
@@ -170,6 +180,8 @@ class SimBus:
         """Break the link between ``a`` and ``b``: in-flight messages are lost. With ``notify``, both sides
         see a socket disconnect at once; without, they must find out from heartbeat silence."""
         self._cut.add(frozenset((a, b)))
+        if not notify:
+            self._http_silent_links.add(frozenset((a, b)))
         self._queue = [d for d in self._queue if frozenset((d.src, d.dst)) != frozenset((a, b))]
         heapq.heapify(self._queue)
         self._http_broken(
@@ -183,6 +195,7 @@ class SimBus:
 
     def heal(self, a: str, b: str) -> None:
         self._cut.discard(frozenset((a, b)))
+        self._http_silent_links.discard(frozenset((a, b)))
 
     def stall(
         self, src: str, dst: str, seconds: float, channels: tuple[str, ...] = ("ctl", "reply", "data")
@@ -204,6 +217,8 @@ class SimBus:
         disconnect at once (as after SIGKILL); without, only silence (as after SIGSTOP)."""
         node = self._nodes[name]
         node.alive = False
+        if not notify:
+            self._http_silent_nodes.add(name)
         self._queue = [d for d in self._queue if name not in (d.src, d.dst)]
         heapq.heapify(self._queue)
         for jid in [j for j, job in self._http_jobs.items() if job.requester == name]:
@@ -220,6 +235,7 @@ class SimBus:
         if self._nodes[name].alive:
             raise ValueError(f"node {name} is running; crash it first")
         self._incarnation[name] += 1
+        self._http_silent_nodes.discard(name)
         node = self._make(name, roles, self._configs[name])
         for other in self._nodes:
             if other != name:
@@ -379,17 +395,22 @@ class SimBus:
             if target is None or c.HTTP_BUFFERS not in target.core.roles:
                 self._http_fail(jid, "the peer advertises no HTTP exchange (it runs no binx.server)", 0.0)
             else:
+                self._http_jobs[jid].expiry = self._http_schedule(
+                    name, name, functools.partial(self._http_expire, jid), _http_limit(fetch)
+                )
                 self._http_schedule(name, fetch.peer, functools.partial(self._http_arrive, jid))
         self._jobs_calls[name] = node.core.call(c.HTTP_CLIENT, "jobs", {}, self.now)
 
     def _http_schedule(
         self, src: str, dst: str, action: Callable[[], None], delay: float | None = None
-    ) -> None:
+    ) -> _Delivery:
         lo, hi = self.latency
         at = self.now + (self.rng.uniform(lo, hi) if delay is None else delay)
         self._seq += 1
         inc = (self._incarnation.get(src, 0), self._incarnation.get(dst, 0))
-        heapq.heappush(self._queue, _Delivery(at, self._seq, src, dst, "http", [], inc, action))
+        step = _Delivery(at, self._seq, src, dst, "http", [], inc, action)
+        heapq.heappush(self._queue, step)
+        return step
 
     def _http_arrive(self, jid: int) -> None:
         """The request reaches its server: a read (or delete) call on its binx.server role."""
@@ -397,10 +418,16 @@ class SimBus:
         if job is None:
             return
         target = self._nodes[job.target]
+        link = frozenset((job.requester, job.target))
+        if link in self._http_silent_links:
+            job.never_connected = True  # the connect hears nothing; the request ends at its deadline
+            return
+        if not target.alive and job.target in self._http_silent_nodes:
+            return  # a stopped process's kernel still accepts the connection; nothing answers
         if not target.alive or self._incarnation[job.target] != job.target_inc:
             self._http_fail(jid, "connection refused (the peer is down)", 0.0)
             return
-        if frozenset((job.requester, job.target)) in self._cut:
+        if link in self._cut:
             self._http_fail(jid, "no route to the peer (link cut)", 0.0)
             return
         f = job.fetch
@@ -430,6 +457,9 @@ class SimBus:
         job = self._http_jobs.pop(jid, None)
         if job is None:
             return
+        if job.expiry is not None:  # answered in time: its deadline is no event any more
+            self._queue = [d for d in self._queue if d is not job.expiry]
+            heapq.heapify(self._queue)
         node = self._nodes[job.requester]
         if not node.alive or self._incarnation[job.requester] != job.inc:
             return
@@ -447,8 +477,37 @@ class SimBus:
             job.requester, job.requester, functools.partial(self._http_done, jid, answer), delay
         )
 
+    def _http_expire(self, jid: int) -> None:
+        """A request's deadline passed with no answer: it fails as ``HttpRequestTimeout`` does (the client
+        closes its connection, so an answer still on its way is lost)."""
+        job = self._http_jobs.get(jid)
+        if job is None:
+            return
+        job.expiry = None
+        self._queue = [d for d in self._queue if not _is_step_of(d, jid)]
+        heapq.heapify(self._queue)
+        f = job.fetch
+        wait = 0.0 if f.delete else f.max_wait
+        here = f"http://sim:{job.target}"
+        path = f"/v1/task/{quote(f.task_id, safe='')}/results/{f.buffer_id}"
+        method = "DELETE" if f.delete else "GET"
+        if not f.delete:
+            path += f"/{f.token}"
+        limit = _http_limit(f)
+        cause = (
+            f"connecting to sim:{job.target}: no answer in {limit:g} s"
+            if job.never_connected
+            else "timed out"
+        )
+        text = (
+            f"{here}: {method} {here}{path}: no complete answer within {limit:g} s "
+            f"(long-poll {wait:g} s + request timeout {HTTP_TIMEOUT:g} s), connection closed: {cause}"
+        )
+        self._http_done(jid, c.HttpFetched(job=f.job, error=text))
+
     def _http_broken(self, hit: Callable[[_HttpJob], bool], why: str, notify: bool) -> None:
-        """Requests in flight that ``hit`` selects lose their connection."""
+        """Requests in flight that ``hit`` selects lose their connection: with a notice they fail at once;
+        without, nothing more reaches them and each ends at its deadline."""
         for key, jid in list(self._http_reads.items()):
             job = self._http_jobs.get(jid)
             if job is not None and hit(job):
@@ -456,9 +515,10 @@ class SimBus:
         for jid, job in list(self._http_jobs.items()):
             if hit(job) and self._nodes[job.requester].alive:
                 # Requests and answers still on their way were dropped with the link's deliveries.
-                self._queue = [d for d in self._queue if not _is_step_of(d, jid)]
+                self._queue = [d for d in self._queue if d is job.expiry or not _is_step_of(d, jid)]
                 heapq.heapify(self._queue)
-                self._http_fail(jid, f"connection reset ({why})", None if notify else HTTP_TIMEOUT)
+                if notify:
+                    self._http_fail(jid, f"connection reset ({why})", None)
 
     def send_raw(self, src: str, dst: str, channel: str, frames: list[Buffer]) -> None:
         """Put frames on a pipe (also how a test plays a hostile peer)."""
@@ -481,6 +541,12 @@ def _as_received(frames: list[Buffer], large: int) -> list[Buffer]:
     least ``large`` bytes is a (writable) memoryview, as ZeroMQ's frame buffers are (``Node._drain_control``;
     the PULL keeps every one), so roles meet in the simulator the views they get on real sockets."""
     return frames[:2] + [memoryview(bytearray(f)) if len(f) >= large else f for f in frames[2:]]
+
+
+def _http_limit(fetch: c.HttpFetch) -> float:
+    """How long after its start a request fails unanswered: its long-poll wait plus the request timeout
+    (``HttpExchangeClient``; a DELETE has no long-poll)."""
+    return HTTP_TIMEOUT + (0.0 if fetch.delete else fetch.max_wait)
 
 
 def _is_step_of(d: _Delivery, jid: int) -> bool:
