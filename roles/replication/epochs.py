@@ -142,7 +142,7 @@ class Epochs:
             return
         # A new store under a placement we know: what the old one acked is gone with it.
         self._count("replica_resets")
-        rep.store.forget_acked(q)
+        rep.store.forget_acked({q})
         finalized = said == JOINED or msg.epoch in self._finalized_ahead.pop((msg.partition, q), set())
         self._record(rep, records, q, msg.epoch, JOINED if finalized else REJOINING)
         if not finalized and said != REJOINING:

@@ -45,6 +45,8 @@ class LocalReplica:
     store: PartitionStore
     leader: Replica | None = None
     term: int = 0
+    # Nodes this replica sent its partition's SPLIT_FINALIZE to (a drain in UNLOAD ends once all were).
+    told: set[str] = field(default_factory=set)
 
     @property
     def lifecycle(self) -> Lifecycle:

@@ -4,9 +4,10 @@ Mixed into ``ReplicationRole``. A replica that is unassigned or re-placed may ho
 replica has (writes it acknowledged and has not replicated yet). protocol-facts 2.3's rule for a
 partition that is dropped applies: drop only when nothing needs replication. So:
 
-* an unassigned replica drains: it stops serving, flushes, pushes to the partition's leader (in
-  UNLOAD: to each split target's leader) every segment no current replica has acked, and deletes its
-  files only once none is left;
+* an unassigned replica drains: it stops serving, flushes, forgets the acks it held (it hears no hello
+  from now on, so it could not tell an ack of a store lost since), pushes to the partition's leader (in
+  UNLOAD: to each split target's leader, and it tells every node of the split) every segment no current
+  replica has acked during the drain, and deletes its files only once none is left;
 * a re-placed replica carries over: the segments no other current replica has acked are set aside
   (``PartitionStore.mark_carry``) and merged, with their versions, into the new placement, which starts
   with an empty segment list as the spec asks and replicates them like new writes.
@@ -31,6 +32,7 @@ from sparkbus.roles.replication.layout import (
     SplitTarget,
 )
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.messages import SplitFinalized
 from sparkbus.roles.replication.segments import SegmentEntry
 from sparkbus.roles.replication.storage import Storage
 from sparkbus.roles.replication.store import MANIFEST, PartitionStore, read_manifest
@@ -48,6 +50,8 @@ class Placement:
     local: dict[str, LocalReplica]
     # Unassigned replicas that still hold rows no current replica has acked, by partition.
     draining: dict[str, LocalReplica]
+    # Nodes an ``assign`` removed from a partition's replicas (``_note_removed``).
+    former: dict[str, set[str]]
     outgoing: dict[tuple[str, str, int], Any]
     incoming: dict[tuple[str, str], Any]
     refused: dict[tuple[str, str, bytes], str]
@@ -74,6 +78,12 @@ class Placement:
     def _leader_in(self, spec: PartitionSpec) -> Replica | None:
         raise NotImplementedError
 
+    def _split_nodes(self, spec: PartitionSpec) -> set[str]:
+        raise NotImplementedError
+
+    def _tell_split(self, rep: LocalReplica, msg: SplitFinalized, nodes: set[str]) -> None:
+        raise NotImplementedError
+
     def _host(self, spec: PartitionSpec) -> None:
         """Open, re-open (new placement) or drop this node's replica of ``spec``."""
         partition = spec.partition
@@ -87,6 +97,9 @@ class Placement:
             if me is None:
                 current.spec = spec
                 if current.lifecycle != Lifecycle.UNLOAD_FINAL:  # UNLOAD_FINAL holds nothing
+                    # It hears no hello from now on (hellos go to replicas), so it cannot tell an ack
+                    # from a store that has since lost its disk: it counts only the acks of its drain.
+                    current.store.forget_acked()
                     self.draining[partition] = current
                     self._count("drains_started")
                 return
@@ -105,6 +118,7 @@ class Placement:
         storage = self.storage_for(partition)
         self._set_aside(storage, spec, old.store if old is not None else None)
         store = PartitionStore.open(storage, partition, me.placement, self.config.store, self._now)
+        self.former.setdefault(partition, set()).update(store.meta.get("former", ()))
         spec = self._with_saved_split(spec, store)
         rep = LocalReplica(spec=spec, me=me, store=store)
         self.local[partition] = rep
@@ -145,6 +159,23 @@ class Placement:
         if carried:
             self._flush(rep)
 
+    def _note_removed(self, old: PartitionSpec | None, new: PartitionSpec) -> None:
+        """Remember the nodes ``new`` drops from ``old``'s replicas, in the hosted replica's manifest too.
+
+        A split finalize is taken from them as from a replica (``_finalize_problem``). The leader of an
+        async split sends it at once; an ``assign`` that removed that leader and reached this node first
+        made it a stranger here, so its finalize was refused: the source kept serving and the target
+        stayed in LOAD for good, holding only the rows the removed leader drained into it.
+        """
+        removed = {r.node for r in old.replicas} - {r.node for r in new.replicas} if old else set()
+        known = self.former.setdefault(new.partition, set())
+        rep = self.local.get(new.partition)
+        if removed - known:
+            known |= removed
+            if rep is not None:
+                rep.store.meta["former"] = sorted(known)
+                rep.store.save_manifest()
+
     def _drain(self, rep: LocalReplica) -> None:
         """An unassigned replica: push to the leader what no current replica holds; then drop it.
 
@@ -156,9 +187,17 @@ class Placement:
         holders = {r.placement for r in rep.spec.replicas}
         alone = [e for e in rep.store.entries if not e.acked & holders]
         targets = self._saved_targets(rep.store) if rep.lifecycle == Lifecycle.UNLOAD else ()
+        untold: set[str] = set()
         if targets:
             alone = self._drain_to_targets(rep, alone, targets)
-        if not alone and not self._sending(partition):
+            # It may be the split's leader, removed by an assign that reached the others before its
+            # finalize: then they may know of the split from nobody else (_note_removed).
+            async_split = bool(rep.store.meta["split"]["async_split"])
+            msg = SplitFinalized(partition=partition, targets=targets, async_split=async_split)
+            nodes = self._split_nodes(replace(rep.spec, split_targets=targets))
+            self._tell_split(rep, msg, nodes & self.live - rep.told)
+            untold = nodes - rep.told
+        if not alone and not untold and not self._sending(partition):
             rep.store.reset()
             del self.draining[partition]
             self._count("drains_done")

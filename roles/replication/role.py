@@ -155,6 +155,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         self._now = 0.0
         self._actions: list[Action] = []
         self._finalized_ahead: dict[tuple[str, int], set[bytes]] = {}
+        self.former: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------ entry point
 
@@ -401,8 +402,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         msg = SplitFinalized(
             partition=rep.spec.partition, targets=rep.spec.split_targets, async_split=rep.spec.async_split
         )
-        for node in self._split_nodes(rep.spec) & self.live:  # the others learn it on PeerUp
-            self._emit(Send(peer=node, message=msg))
+        self._tell_split(rep, msg, self._split_nodes(rep.spec) & self.live)  # the others on PeerUp
         self._apply_split(msg)
 
     def _split_nodes(self, spec: PartitionSpec) -> set[str]:
@@ -415,7 +415,9 @@ class ReplicationRole(Receiving, Placement, Epochs):
 
     def _finalize_problem(self, peer: str, msg: JoinFinalized | SplitFinalized) -> str | None:
         spec = self.layout.partitions.get(msg.partition)
-        if spec is None or spec.replica_on(peer) is None:
+        # A split's leader that an assign removed finalizes still (Placement._note_removed).
+        former = isinstance(msg, SplitFinalized) and peer in self.former.get(msg.partition, ())
+        if spec is None or (spec.replica_on(peer) is None and not former):
             return f"{peer} holds no replica of {msg.partition}"
         if isinstance(msg, SplitFinalized):
             return self._split_problem(msg.partition, msg.targets)
@@ -439,7 +441,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
                     return f"split bound {bound!r} of {t.partition} is not a {key_type} key"
         return None
 
-    def _apply_split(self, msg: SplitFinalized) -> None:
+    def _apply_split(self, msg: SplitFinalized, sender: str | None = None) -> None:
         spec = self.layout.partitions.get(msg.partition)
         if spec is not None and spec.split_targets != msg.targets:
             self._set_spec(replace(spec, split_targets=msg.targets, async_split=msg.async_split))
@@ -450,13 +452,24 @@ class ReplicationRole(Receiving, Placement, Epochs):
                 self._save_split(source)  # saved with the lifecycle, in one manifest write
                 source.set_lifecycle(Lifecycle.UNLOAD)
                 self._count("splits_finalized")
+                if source is self.local.get(msg.partition) and sender is not None:
+                    # Relayed by a replica: a node that restarted has forgotten a removed sender.
+                    self._tell_split(source, msg, self._split_nodes(source.spec) & self.live - {sender})
         for t in msg.targets:
             target = self.local.get(t.partition)
             if target is not None and target.lifecycle == Lifecycle.LOAD:
                 target.set_lifecycle(Lifecycle.SERVE)
 
+    def _tell_split(self, rep: LocalReplica, msg: SplitFinalized, nodes: set[str]) -> None:
+        for node in nodes:
+            self._emit(Send(peer=node, message=msg))
+        rep.told |= nodes
+
     def _resend_finalize(self, peer: str) -> None:
-        """A replica that was offline during a join or split finalize learns of it when it comes back."""
+        """A replica that was offline during a join or split finalize learns of it when it comes back.
+
+        (A replica draining in UNLOAD tells every node of the split itself: ``Placement._drain``.)
+        """
         for rep in self.local.values():
             if rep.spec.replica_on(peer) is not None:
                 for placement in rep.store.meta.get("joined", ()):
@@ -473,7 +486,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
                     targets=rep.spec.split_targets,
                     async_split=rep.spec.async_split,
                 )
-                self._emit(Send(peer=peer, message=msg))
+                self._tell_split(rep, msg, {peer})
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         self.layout.partitions[spec.partition] = spec
@@ -709,7 +722,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             elif isinstance(msg, JoinFinalized):
                 self._apply_join(msg.partition, msg.placement)
             else:
-                self._apply_split(msg)
+                self._apply_split(msg, peer)
         elif isinstance(msg, ReplicaHello):
             self._on_hello(peer, msg)
         elif isinstance(msg, ReplicaRejoin):
@@ -835,6 +848,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         spec = args["spec"]
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"spec must be a PartitionSpec, got {type(spec).__name__}")
+        self._note_removed(self.layout.partitions.get(spec.partition), spec)
         self._set_spec(spec)
         self._reapply_rejoins(spec.partition)  # the topology's spec knows nothing of rejoins
         self._announce(spec.partition)  # a peer placed now had no PeerUp to hear our store from

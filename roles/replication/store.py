@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -610,13 +610,14 @@ class PartitionStore:
         elif old is not None and acked != old.acked:
             self._acked_unsaved = True
 
-    def forget_acked(self, placement: int) -> None:
-        """Strike ``placement`` from every acked list, saved at once.
+    def forget_acked(self, placements: Collection[int] | None = None) -> None:
+        """Strike ``placements`` (None: every placement) from every acked list, saved at once.
 
         For a placement whose store is new (it started empty): what it acked is gone with the old store.
         """
-        if any(placement in e.acked for e in self.entries):
-            self.entries = [e.with_acked(e.acked - {placement}) for e in self.entries]
+        gone = frozenset({p for e in self.entries for p in e.acked} if placements is None else placements)
+        if any(e.acked & gone for e in self.entries):
+            self.entries = [e.with_acked(e.acked - gone) for e in self.entries]
             self.save_manifest()
 
     @property

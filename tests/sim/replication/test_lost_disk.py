@@ -238,3 +238,32 @@ def test_an_assign_in_the_middle_of_a_rejoin_keeps_it(seed: int, placement: int)
     keys += c.write_keys(leader, range(100, 103), "new")
     c.settle(20)
     c.assert_identical(["a", "c"], keys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_draining_replica_keeps_what_only_a_store_since_lost_held(seed: int) -> None:
+    """A drainer hears no hello (hellos go to replicas), so it cannot tell that a holder's acks are of
+    a store lost since. It used to drop the 20 keys b had acked, after b came back empty and c, the
+    other replica, had never held them: it now counts only the acks of its own drain."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.crash("c")
+    keys = c.write_keys("a", range(20))
+    c.call("a", "flush", partition=P)
+    c.settle(10)  # a and b hold the 20 keys; c none
+    keys += c.write_keys("a", range(100, 102), "log")  # in a's log only: a drains at least these
+    c.crash("b")
+    new = spec("b", "c", first_placement=2)  # b keeps its placement
+    c.call("a", "assign", spec=new)
+    c.specs = [new]
+    c.settle(2)
+    assert c.status("a")["draining"], "a drains: no replica of the new layout is up"
+    for owner, part in list(c.storages):  # b's disk is lost while it is down
+        if owner == "b":
+            c.storages[owner, part] = MemoryStorage()
+    c.restart("b")
+    c.settle(20)
+    c.restart("c")
+    c.settle(30)
+    assert c.status("a")["draining"] == {}
+    c.assert_identical(("b", "c"), keys)
+    c.assert_clean()

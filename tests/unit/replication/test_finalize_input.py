@@ -88,3 +88,17 @@ def test_a_split_call_that_cannot_apply_is_refused_with_the_reason(target: Split
     assert got.error is not None and problem in got.error
     assert not a.layout.partitions[P].split_targets
     still_serving(a)
+
+
+def test_a_split_finalize_from_a_node_an_assign_removed_applies_and_a_join_finalize_does_not() -> None:
+    """The removed node may be the split's leader, whose finalize the assign overtook; it is kept in
+    the replica's manifest, so a restarted node takes it too."""
+    a = leader_with_rows()
+    alone = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1),))
+    list(a.handle(LocalCall(call_id=6, name="assign", args={"spec": alone}), 1.3))
+    assert a.local[P].store.meta["former"] == ["b"]
+    list(a.handle(MessageReceived(peer="b", message=JoinFinalized(partition=P, placement=1)), 1.4))
+    assert a.counters["finalize_refused"] == 1
+    msg = SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1", high=5),))
+    list(a.handle(MessageReceived(peer="b", message=msg), 1.5))
+    assert a.local[P].lifecycle is Lifecycle.UNLOAD and a.counters["finalize_refused"] == 1

@@ -1,0 +1,86 @@
+"""An ``assign`` that removes a split's leader before its finalize arrived (spec 3.6 meets 3.8).
+
+A node takes a finalize only from a replica of the partition. The leader of an async split sends
+SPLIT_FINALIZE at once; an ``assign`` that reached the other nodes first made it a stranger to them,
+so they refused its finalize: the source's replicas kept serving, and the target stayed in LOAD for good
+with only the rows the removed leader drained into it. A node now also takes the finalize from a node an
+``assign`` removed from the partition (kept in its replica's manifest), and a draining replica in UNLOAD
+repeats the finalize to a peer whose link comes up, as the partition's replicas do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkbus.roles.replication.layout import Lifecycle, SplitTarget
+
+from .cluster import Cluster, P, spec
+
+SEEDS = [1, 2, 3]
+T = "t/1"
+TARGET = spec("c", partition=T, first_placement=21, lifecycle=Lifecycle.LOAD)
+
+
+def _cluster(seed: int) -> tuple[Cluster, list[int]]:
+    """P on a, b (a leads), written and replicated; the split target T on c, in LOAD."""
+    c = Cluster([spec("a", "b"), TARGET], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    keys += c.write_keys("a", range(50, 52))  # acknowledged, in a's log only
+    return c, keys
+
+
+def _lifecycle(c: Cluster, node: str, partition: str = P) -> str:
+    lifecycle: str = c.status(node)["partitions"][partition]["lifecycle"]
+    return lifecycle
+
+
+def _assert_split_done(c: Cluster, keys: list[int]) -> None:
+    assert _lifecycle(c, "c", T) == "SERVE"
+    assert sorted(c.read("c", T)["key"]) == sorted(keys)
+    assert _lifecycle(c, "b") == "UNLOAD_FINAL"
+    assert c.status("a")["draining"] == {}, "a holds no row of P any more"
+    c.assert_clean()
+
+
+def _move_p_to_b(c: Cluster, nodes: tuple[str, ...]) -> None:
+    new = spec("b", first_placement=2)
+    for n in nodes:
+        c.call(n, "assign", spec=new)
+    c.specs = [new, TARGET]  # the topology places P on b alone from now on
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_finalize_of_a_leader_an_assign_removed_still_splits_the_partition(seed: int) -> None:
+    c, keys = _cluster(seed)
+    _move_p_to_b(c, ("b", "c"))  # a has not heard of it yet and still leads
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    _move_p_to_b(c, ("a",))  # a drains its rows, in UNLOAD, into the target
+    c.settle(60)
+    _assert_split_done(c, keys)
+    assert "finalize_refused" not in c.counters("b") and "finalize_refused" not in c.counters("c")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("order", [("b", "c"), ("c", "b")])
+def test_replicas_down_when_the_removed_leader_finalized_hear_it_from_its_drain(
+    seed: int, order: tuple[str, str]
+) -> None:
+    """c refuses a's finalize (a restarted node has forgotten a); b takes it and relays it to c, or
+    repeats it when c comes up after it."""
+    c, keys = _cluster(seed)
+    _move_p_to_b(c, ("b", "c"))
+    c.crash("b")  # restarted below from its manifest, which keeps that a was a replica of P
+    c.crash("c")  # restarted below knowing nothing of a: it hears the split from b
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    _move_p_to_b(c, ("a",))
+    c.settle(2)
+    assert c.status("a")["draining"], "a drains into the target, which is down"
+    c.restart(order[0])
+    c.settle(5)
+    c.restart(order[1])
+    c.settle(60)
+    _assert_split_done(c, keys)
+    assert c.counters("a").get("drains_done") == 1
