@@ -21,11 +21,13 @@ Per source, as Presto's HTTP exchange client and ``binx.client``:
   after minutes of retries.)
 * received pages wait in the source up to ``max_queued_bytes``; beyond that it stops requesting until
   the caller fetches;
-* a request the driver has not answered ``answer_timeout`` (default: ``max_error_duration``) after its
-  long-poll ends fails the source (``ExchangeGaveUp``), and a DELETE that long is forgotten: the driver's
-  socket timeout bounds each read, not the request, so a server that accepted the request and answers
-  a byte at a time, or a job the driver never starts, would otherwise leave the fetch waiting for ever.
-  The bound is that long so that requests merely queued behind the driver's busy workers do not fail.
+* the driver bounds each request as a whole (its long-poll plus the client's timeout, 20 s by default:
+  ``HttpRequestTimeout``, a final failure like an unreachable server), so a server that accepted the
+  request and answers a byte at a time fails it there. A request the driver has not answered
+  ``answer_timeout`` (default: ``max_error_duration``) after its long-poll ends fails the source too
+  (``ExchangeGaveUp``), and a DELETE that long is forgotten: it covers a job the driver never starts or
+  a driver that is stuck. The bound is that long so that requests merely queued behind the driver's busy
+  workers do not fail.
 
 "abandon" frees the server's buffer with a DELETE unless the source already deleted it; a parked fetch
 fails with "abandoned".
