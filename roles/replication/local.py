@@ -45,8 +45,10 @@ class LocalReplica:
     store: PartitionStore
     leader: Replica | None = None
     term: int = 0
-    # Nodes this replica sent its partition's SPLIT_FINALIZE to (a drain in UNLOAD ends once all were).
-    told: set[str] = field(default_factory=set)
+    # Draining in UNLOAD: when it last sent the split's finalize, and whether a current replica of the
+    # partition has answered that it knows of the split (the drain ends only then).
+    told_at: float = float("-inf")
+    split_known: bool = False
 
     @property
     def lifecycle(self) -> Lifecycle:

@@ -4,10 +4,11 @@ Mixed into ``ReplicationRole``. A replica that is unassigned or re-placed may ho
 replica has (writes it acknowledged and has not replicated yet). protocol-facts 2.3's rule for a
 partition that is dropped applies: drop only when nothing needs replication. So:
 
-* an unassigned replica drains: it stops serving, flushes, forgets the acks it held (it hears no hello
-  from now on, so it could not tell an ack of a store lost since), pushes to the partition's leader (in
-  UNLOAD: to each split target's leader, and it tells every node of the split) every segment no current
-  replica has acked during the drain, and deletes its files only once none is left;
+* an unassigned replica drains: it stops serving, forgets the acks it held (it hears no hello from now
+  on, so it could not tell an ack of a store lost since), flushes, pushes to the partition's leader (in
+  UNLOAD: to each split target's leader) every segment no current replica has acked during the drain,
+  and deletes its files only once none is left (in UNLOAD, also only once a current replica of the
+  partition has answered its finalize: it may be the only node that knows of the split);
 * a re-placed replica carries over: the segments no other current replica has acked are set aside
   (``PartitionStore.mark_carry``) and merged, with their versions, into the new placement, which starts
   with an empty segment list as the spec asks and replicates them like new writes.
@@ -81,7 +82,7 @@ class Placement:
     def _split_nodes(self, spec: PartitionSpec) -> set[str]:
         raise NotImplementedError
 
-    def _tell_split(self, rep: LocalReplica, msg: SplitFinalized, nodes: set[str]) -> None:
+    def _tell_split(self, msg: SplitFinalized, nodes: set[str]) -> None:
         raise NotImplementedError
 
     def _host(self, spec: PartitionSpec) -> None:
@@ -118,7 +119,11 @@ class Placement:
         storage = self.storage_for(partition)
         self._set_aside(storage, spec, old.store if old is not None else None)
         store = PartitionStore.open(storage, partition, me.placement, self.config.store, self._now)
-        self.former.setdefault(partition, set()).update(store.meta.get("former", ()))
+        former = self.former.setdefault(partition, set())
+        former.update(store.meta.get("former", ()))
+        if former and sorted(former) != store.meta.get("former"):  # a new placement keeps them too
+            store.meta["former"] = sorted(former)
+            store.save_manifest()
         spec = self._with_saved_split(spec, store)
         rep = LocalReplica(spec=spec, me=me, store=store)
         self.local[partition] = rep
@@ -187,17 +192,17 @@ class Placement:
         holders = {r.placement for r in rep.spec.replicas}
         alone = [e for e in rep.store.entries if not e.acked & holders]
         targets = self._saved_targets(rep.store) if rep.lifecycle == Lifecycle.UNLOAD else ()
-        untold: set[str] = set()
         if targets:
             alone = self._drain_to_targets(rep, alone, targets)
             # It may be the split's leader, removed by an assign that reached the others before its
-            # finalize: then they may know of the split from nobody else (_note_removed).
-            async_split = bool(rep.store.meta["split"]["async_split"])
-            msg = SplitFinalized(partition=partition, targets=targets, async_split=async_split)
-            nodes = self._split_nodes(replace(rep.spec, split_targets=targets))
-            self._tell_split(rep, msg, nodes & self.live - rep.told)
-            untold = nodes - rep.told
-        if not alone and not untold and not self._sending(partition):
+            # finalize: then they may know of the split from nobody else (_note_removed). It tells the
+            # split's nodes, again each tick, until a current replica answers that it knows.
+            if not rep.split_known and self._now >= rep.told_at + self.config.tick:
+                async_split = bool(rep.store.meta["split"]["async_split"])
+                msg = SplitFinalized(partition=partition, targets=targets, async_split=async_split)
+                self._tell_split(msg, self._split_nodes(replace(rep.spec, split_targets=targets)) & self.live)
+                rep.told_at = self._now
+        if not alone and (rep.split_known or not targets) and not self._sending(partition):
             rep.store.reset()
             del self.draining[partition]
             self._count("drains_done")

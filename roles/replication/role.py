@@ -402,7 +402,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         msg = SplitFinalized(
             partition=rep.spec.partition, targets=rep.spec.split_targets, async_split=rep.spec.async_split
         )
-        self._tell_split(rep, msg, self._split_nodes(rep.spec) & self.live)  # the others on PeerUp
+        self._tell_split(msg, self._split_nodes(rep.spec) & self.live)  # the others on PeerUp
         self._apply_split(msg)
 
     def _split_nodes(self, spec: PartitionSpec) -> set[str]:
@@ -454,16 +454,21 @@ class ReplicationRole(Receiving, Placement, Epochs):
                 self._count("splits_finalized")
                 if source is self.local.get(msg.partition) and sender is not None:
                     # Relayed by a replica: a node that restarted has forgotten a removed sender.
-                    self._tell_split(source, msg, self._split_nodes(source.spec) & self.live - {sender})
+                    self._tell_split(msg, self._split_nodes(source.spec) & self.live - {sender})
+        local, drainer = self.local.get(msg.partition), self.draining.get(msg.partition)
+        if sender is not None and spec is not None and spec.replica_on(sender) is None:
+            if local is not None and local.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL):
+                self._tell_split(msg, {sender})  # a removed replica drains until it hears this
+        elif sender is not None and drainer is not None:
+            drainer.split_known = True  # a replica of the partition knows of the split
         for t in msg.targets:
             target = self.local.get(t.partition)
             if target is not None and target.lifecycle == Lifecycle.LOAD:
                 target.set_lifecycle(Lifecycle.SERVE)
 
-    def _tell_split(self, rep: LocalReplica, msg: SplitFinalized, nodes: set[str]) -> None:
+    def _tell_split(self, msg: SplitFinalized, nodes: set[str]) -> None:
         for node in nodes:
             self._emit(Send(peer=node, message=msg))
-        rep.told |= nodes
 
     def _resend_finalize(self, peer: str) -> None:
         """A replica that was offline during a join or split finalize learns of it when it comes back.
@@ -486,7 +491,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
                     targets=rep.spec.split_targets,
                     async_split=rep.spec.async_split,
                 )
-                self._tell_split(rep, msg, {peer})
+                self._tell_split(msg, {peer})
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         self.layout.partitions[spec.partition] = spec

@@ -5,14 +5,15 @@ SPLIT_FINALIZE at once; an ``assign`` that reached the other nodes first made it
 so they refused its finalize: the source's replicas kept serving, and the target stayed in LOAD for good
 with only the rows the removed leader drained into it. A node now also takes the finalize from a node an
 ``assign`` removed from the partition (kept in its replica's manifest), and a draining replica in UNLOAD
-repeats the finalize to a peer whose link comes up, as the partition's replicas do.
+tells every node of the split, again each tick, until a current replica of the partition answers that
+it knows of the split; only then is it dropped.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from sparkbus.roles.replication.layout import Lifecycle, SplitTarget
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, SplitTarget
 
 from .cluster import Cluster, P, spec
 
@@ -43,8 +44,8 @@ def _assert_split_done(c: Cluster, keys: list[int]) -> None:
     c.assert_clean()
 
 
-def _move_p_to_b(c: Cluster, nodes: tuple[str, ...]) -> None:
-    new = spec("b", first_placement=2)
+def _move_p_to_b(c: Cluster, nodes: tuple[str, ...], new: PartitionSpec | None = None) -> None:
+    new = new or spec("b", first_placement=2)
     for n in nodes:
         c.call(n, "assign", spec=new)
     c.specs = [new, TARGET]  # the topology places P on b alone from now on
@@ -84,3 +85,85 @@ def test_replicas_down_when_the_removed_leader_finalized_hear_it_from_its_drain(
     c.settle(60)
     _assert_split_done(c, keys)
     assert c.counters("a").get("drains_done") == 1
+
+
+def _split_while_b_and_c_are_down(c: Cluster, new: PartitionSpec | None = None) -> None:
+    _move_p_to_b(c, ("b", "c"), new)
+    c.crash("b")
+    c.crash("c")
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    _move_p_to_b(c, ("a",), new)
+    c.settle(2)
+    assert c.status("a")["draining"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_finalize_lost_when_its_receiver_crashes_is_told_again(seed: int) -> None:
+    """A finalize sent is not a finalize taken: a drops its drain only on a replica's answer."""
+    c, keys = _cluster(seed)
+    _split_while_b_and_c_are_down(c)
+    c.restart("b")
+    since = c.role("a").draining[P].told_at
+    c.sim.run_until(lambda: c.role("a").draining[P].told_at > since, limit=10)
+    c.crash("b")  # a's finalize to b is lost with it
+    c.restart("b")
+    c.settle(5)
+    c.restart("c")
+    c.settle(60)
+    _assert_split_done(c, keys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replica_the_assign_re_placed_keeps_the_removed_leader_across_a_restart(seed: int) -> None:
+    """The new placement's manifest keeps the removed nodes too, not only the old placement's."""
+    c, keys = _cluster(seed)
+    _split_while_b_and_c_are_down(c, spec("b", first_placement=5))
+    c.restart("b")
+    c.settle(5)
+    c.restart("c")
+    c.settle(60)
+    _assert_split_done(c, keys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_drain_ends_once_a_replica_knows_of_the_split_though_another_is_down(seed: int) -> None:
+    """P moves to b and d, and d stays down: b knows of the split and tells d when it comes up."""
+    c = Cluster([spec("a", "b"), TARGET], seed=seed, nodes=("a", "b", "c", "d"))
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    keys += c.write_keys("a", range(50, 52))
+    c.crash("d")
+    new = spec("b", "d", first_placement=2)
+    for n in ("b", "c"):
+        c.call(n, "assign", spec=new)
+    c.crash("c")  # the target: a cannot finish its unload before it is unassigned
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    c.call("a", "assign", spec=new)
+    c.specs = [new, TARGET]
+    c.settle(2)
+    assert c.status("a")["draining"]
+    c.restart("c")
+    c.settle(60)
+    _assert_split_done(c, keys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(seed: int) -> None:
+    """b and c were down during the assign: restarted with the new layout, they never knew a as a
+    replica and refuse its finalize. The split cannot finish then (left, docs/REPLICATION.md), but a
+    keeps its drain and its rows, and tells them again each tick."""
+    c, _ = _cluster(seed)
+    c.crash("b")
+    c.crash("c")
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    _move_p_to_b(c, ("a",))
+    c.settle(2)
+    c.restart("b")
+    c.restart("c")
+    c.settle(30)
+    assert c.status("a")["draining"], "a keeps what it alone may hold"
+    assert c.counters("b").get("finalize_refused", 0) > 10
+    assert _lifecycle(c, "b") == "SERVE" and _lifecycle(c, "c", T) == "LOAD"
