@@ -51,6 +51,27 @@ def _move_p_to_b(c: Cluster, nodes: tuple[str, ...], new: PartitionSpec | None =
     c.specs = [new, TARGET]  # the topology places P on b alone from now on
 
 
+def _split_while_b_and_c_are_down(c: Cluster, new: PartitionSpec | None = None, *, told: bool = True) -> None:
+    """a splits P, async, with b and c down, then is unassigned: it drains into the target, which is
+    down. With ``told``, b and c had the assign before they went down."""
+    if told:
+        _move_p_to_b(c, ("b", "c"), new)
+    c.crash("b")  # restarted from its manifest, which keeps that a was a replica of P
+    c.crash("c")  # restarted knowing nothing of a: it hears the split from b
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    _move_p_to_b(c, ("a",), new)
+    c.settle(2)
+    assert c.status("a")["draining"], "a drains into the target, which is down"
+
+
+def _restart(c: Cluster, first: str, second: str) -> None:
+    c.restart(first)
+    c.settle(5)
+    c.restart(second)
+    c.settle(60)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_finalize_of_a_leader_an_assign_removed_still_splits_the_partition(seed: int) -> None:
     c, keys = _cluster(seed)
@@ -71,31 +92,10 @@ def test_replicas_down_when_the_removed_leader_finalized_hear_it_from_its_drain(
     """c refuses a's finalize (a restarted node has forgotten a); b takes it and relays it to c, or
     repeats it when c comes up after it."""
     c, keys = _cluster(seed)
-    _move_p_to_b(c, ("b", "c"))
-    c.crash("b")  # restarted below from its manifest, which keeps that a was a replica of P
-    c.crash("c")  # restarted below knowing nothing of a: it hears the split from b
-    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
-    c.settle(2)
-    _move_p_to_b(c, ("a",))
-    c.settle(2)
-    assert c.status("a")["draining"], "a drains into the target, which is down"
-    c.restart(order[0])
-    c.settle(5)
-    c.restart(order[1])
-    c.settle(60)
+    _split_while_b_and_c_are_down(c)
+    _restart(c, *order)
     _assert_split_done(c, keys)
     assert c.counters("a").get("drains_done") == 1
-
-
-def _split_while_b_and_c_are_down(c: Cluster, new: PartitionSpec | None = None) -> None:
-    _move_p_to_b(c, ("b", "c"), new)
-    c.crash("b")
-    c.crash("c")
-    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
-    c.settle(2)
-    _move_p_to_b(c, ("a",), new)
-    c.settle(2)
-    assert c.status("a")["draining"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -107,10 +107,7 @@ def test_a_finalize_lost_when_its_receiver_crashes_is_told_again(seed: int) -> N
     since = c.role("a").draining[P].told_at
     c.sim.run_until(lambda: c.role("a").draining[P].told_at > since, limit=10)
     c.crash("b")  # a's finalize to b is lost with it
-    c.restart("b")
-    c.settle(5)
-    c.restart("c")
-    c.settle(60)
+    _restart(c, "b", "c")
     _assert_split_done(c, keys)
 
 
@@ -119,10 +116,7 @@ def test_a_replica_the_assign_re_placed_keeps_the_removed_leader_across_a_restar
     """The new placement's manifest keeps the removed nodes too, not only the old placement's."""
     c, keys = _cluster(seed)
     _split_while_b_and_c_are_down(c, spec("b", first_placement=5))
-    c.restart("b")
-    c.settle(5)
-    c.restart("c")
-    c.settle(60)
+    _restart(c, "b", "c")
     _assert_split_done(c, keys)
 
 
@@ -155,12 +149,7 @@ def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(se
     replica and refuse its finalize. The split cannot finish then (left, docs/REPLICATION.md), but a
     keeps its drain and its rows, and tells them again each tick."""
     c, _ = _cluster(seed)
-    c.crash("b")
-    c.crash("c")
-    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
-    c.settle(2)
-    _move_p_to_b(c, ("a",))
-    c.settle(2)
+    _split_while_b_and_c_are_down(c, told=False)
     c.restart("b")
     c.restart("c")
     c.settle(30)
