@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica
+from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
+from sparkbus.roles.replication.messages import SplitFinalized
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig
 
 
@@ -61,3 +62,16 @@ class LocalReplica:
     @property
     def leads(self) -> bool:
         return self.leader is not None and self.leader.node == self.me.node
+
+    def split_finalized(
+        self, targets: tuple[SplitTarget, ...] | None = None, async_split: bool | None = None
+    ) -> SplitFinalized:
+        """SPLIT_FINALIZE of this replica's split (its spec's unless given), naming this store: a peer
+        that heard the store's hello takes it though its layout no longer places this node."""
+        return SplitFinalized(
+            partition=self.spec.partition,
+            targets=self.spec.split_targets if targets is None else targets,
+            async_split=self.spec.async_split if async_split is None else async_split,
+            placement=self.me.placement,
+            epoch=self.store.epoch,
+        )

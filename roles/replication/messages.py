@@ -182,16 +182,27 @@ def _check_epoch(value: bytes) -> None:
 @message(0x0126)
 @dataclass(frozen=True, kw_only=True)
 class SplitFinalized:
-    """SPLIT_FINALIZE: ``partition`` split into ``targets``; it moves to UNLOAD, the targets to SERVE."""
+    """SPLIT_FINALIZE: ``partition`` split into ``targets``; it moves to UNLOAD, the targets to SERVE.
+
+    ``placement`` and ``epoch`` name the sender's store of ``partition`` (None and empty from a node that
+    holds none): a node whose store heard that store's hello takes the finalize from it though its layout
+    no longer places the sender (a leader an ``assign`` removed, finalizing an async split).
+    """
 
     partition: str
     targets: tuple[SplitTarget, ...]
     async_split: bool = False
+    placement: int | None = None
+    epoch: bytes = b""
 
     def __post_init__(self) -> None:
         _check_partition(self.partition)
         if not self.targets:
             raise ValueError("targets must not be empty")
+        if (self.placement is None) != (not self.epoch):
+            raise ValueError("placement and epoch come together, or neither")
+        if self.epoch:
+            _check_epoch(self.epoch)
 
 
 HELLO_STATES = ("member", "rejoining", "joined")

@@ -198,8 +198,7 @@ class Placement:
             # finalize: then they may know of the split from nobody else (_note_removed). It tells the
             # split's nodes, again each tick, until a current replica answers that it knows.
             if not rep.split_known and self._now >= rep.told_at + self.config.tick:
-                async_split = bool(rep.store.meta["split"]["async_split"])
-                msg = SplitFinalized(partition=partition, targets=targets, async_split=async_split)
+                msg = rep.split_finalized(targets, bool(rep.store.meta["split"]["async_split"]))
                 self._tell_split(msg, self._split_nodes(replace(rep.spec, split_targets=targets)) & self.live)
                 rep.told_at = self._now
         if not alone and (rep.split_known or not targets) and not self._sending(partition):

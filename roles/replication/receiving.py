@@ -29,7 +29,6 @@ from sparkbus.roles.replication.messages import (
     SegmentDeclined,
     SegmentOffered,
     SegmentTransited,
-    SplitFinalized,
     parse_stream,
     stream_key,
 )
@@ -178,12 +177,7 @@ class Receiving:
             if unloading and rep.spec.split_targets:
                 # Split: the sender pushes to the targets' leaders instead. A replica unassigned before
                 # the finalize reached it drains here, and no PeerUp re-sends it (not a replica now).
-                split = SplitFinalized(
-                    partition=offer.partition,
-                    targets=rep.spec.split_targets,
-                    async_split=rep.spec.async_split,
-                )
-                self._emit(Send(peer=peer, message=split))
+                self._emit(Send(peer=peer, message=rep.split_finalized()))
             return decline(decision, f"root {rep.store.root}, base {offer.base_id}")
         refused = self.refused.get((offer.partition, offer.segment_id, offer.checksum))
         if refused is not None:

@@ -399,9 +399,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             self._finalize_split(rep)
 
     def _finalize_split(self, rep: LocalReplica) -> None:
-        msg = SplitFinalized(
-            partition=rep.spec.partition, targets=rep.spec.split_targets, async_split=rep.spec.async_split
-        )
+        msg = rep.split_finalized()
         self._tell_split(msg, self._split_nodes(rep.spec) & self.live)  # the others on PeerUp
         self._apply_split(msg)
 
@@ -415,13 +413,22 @@ class ReplicationRole(Receiving, Placement, Epochs):
 
     def _finalize_problem(self, peer: str, msg: JoinFinalized | SplitFinalized) -> str | None:
         spec = self.layout.partitions.get(msg.partition)
-        # A split's leader that an assign removed finalizes still (Placement._note_removed).
-        former = isinstance(msg, SplitFinalized) and peer in self.former.get(msg.partition, ())
+        # A split's leader that an assign removed finalizes still: a node told of the assign keeps the
+        # nodes it removed (Placement._note_removed); one that restarted with the new layout knows the
+        # sender's store if it heard its hello before (the finalize names it).
+        former = isinstance(msg, SplitFinalized) and (
+            peer in self.former.get(msg.partition, ()) or self._knows_store(msg)
+        )
         if spec is None or (spec.replica_on(peer) is None and not former):
             return f"{peer} holds no replica of {msg.partition}"
         if isinstance(msg, SplitFinalized):
             return self._split_problem(msg.partition, msg.targets)
         return None
+
+    def _knows_store(self, msg: SplitFinalized) -> bool:
+        rep = self.local.get(msg.partition)
+        known = None if rep is None or msg.placement is None else records_of(rep).get(msg.placement)
+        return known is not None and known[0] == msg.epoch
 
     def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
         """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
@@ -486,12 +493,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
                     )
             unloading = rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
             if unloading and rep.spec.split_targets and peer in self._split_nodes(rep.spec):
-                msg = SplitFinalized(
-                    partition=rep.spec.partition,
-                    targets=rep.spec.split_targets,
-                    async_split=rep.spec.async_split,
-                )
-                self._tell_split(msg, {peer})
+                self._tell_split(rep.split_finalized(), {peer})
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         self.layout.partitions[spec.partition] = spec

@@ -4,9 +4,10 @@ A node takes a finalize only from a replica of the partition. The leader of an a
 SPLIT_FINALIZE at once; an ``assign`` that reached the other nodes first made it a stranger to them,
 so they refused its finalize: the source's replicas kept serving, and the target stayed in LOAD for good
 with only the rows the removed leader drained into it. A node now also takes the finalize from a node an
-``assign`` removed from the partition (kept in its replica's manifest), and a draining replica in UNLOAD
-tells every node of the split, again each tick, until a current replica of the partition answers that
-it knows of the split; only then is it dropped.
+``assign`` removed from the partition (kept in its replica's manifest), or from a node whose store its own
+store heard (the finalize names the sender's store: a node restarted with the new layout never saw the
+assign), and a draining replica in UNLOAD tells every node of the split, again each tick, until a current
+replica of the partition answers that it knows of the split; only then is it dropped.
 """
 
 from __future__ import annotations
@@ -144,13 +145,27 @@ def test_a_drain_ends_once_a_replica_knows_of_the_split_though_another_is_down(s
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(seed: int) -> None:
+@pytest.mark.parametrize("order", [("b", "c"), ("c", "b")])
+def test_a_replica_restarted_with_the_new_layout_takes_the_finalize_naming_a_store_it_heard(
+    seed: int, order: tuple[str, str]
+) -> None:
     """b and c were down during the assign: restarted with the new layout, they never knew a as a
-    replica and refuse its finalize. The split cannot finish then (left, docs/REPLICATION.md), but a
-    keeps its drain and its rows, and tells them again each tick."""
+    replica. b's store heard a's hello before, and a's finalize names a's store, so b takes it."""
+    c, keys = _cluster(seed)
+    _split_while_b_and_c_are_down(c, told=False)
+    _restart(c, *order)
+    _assert_split_done(c, keys)
+    assert c.counters("a").get("drains_done") == 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(seed: int) -> None:
+    """b was down during the assign and lost its disk: its new store never heard of a, so it refuses
+    a's finalize. The split cannot finish then (left, docs/REPLICATION.md), but a keeps its drain and
+    its rows, and tells them again each tick."""
     c, _ = _cluster(seed)
     _split_while_b_and_c_are_down(c, told=False)
-    c.restart("b")
+    c.lose_disk("b")
     c.restart("c")
     c.settle(30)
     assert c.status("a")["draining"], "a keeps what it alone may hold"

@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 
-from sparkbus.bus.contract import LocalCall, MessageReceived, Reply, TimerFired
-from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
-from sparkbus.roles.replication.messages import JoinFinalized, SplitFinalized
+from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, TimerFired
+from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica, SplitTarget
+from sparkbus.roles.replication.messages import JoinFinalized, ReplicaHello, SplitFinalized
 from sparkbus.roles.replication.role import ReplicationRole
+from sparkbus.roles.replication.storage import MemoryStorage
+from sparkbus.roles.replication.store import EPOCH_BYTES
 
-from .test_dropped_replica import P, make, write
+from .test_dropped_replica import CONFIG, SPEC, P, make, sent, write
 
 TARGET = PartitionSpec(partition="t/1", replicas=(Replica(node="b", placement=21),), lifecycle=Lifecycle.LOAD)
 
@@ -102,3 +104,42 @@ def test_a_split_finalize_from_a_node_an_assign_removed_applies_and_a_join_final
     msg = SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1", high=5),))
     list(a.handle(MessageReceived(peer="b", message=msg), 1.5))
     assert a.local[P].lifecycle is Lifecycle.UNLOAD and a.counters["finalize_refused"] == 1
+
+
+def test_a_split_finalize_naming_a_store_the_node_heard_applies_though_the_layout_dropped_its_sender() -> (
+    None
+):
+    """A node restarted with a layout that no longer places the split's leader never saw the assign
+    that removed it; its store heard that leader's hello, so a finalize naming that store is taken.
+    One naming another epoch, or no store, is a stranger's: refused."""
+    storages: dict[str, MemoryStorage] = {}
+
+    def storage_for(partition: str) -> MemoryStorage:
+        return storages.setdefault(partition, MemoryStorage())
+
+    before = ReplicationRole("a", Layout.of([SPEC, TARGET]), storage_for, CONFIG)
+    list(before.handle(PeerUp(peer="b"), 0.0))
+    epoch = bytes(range(EPOCH_BYTES))
+    hello = ReplicaHello(partition=P, placement=2, epoch=epoch, state="member")
+    list(before.handle(MessageReceived(peer="b", message=hello), 0.1))
+    alone = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1),))
+    a = ReplicationRole("a", Layout.of([alone, TARGET]), storage_for, CONFIG)  # restarted: the new layout
+    list(a.handle(PeerUp(peer="b"), 1.0))
+    targets = (SplitTarget(partition="t/1", high=5),)
+    for proof in ({}, {"placement": 2, "epoch": bytes(EPOCH_BYTES)}, {"placement": 1, "epoch": epoch}):
+        msg = SplitFinalized(partition=P, targets=targets, **proof)  # type: ignore[arg-type]
+        list(a.handle(MessageReceived(peer="b", message=msg), 1.1))
+    assert a.counters["finalize_refused"] == 3 and a.local[P].lifecycle is Lifecycle.SERVE
+    msg = SplitFinalized(partition=P, targets=targets, placement=2, epoch=epoch)
+    answer = sent(a.handle(MessageReceived(peer="b", message=msg), 1.2))
+    assert a.local[P].lifecycle is Lifecycle.UNLOAD_FINAL, "split, and a holds no row to unload"
+    assert a.counters["finalize_refused"] == 3
+    assert [m.partition for m in answer if isinstance(m, SplitFinalized)] == [P], "it tells b it knows"
+
+
+@pytest.mark.parametrize(
+    "fields", [{"placement": 2}, {"epoch": bytes(EPOCH_BYTES)}, {"placement": 2, "epoch": b"short"}]
+)
+def test_a_split_finalize_names_a_whole_store_or_none(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"placement and epoch|epoch must be"):
+        SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1"),), **fields)

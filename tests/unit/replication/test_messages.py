@@ -54,6 +54,7 @@ SAMPLES = [
     SplitFinalized(
         partition="t/0", targets=(SplitTarget(partition="t/1", high=10), SplitTarget(partition="t/2", low=10))
     ),
+    SplitFinalized(partition="t/0", targets=(SplitTarget(partition="t/1"),), placement=4, epoch=b"\x07" * 8),
 ]
 
 
