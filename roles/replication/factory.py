@@ -39,6 +39,8 @@ import os
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -52,7 +54,7 @@ from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.role import ReplicationRole
 from sparkbus.roles.replication.storage import DiskStorage
-from sparkbus.roles.replication.store import HIDDEN, StoreConfig
+from sparkbus.roles.replication.store import HIDDEN, MANIFEST, StoreConfig
 
 #: the column that tells a node which partition a row of its local data belongs to (dropped on write)
 PARTITION_COLUMN = "_sb_partition"
@@ -176,7 +178,15 @@ class NodeData:
         self._lock = lock
 
     def __call__(self, partition: str) -> DiskStorage:
-        return DiskStorage(self.root / partition.replace("/", "~"))
+        return DiskStorage(self._dir(partition))
+
+    def held(self, partitions: Iterable[str]) -> list[str]:
+        """Those of ``partitions`` with a replica's files here (a manifest), without creating any
+        directory: a restarted node drains those its layout no longer places on it."""
+        return [p for p in partitions if (self._dir(p) / MANIFEST).exists()]
+
+    def _dir(self, partition: str) -> Path:
+        return self.root / partition.replace("/", "~")
 
     def close(self) -> None:
         """Release the lock (idempotent); the files stay for the next start.
@@ -243,16 +253,24 @@ class ServingReplication(ReplicationRole):
     # ------------------------------------------------------------ placement with per-table keys
 
     def _host(self, spec: PartitionSpec) -> None:
-        # The base role opens every store with config.store; each table has its own key.
-        table = spec.partition.rsplit("/", 1)[0]
-        key = self.keys.get(table)
-        if key is None:
+        with self._keyed(spec):
             super()._host(spec)
+
+    def _resume_drain(self, spec: PartitionSpec) -> None:
+        with self._keyed(spec):
+            super()._resume_drain(spec)
+
+    @contextmanager
+    def _keyed(self, spec: PartitionSpec) -> Iterator[None]:
+        """The base role opens every store with config.store; each table has its own key."""
+        key = self.keys.get(spec.partition.rsplit("/", 1)[0])
+        if key is None:
+            yield
             return
         shared = self.config
         self.config = replace(shared, store=replace(shared.store, key=key))
         try:
-            super()._host(spec)
+            yield
         finally:
             self.config = shared
 

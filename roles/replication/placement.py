@@ -15,7 +15,8 @@ partition that is dropped applies: drop only when nothing needs replication. So:
 
 Either way the files stay on disk until their rows are elsewhere: a node that stops first finds them
 when it comes back (under its old placement it serves them again; under a new one it carries them
-over; a node whose layout no longer places it there leaves them untouched).
+over; where its layout no longer places it, it drains them, as if the ``assign`` came then:
+``_resume_drains``).
 """
 
 from __future__ import annotations
@@ -128,6 +129,31 @@ class Placement:
         rep = LocalReplica(spec=spec, me=me, store=store)
         self.local[partition] = rep
         self._merge_carried(rep)
+
+    def _resume_drains(self) -> None:
+        """At start: drain the files of each partition the layout does not place on this node.
+
+        A node stopped before its drain ended, or restarted with a layout that unassigned it while it
+        was down, holds rows no current replica may have (it may even be the only node that knows of
+        a split). ``storage_for.held(partitions)``, when the storage has it (``NodeData``), names the
+        partitions with a manifest here; without it nothing is resumed and the files stay.
+        """
+        held = getattr(self.storage_for, "held", None)
+        if held is None:
+            return
+        unplaced = [p for p, s in self.layout.partitions.items() if s.replica_on(self.node) is None]
+        for partition in held(unplaced):
+            if partition not in self.draining:
+                self._resume_drain(self.layout.partitions[partition])
+
+    def _resume_drain(self, spec: PartitionSpec) -> None:
+        storage = self.storage_for(spec.partition)
+        placement = int(read_manifest(storage, spec.partition)["placement"])
+        store = PartitionStore.open(storage, spec.partition, placement, self.config.store, self._now)
+        store.forget_acked()  # as any drain (_host): only the acks this drain brings count
+        me = Replica(node=self.node, placement=placement)
+        self.draining[spec.partition] = LocalReplica(spec=spec, me=me, store=store)
+        self._count("drains_resumed")
 
     def _set_aside(self, storage: Storage, spec: PartitionSpec, old: PartitionStore | None) -> None:
         """Before a new placement opens on ``storage``: mark what the old placement must carry over.

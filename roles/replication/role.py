@@ -121,7 +121,8 @@ class ReplicationRole(Receiving, Placement, Epochs):
     Args:
         node: this node's name (as peers know it).
         layout: every partition's spec; replicas on ``node`` are hosted here.
-        storage_for: the Storage of this node's replica of a partition.
+        storage_for: the Storage of this node's replica of a partition; one with ``held`` too
+            (``NodeData``) has a restart drain the files of partitions the layout no longer places here.
         config: role settings.
         election: the leader election (default: first live replica in placement order).
     """
@@ -167,6 +168,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             self._started = True
             for spec in list(self.layout.partitions.values()):
                 self._host(spec)
+            self._resume_drains()  # files of partitions the layout no longer places here
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
                     self._apply_join(rep.spec.partition, placement)

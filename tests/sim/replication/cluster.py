@@ -15,7 +15,7 @@ from sparkbus.codecs import decode_batch, encode_batch
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
 from sparkbus.roles.replication.storage import MemoryStorage
-from sparkbus.roles.replication.store import StoreConfig
+from sparkbus.roles.replication.store import MANIFEST, StoreConfig
 
 P = "t/0"
 NODES = ("a", "b", "c")
@@ -32,6 +32,19 @@ def config(**store: Any) -> ReplicationConfig:
     base: dict[str, Any] = {"flush_rows": 4, "compact_minors": 3, "flush_age": 5.0}
     base.update(store)
     return ReplicationConfig(store=StoreConfig(**base), chunk_bytes=300, credit_bytes=900, retry_after=0.5)
+
+
+class _NodeStorages:
+    """A node's stores, as ``NodeData`` gives them: by partition, and which hold a replica's files."""
+
+    def __init__(self, storages: dict[tuple[str, str], MemoryStorage], node: str) -> None:
+        self.storages, self.node = storages, node
+
+    def __call__(self, partition: str) -> MemoryStorage:
+        return self.storages.setdefault((self.node, partition), MemoryStorage())
+
+    def held(self, partitions: list[str]) -> list[str]:
+        return [p for p in partitions if (s := self.storages.get((self.node, p))) and s.exists(MANIFEST)]
 
 
 class Cluster:
@@ -57,11 +70,10 @@ class Cluster:
         self.sim.run_until(self.sim.all_up, limit=5)
 
     def _role(self, node: str) -> ReplicationRole:
-        def storage_for(partition: str) -> MemoryStorage:
-            return self.storages.setdefault((node, partition), MemoryStorage())
-
         cfg = self.configs.get(node, self.config)
-        return ReplicationRole(node, Layout.of(copy.deepcopy(self.specs)), storage_for, cfg)
+        return ReplicationRole(
+            node, Layout.of(copy.deepcopy(self.specs)), _NodeStorages(self.storages, node), cfg
+        )
 
     # ------------------------------------------------------------ faults
 

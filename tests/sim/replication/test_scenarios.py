@@ -267,6 +267,37 @@ def test_a_node_stopped_before_its_drain_ends_keeps_the_rows_on_disk(seed: int) 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("told", [True, False], ids=["stopped-mid-drain", "unassigned-while-down"])
+def test_a_node_restarted_with_a_layout_that_no_longer_places_it_drains_its_files(
+    seed: int, told: bool
+) -> None:
+    """The rows only a held reach the partition's replicas after a restarts, whether it had started its
+    drain (the assign reached it) or was down when the others were told; then its files go.
+    Restarted, it left them on disk for good: acknowledged writes no replica had."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    keys += c.write_keys("a", range(100, 106))  # a still leads on its side of the cut
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES if told else ("b", "c"):
+        c.call(n, "assign", spec=without_a)
+    c.settle(5)
+    c.crash("a")
+    c.specs = [without_a]  # the topology no longer places a
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.restart("a")
+    c.settle(40)
+    c.assert_identical(("b", "c"), keys)
+    assert c.counters("a").get("drains_resumed") == 1 and c.counters("a").get("drains_done") == 1
+    assert c.status("a")["draining"] == {}
+    assert _store_rows(c.storages["a", P], 1) == [], "its files are gone once its rows are elsewhere"
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_re_placed_leader_carries_its_unreplicated_writes_into_the_new_placement(seed: int) -> None:
     """Spec 3.6: a new placement starts empty; the old one's rows nobody else held are merged into it."""
     c = Cluster([spec(*NODES)], seed=seed)

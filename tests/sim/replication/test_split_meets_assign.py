@@ -159,6 +159,20 @@ def test_a_replica_restarted_with_the_new_layout_takes_the_finalize_naming_a_sto
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_drainer_that_restarts_resumes_its_drain_and_its_finalize(seed: int) -> None:
+    """a alone knows of the split when it is killed mid-drain; restarted with a layout that does not
+    place it on P, it drains its files again and tells b and c of the split."""
+    c, keys = _cluster(seed)
+    _split_while_b_and_c_are_down(c)
+    c.crash("a")
+    c.restart("a")
+    assert c.status("a")["draining"], "a resumed its drain from its files"
+    _restart(c, "b", "c")
+    _assert_split_done(c, keys)
+    assert c.counters("a").get("drains_resumed") == 1 and c.counters("a").get("drains_done") == 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(seed: int) -> None:
     """b was down during the assign and lost its disk: its new store never heard of a, so it refuses
     a's finalize. The split cannot finish then (left, docs/REPLICATION.md), but a keeps its drain and

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
+from sparkbus.bus.contract import LocalCall, PeerUp, Reply
 from sparkbus.bus.sim import SimBus
-from sparkbus.codecs import decode_batch
+from sparkbus.codecs import decode_batch, encode_batch
 from sparkbus.roles.query import QueryRole, sql
 from sparkbus.roles.query.catalog import TableCatalog
 from sparkbus.roles.replication import (
@@ -21,6 +22,7 @@ from sparkbus.roles.replication import (
     layout_for,
     split_by_partition,
 )
+from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.topologies.schema import load, loads, shipped
 
 TOPO = """
@@ -297,3 +299,35 @@ def test_a_node_without_a_data_directory_starts_empty_every_time(monkeypatch: py
             role.close()  # idempotent
     # No later start would find them: a stopped node removes its temporary directory.
     assert not any(r.exists() for r in roots)
+
+
+def test_a_node_restarted_off_a_partition_drains_the_files_it_holds_with_the_tables_key(
+    tmp_path: Path,
+) -> None:
+    """NodeData names the partitions with a replica's files without creating a directory for the
+    others; a node restarted with a layout that no longer places it there opens them to drain, with
+    the table's key (not the role's default)."""
+    on_both = PartitionSpec(
+        partition="a/0", replicas=(Replica(node="s-0", placement=1), Replica(node="s-1", placement=2))
+    )
+    elsewhere = PartitionSpec(partition="a/1", replicas=(Replica(node="s-1", placement=3),))
+    first = ServingReplication(
+        "s-0", Layout.of([on_both, elsewhere]), {"a": ("id",)}, factory.NodeData("s-0", "c", str(tmp_path))
+    )
+    rows = pa.RecordBatch.from_pydict({"id": [1, 2, 3], "v": [1.0, 2.0, 3.0]})
+    write = LocalCall(call_id=1, name="write", args={"partition": "a/0", "rows": bytes(encode_batch(rows))})
+    replies = [a for a in first.handle(write, 1.0) if isinstance(a, Reply)]
+    assert replies and replies[0].error is None, "acknowledged by s-0, the leader while s-1 is not up"
+    first.close()
+    data = factory.NodeData("s-0", "c", str(tmp_path))
+    assert data.held(["a/0", "a/1", "z/9"]) == ["a/0"]
+    assert not (data.root / "a~1").exists() and not (data.root / "z~9").exists()
+    moved = PartitionSpec(partition="a/0", replicas=(Replica(node="s-1", placement=2),))
+    again = ServingReplication("s-0", Layout.of([moved, elsewhere]), {"a": ("id",)}, data)
+    try:
+        list(again.handle(PeerUp(peer="s-1"), 2.0))
+        draining = again.draining["a/0"]
+        assert draining.store.config.key == ("id",) and draining.store.rows().num_rows == 3
+        assert again.counters["drains_resumed"] == 1 and "a/0" not in again.local
+    finally:
+        again.close()
