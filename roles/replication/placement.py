@@ -25,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import pyarrow as pa
+
+from sparkbus.roles.replication.epochs import records_of
 from sparkbus.roles.replication.layout import (
     Layout,
     LeaderElection,
@@ -129,6 +132,42 @@ class Placement:
         rep = LocalReplica(spec=spec, me=me, store=store)
         self.local[partition] = rep
         self._merge_carried(rep)
+
+    def _knows_store(self, msg: SplitFinalized) -> bool:
+        """Whether this node's replica of the partition heard the hello of the store ``msg`` names."""
+        rep = self.local.get(msg.partition)
+        known = None if rep is None or msg.placement is None else records_of(rep).get(msg.placement)
+        return known is not None and known[0] == msg.epoch
+
+    def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
+        """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
+        value of the key's first column (it would fail every rewrite of a segment for the range)."""
+        rep = self.local.get(partition) or self.draining.get(partition)
+        schema = None if rep is None else rep.store.schema
+        key_type = None if schema is None or rep is None else schema.field(rep.store.config.key[0]).type
+        for t in targets:
+            if t.partition == partition or t.partition not in self.layout.partitions:
+                return f"split target {t.partition!r} is not another partition of the layout"
+            for bound in (t.low, t.high):
+                if bound is None or key_type is None:
+                    continue
+                try:
+                    pa.scalar(bound, type=key_type)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                    return f"split bound {bound!r} of {t.partition} is not a {key_type} key"
+        return None
+
+    def _answer_known_split(self, peer: str, msg: SplitFinalized) -> bool:
+        """A finalize this node cannot take from ``peer`` (a stranger to it) of the split its replica
+        is in already: answer with its own, so that a drain waiting for a replica to know ends. (The
+        split was made again on the current leader, by the operator: docs/REPLICATION.md.)"""
+        rep = self.local.get(msg.partition)
+        if rep is None or rep.lifecycle not in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL):
+            return False
+        if rep.spec.split_targets != msg.targets:
+            return False
+        self._tell_split(rep.split_finalized(), {peer})
+        return True
 
     def _resume_drains(self) -> None:
         """At start: drain the files of each partition the layout does not place on this node.

@@ -427,29 +427,6 @@ class ReplicationRole(Receiving, Placement, Epochs):
             return self._split_problem(msg.partition, msg.targets)
         return None
 
-    def _knows_store(self, msg: SplitFinalized) -> bool:
-        rep = self.local.get(msg.partition)
-        known = None if rep is None or msg.placement is None else records_of(rep).get(msg.placement)
-        return known is not None and known[0] == msg.epoch
-
-    def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
-        """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
-        value of the key's first column (it would fail every rewrite of a segment for the range)."""
-        rep = self.local.get(partition) or self.draining.get(partition)
-        schema = None if rep is None else rep.store.schema
-        key_type = None if schema is None or rep is None else schema.field(rep.store.config.key[0]).type
-        for t in targets:
-            if t.partition == partition or t.partition not in self.layout.partitions:
-                return f"split target {t.partition!r} is not another partition of the layout"
-            for bound in (t.low, t.high):
-                if bound is None or key_type is None:
-                    continue
-                try:
-                    pa.scalar(bound, type=key_type)
-                except (pa.ArrowException, TypeError, ValueError, OverflowError):
-                    return f"split bound {bound!r} of {t.partition} is not a {key_type} key"
-        return None
-
     def _apply_split(self, msg: SplitFinalized, sender: str | None = None) -> None:
         spec = self.layout.partitions.get(msg.partition)
         if spec is not None and spec.split_targets != msg.targets:
@@ -724,7 +701,13 @@ class ReplicationRole(Receiving, Placement, Epochs):
             # Only a replica of the partition finalizes its join or split (spec 3.7, 3.8): from anyone
             # else, or with targets this node cannot split into, it would stop the partition for good.
             problem = self._finalize_problem(peer, msg)
-            if problem is not None:
+            if (
+                problem is not None
+                and isinstance(msg, SplitFinalized)
+                and self._answer_known_split(peer, msg)
+            ):
+                pass  # this node split so too: it says so, and the sender's drain may end
+            elif problem is not None:
                 self._count("finalize_refused")
             elif isinstance(msg, JoinFinalized) and msg.epoch:
                 self._on_rejoin_finalized(msg)
@@ -832,6 +815,8 @@ class ReplicationRole(Receiving, Placement, Epochs):
             p: {
                 "placement": rep.me.placement,
                 "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],
+                "lifecycle": rep.lifecycle.name,  # UNLOAD: it drains to the split's targets and tells
+                "split_known": rep.split_known,  # the split until a current replica says it knows
             }
             for p, rep in self.draining.items()
         }

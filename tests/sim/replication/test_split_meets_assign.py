@@ -175,13 +175,18 @@ def test_a_drainer_that_restarts_resumes_its_drain_and_its_finalize(seed: int) -
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(seed: int) -> None:
     """b was down during the assign and lost its disk: its new store never heard of a, so it refuses
-    a's finalize. The split cannot finish then (left, docs/REPLICATION.md), but a keeps its drain and
-    its rows, and tells them again each tick."""
-    c, _ = _cluster(seed)
+    a's finalize. The split does not finish by itself then, but a keeps its drain and its rows, tells
+    them again each tick, and says so in its status; the operator finishes it by splitting P again,
+    with the same targets, on its leader (docs/REPLICATION.md)."""
+    c, keys = _cluster(seed)
     _split_while_b_and_c_are_down(c, told=False)
     c.lose_disk("b")
     c.restart("c")
     c.settle(30)
-    assert c.status("a")["draining"], "a keeps what it alone may hold"
+    draining = c.status("a")["draining"][P]
+    assert draining["lifecycle"] == "UNLOAD" and not draining["split_known"], "a keeps what it alone holds"
     assert c.counters("b").get("finalize_refused", 0) > 10
     assert _lifecycle(c, "b") == "SERVE" and _lifecycle(c, "c", T) == "LOAD"
+    c.call("b", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(30)
+    _assert_split_done(c, keys)
