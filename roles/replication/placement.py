@@ -38,9 +38,9 @@ from sparkbus.roles.replication.layout import (
 )
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import SplitFinalized
-from sparkbus.roles.replication.segments import SegmentEntry
+from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry
 from sparkbus.roles.replication.storage import Storage
-from sparkbus.roles.replication.store import MANIFEST, PartitionStore, read_manifest
+from sparkbus.roles.replication.store import MANIFEST, PartitionStore, StoreError, read_manifest
 
 
 class Placement:
@@ -143,6 +143,11 @@ class Placement:
         """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
         value of the key's first column (it would fail every rewrite of a segment for the range)."""
         rep = self.local.get(partition) or self.draining.get(partition)
+        split = rep is not None and rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
+        if split and rep is not None and rep.spec.split_targets and rep.spec.split_targets != targets:
+            # Split already, into others: a stale finalize (say of a leader an assign removed, when the
+            # split was made again on the current one) must not re-route a split made.
+            return f"{partition} split into other targets already"
         schema = None if rep is None else rep.store.schema
         key_type = None if schema is None or rep is None else schema.field(rep.store.config.key[0]).type
         for t in targets:
@@ -182,16 +187,23 @@ class Placement:
             return
         unplaced = [p for p, s in self.layout.partitions.items() if s.replica_on(self.node) is None]
         for partition in held(unplaced):
-            if partition not in self.draining:
+            if partition in self.draining:
+                continue
+            try:
                 self._resume_drain(self.layout.partitions[partition])
+            except (StoreError, SegmentCorrupt, OSError):
+                # Files it cannot open stay as they are; raised, they stopped the node's start (its
+                # timer, its elections) for a partition it does not even serve.
+                self._count("drains_unreadable")
 
     def _resume_drain(self, spec: PartitionSpec) -> None:
         storage = self.storage_for(spec.partition)
         placement = int(read_manifest(storage, spec.partition)["placement"])
         store = PartitionStore.open(storage, spec.partition, placement, self.config.store, self._now)
         store.forget_acked()  # as any drain (_host): only the acks this drain brings count
-        me = Replica(node=self.node, placement=placement)
-        self.draining[spec.partition] = LocalReplica(spec=spec, me=me, store=store)
+        rep = LocalReplica(spec=spec, me=Replica(node=self.node, placement=placement), store=store)
+        self._merge_carried(rep)  # killed in a carry-over: the new placement's store holds carry- files
+        self.draining[spec.partition] = rep
         self._count("drains_resumed")
 
     def _set_aside(self, storage: Storage, spec: PartitionSpec, old: PartitionStore | None) -> None:
@@ -268,6 +280,7 @@ class Placement:
                 rep.told_at = self._now
         if not alone and (rep.split_known or not targets) and not self._sending(partition):
             rep.store.reset()
+            rep.store.storage.delete(MANIFEST)  # nothing to resume at the next start
             del self.draining[partition]
             self._count("drains_done")
             return

@@ -817,6 +817,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
                 "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],
                 "lifecycle": rep.lifecycle.name,  # UNLOAD: it drains to the split's targets and tells
                 "split_known": rep.split_known,  # the split until a current replica says it knows
+                "split_targets": [[t.partition, t.low, t.high] for t in self._saved_targets(rep.store)],
             }
             for p, rep in self.draining.items()
         }

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
-from sparkbus.roles.replication.storage import MemoryStorage
-from sparkbus.roles.replication.store import PartitionStore
+from sparkbus.roles.replication.storage import MemoryStorage, write_whole
+from sparkbus.roles.replication.store import MANIFEST, PartitionStore
 
 from .cluster import NODES, Cluster, P, config, spec
 
@@ -295,6 +295,84 @@ def test_a_node_restarted_with_a_layout_that_no_longer_places_it_drains_its_file
     assert c.status("a")["draining"] == {}
     assert _store_rows(c.storages["a", P], 1) == [], "its files are gone once its rows are elsewhere"
     c.assert_clean()
+
+
+def test_a_node_killed_in_a_carry_over_then_restarted_off_the_partition_drains_the_carried_rows() -> None:
+    """Wherever a kill strikes while a moves to placement 7 (its rows 100..105 held by no one else), a
+    restart with a layout that no longer places a drains every one of them. Killed after the new
+    placement's manifest was saved and before the carry-over merged, the resumed drain ignored the
+    ``carry-`` files: it ended at once and the rows stayed in them for good."""
+    struck = 0
+    for strike in range(1, 200):
+        c = Cluster([spec(*NODES)], seed=1)
+        keys = c.write_keys("a", range(8))
+        c.settle(10)
+        c.cut("a", "b")
+        c.cut("a", "c")
+        keys += c.write_keys("a", range(100, 106))
+        c.call("a", "flush", partition=P)
+        replaced = spec("a", "b", "c").with_replica(Replica(node="a", placement=7))
+        c.storages["a", P].arm_crash(strike)
+        c.try_call("a", "assign", spec=replaced)
+        if not c.storages["a", P].struck:
+            break
+        struck += 1
+        c.crash("a")
+        without_a = spec("b", "c", first_placement=2)
+        for n in ("b", "c"):
+            c.call(n, "assign", spec=without_a)
+        c.specs = [without_a]
+        c.heal("a", "b")
+        c.heal("a", "c")
+        c.restart("a")
+        c.settle(15)
+        c.assert_identical(("b", "c"), keys)
+        assert c.status("a")["draining"] == {}, strike
+        assert not c.storages["a", P].names(), (strike, c.storages["a", P].names())
+    assert struck > 20, f"the kill struck at every mutation of the re-placement ({struck})"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_drain_that_ended_is_not_resumed_at_the_next_start(seed: int) -> None:
+    """The end of a drain removes the manifest: it was kept (empty), so every later start resumed an
+    empty drain and drew the store a new epoch."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.write_keys("a", range(8))
+    c.settle(10)
+    without_a = spec("b", "c", first_placement=2)
+    for n in NODES:
+        c.call(n, "assign", spec=without_a)
+    c.specs = [without_a]
+    c.settle(10)
+    assert c.counters("a").get("drains_done") == 1 and not c.storages["a", P].names()
+    c.crash("a")
+    c.restart("a")
+    c.settle(5)
+    assert "drains_resumed" not in c.counters("a") and c.status("a")["draining"] == {}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_files_a_restarted_node_cannot_open_off_its_partitions_stay_and_the_node_runs(seed: int) -> None:
+    """A damaged manifest of a partition the layout no longer places on a: raised at start, it stopped
+    the role's start (its tick timer, its elections) for every partition a still serves."""
+    q = "t/9"
+    c = Cluster([spec(*NODES), spec(*NODES, partition=q, first_placement=11)], seed=seed)
+    c.write_keys("a", range(8))
+    c.settle(10)
+    c.crash("a")
+    without_a = spec("b", "c", first_placement=2)
+    for n in ("b", "c"):
+        c.call(n, "assign", spec=without_a)
+    c.specs = [without_a, spec(*NODES, partition=q, first_placement=11)]
+    damaged = c.storages["a", P]
+    write_whole(damaged, MANIFEST, [b"garbage-garbage"])
+    c.restart("a")
+    c.settle(10)
+    keys = c.write_keys("a", range(200, 203), partition=q)  # a leads q
+    c.settle(20)
+    assert keys and sorted(c.read("b", q)["key"]) == keys
+    assert c.counters("a").get("drains_unreadable") == 1 and c.role_errors()["a"] == 0
+    assert damaged.read(MANIFEST) == b"garbage-garbage", "left as it was"
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -190,3 +190,40 @@ def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(se
     c.call("b", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
     c.settle(30)
     _assert_split_done(c, keys)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_stale_finalize_of_another_split_does_not_re_route_a_split_made_since(seed: int) -> None:
+    """a splits P into T and is removed while b and c are down; b and c restart with the new layout, cut
+    off from a, and P is split into U on b. Then a's finalize of P into T reaches b, which heard a's
+    store: taken, it re-routed b's split to T (U then lacked a's rows, and once c restarted T and U
+    both served P's range). b refuses it: a keeps its rows and says where they go."""
+    u = "t/2"
+    target_u = spec("c", partition=u, first_placement=31, lifecycle=Lifecycle.LOAD)
+    c = Cluster([spec("a", "b"), TARGET, target_u], seed=seed)
+    c.write_keys("a", range(8))
+    c.settle(10)
+    c.write_keys("a", range(50, 52))
+    c.crash("b")
+    c.crash("c")
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),), async_split=True)
+    c.settle(2)
+    new = spec("b", first_placement=2)
+    c.call("a", "assign", spec=new)
+    c.specs = [new, TARGET, target_u]
+    c.cut("a", "b")
+    c.cut("a", "c")
+    _restart(c, "b", "c")
+    c.call("b", "split", partition=P, targets=(SplitTarget(partition=u),), async_split=True)
+    c.settle(5)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(30)
+    c.crash("c")
+    c.restart("c")
+    c.settle(20)
+    assert c.role("b").local[P].spec.split_targets == (SplitTarget(partition=u),)
+    assert c.counters("b").get("finalize_refused", 0) > 0
+    assert _lifecycle(c, "c", u) == "SERVE" and _lifecycle(c, "c", T) == "LOAD", "one split of P serves"
+    draining = c.status("a")["draining"][P]
+    assert not draining["split_known"] and draining["split_targets"] == [[T, None, None]]
