@@ -38,7 +38,7 @@ from sparkbus.roles.replication.layout import (
 )
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import SplitFinalized
-from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry
+from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, UnsupportedSegmentFormat
 from sparkbus.roles.replication.storage import Storage
 from sparkbus.roles.replication.store import MANIFEST, PartitionStore, StoreError, read_manifest
 
@@ -57,6 +57,8 @@ class Placement:
     draining: dict[str, LocalReplica]
     # Nodes an ``assign`` removed from a partition's replicas (``_note_removed``).
     former: dict[str, set[str]]
+    # Partitions whose store failed its checksums and started empty, with the reason (status).
+    damaged: dict[str, str]
     outgoing: dict[tuple[str, str, int], Any]
     incoming: dict[tuple[str, str], Any]
     refused: dict[tuple[str, str, bytes], str]
@@ -121,8 +123,13 @@ class Placement:
             del self.draining[partition]
             old = draining
         storage = self.storage_for(partition)
-        self._set_aside(storage, spec, old.store if old is not None else None)
-        store = PartitionStore.open(storage, partition, me.placement, self.config.store, self._now)
+        try:
+            self._set_aside(storage, spec, old.store if old is not None else None)
+            store = PartitionStore.open(storage, partition, me.placement, self.config.store, self._now)
+        except UnsupportedSegmentFormat:
+            raise  # not damage: the files may be whole (docs/REPLICATION.md, "Files")
+        except (StoreError, SegmentCorrupt) as exc:
+            store = self._open_over_damaged(storage, partition, me.placement, exc)
         former = self.former.setdefault(partition, set())
         former.update(store.meta.get("former", ()))
         if former and sorted(former) != store.meta.get("former"):  # a new placement keeps them too
@@ -205,6 +212,24 @@ class Placement:
         self._merge_carried(rep)  # killed in a carry-over: the new placement's store holds carry- files
         self.draining[spec.partition] = rep
         self._count("drains_resumed")
+
+    def _open_over_damaged(
+        self, storage: Storage, partition: str, placement: int, exc: Exception
+    ) -> PartitionStore:
+        """A store whose manifest or a listed segment fails its checksum: its files are renamed aside
+        (``damaged<k>-<name>``, kept for whoever wants to look) and the replica starts empty, under a
+        new epoch, so its peers take it for rejoining and send it everything (``epochs.py``). Raised,
+        the error stopped the role's start, its timer and elections, for every partition of the node.
+        """
+        k = 1
+        while any(n.startswith(f"damaged{k}-") for n in storage.names()):
+            k += 1
+        for name in storage.names():
+            if not name.startswith("damaged"):
+                storage.rename(name, f"damaged{k}-{name}")
+        self.damaged[partition] = f"{exc} (files renamed to damaged{k}-*)"
+        self._count("stores_set_aside")
+        return PartitionStore.open(storage, partition, placement, self.config.store, self._now)
 
     def _set_aside(self, storage: Storage, spec: PartitionSpec, old: PartitionStore | None) -> None:
         """Before a new placement opens on ``storage``: mark what the old placement must carry over.

@@ -157,6 +157,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         self._actions: list[Action] = []
         self._finalized_ahead: dict[tuple[str, int], set[bytes]] = {}
         self.former: dict[str, set[str]] = {}
+        self.damaged: dict[str, str] = {}
 
     # ------------------------------------------------------------ entry point
 
@@ -821,6 +822,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             }
             for p, rep in self.draining.items()
         }
+        out["damaged"] = dict(self.damaged)  # stores set aside for failed checksums, and why
         out["incoming"] = len(self.incoming)
         out["outgoing"] = len(self.outgoing)
         return out

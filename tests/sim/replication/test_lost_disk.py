@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from sparkbus.roles.replication.layout import PartitionSpec, Replica
-from sparkbus.roles.replication.storage import MemoryStorage
+from sparkbus.roles.replication.storage import MemoryStorage, write_whole
+from sparkbus.roles.replication.store import MANIFEST
 
 from .cluster import NODES, Cluster, P, spec
 
@@ -266,4 +267,38 @@ def test_a_draining_replica_keeps_what_only_a_store_since_lost_held(seed: int) -
     c.settle(30)
     assert c.status("a")["draining"] == {}
     c.assert_identical(("b", "c"), keys)
+    c.assert_clean()
+
+
+def _damage(storage: MemoryStorage, what: str) -> None:
+    """Flip a byte of the manifest, or of the first listed segment (bit rot the checksums catch)."""
+    name = MANIFEST if what == "manifest" else next(n for n in storage.names() if n.startswith("seg-"))
+    data = bytearray(storage.read(name))
+    data[len(data) // 2] ^= 0xFF
+    write_whole(storage, name, [bytes(data)])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("what", ["manifest", "segment"])
+@pytest.mark.parametrize("node", ["a", "b"])
+def test_a_store_that_fails_its_checksums_at_start_is_set_aside_and_rejoins(
+    seed: int, what: str, node: str
+) -> None:
+    """The leader's or a follower's store damaged while the node was down: raised at start, the error
+    stopped the role (no tick, no election) for every partition of the node. Its files are renamed
+    aside and the replica rejoins like one that lost its disk; its peers keep and send every row."""
+    c, keys = _loaded(seed)
+    c.crash(node)
+    _damage(c.storages[node, P], what)
+    c.restart(node)
+    c.settle(20)
+    c.assert_identical(NODES, keys)
+    _assert_rejoined(c, node, NODES.index(node) + 1)
+    assert c.counters(node).get("stores_set_aside") == 1 and c.role_errors()[node] == 0
+    assert "checksum" in c.status(node)["damaged"][P] or "magic" in c.status(node)["damaged"][P]
+    names = c.storages[node, P].names()
+    assert "damaged1-MANIFEST" in names and any(n.startswith("damaged1-seg-") for n in names)
+    keys += c.write_keys(c.leader("c"), range(100, 104), "after")
+    c.settle(10)
+    c.assert_identical(NODES, keys)
     c.assert_clean()
