@@ -40,7 +40,7 @@ from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import SplitFinalized
 from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, UnsupportedSegmentFormat
 from sparkbus.roles.replication.storage import Storage
-from sparkbus.roles.replication.store import MANIFEST, PartitionStore, StoreError, read_manifest
+from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, StoreError, read_manifest
 
 
 class Placement:
@@ -59,6 +59,8 @@ class Placement:
     former: dict[str, set[str]]
     # Partitions whose store failed its checksums and started empty, with the reason (status).
     damaged: dict[str, str]
+    # When a refused finalize of a split was last answered, by (peer, partition).
+    answered: dict[tuple[str, str], float]
     outgoing: dict[tuple[str, str, int], Any]
     incoming: dict[tuple[str, str], Any]
     refused: dict[tuple[str, str, bytes], str]
@@ -151,7 +153,9 @@ class Placement:
         value of the key's first column (it would fail every rewrite of a segment for the range)."""
         rep = self.local.get(partition) or self.draining.get(partition)
         split = rep is not None and rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
-        if split and rep is not None and rep.spec.split_targets and rep.spec.split_targets != targets:
+        # A drainer's spec is the assign's (or the layout's), without the split: its manifest has it.
+        made = (rep.spec.split_targets or self._saved_targets(rep.store)) if split and rep is not None else ()
+        if made and set(made) != set(targets):
             # Split already, into others: a stale finalize (say of a leader an assign removed, when the
             # split was made again on the current one) must not re-route a split made.
             return f"{partition} split into other targets already"
@@ -170,15 +174,19 @@ class Placement:
         return None
 
     def _answer_known_split(self, peer: str, msg: SplitFinalized) -> bool:
-        """A finalize this node cannot take from ``peer`` (a stranger to it) of the split its replica
-        is in already: answer with its own, so that a drain waiting for a replica to know ends. (The
-        split was made again on the current leader, by the operator: docs/REPLICATION.md.)"""
+        """A finalize this node refuses (from a stranger to it) of the split its replica is in already:
+        answer with its own, once a tick, so that a drain waiting for a replica to know ends. (The
+        split was made again on the current leader, by the operator: docs/REPLICATION.md.) Two such
+        replicas, each a stranger to the other (layouts that disagree), answered each other for ever.
+        """
         rep = self.local.get(msg.partition)
         if rep is None or rep.lifecycle not in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL):
             return False
-        if rep.spec.split_targets != msg.targets:
+        if set(rep.spec.split_targets) != set(msg.targets):
             return False
-        self._tell_split(rep.split_finalized(), {peer})
+        if self._now >= self.answered.get((peer, msg.partition), float("-inf")) + self.config.tick:
+            self.answered[peer, msg.partition] = self._now
+            self._tell_split(rep.split_finalized(), {peer})
         return True
 
     def _resume_drains(self) -> None:
@@ -224,9 +232,13 @@ class Placement:
         k = 1
         while any(n.startswith(f"damaged{k}-") for n in storage.names()):
             k += 1
-        for name in storage.names():
-            if not name.startswith("damaged"):
-                storage.rename(name, f"damaged{k}-{name}")
+        # The manifest goes first: killed in between, the next open deletes the segment files not
+        # renamed yet as unlisted (their rows are what the peers send anyway). The log stays: its
+        # records are checked one by one and replaying them twice changes nothing, so the writes
+        # acknowledged since the last flush are served again.
+        names = [n for n in storage.names() if n != WAL and not n.startswith("damaged")]
+        for name in sorted(names, key=lambda n: n != MANIFEST):
+            storage.rename(name, f"damaged{k}-{name}")
         self.damaged[partition] = f"{exc} (files renamed to damaged{k}-*)"
         self._count("stores_set_aside")
         return PartitionStore.open(storage, partition, placement, self.config.store, self._now)

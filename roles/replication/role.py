@@ -158,6 +158,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         self._finalized_ahead: dict[tuple[str, int], set[bytes]] = {}
         self.former: dict[str, set[str]] = {}
         self.damaged: dict[str, str] = {}
+        self.answered: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------ entry point
 

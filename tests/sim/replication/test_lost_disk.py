@@ -302,3 +302,20 @@ def test_a_store_that_fails_its_checksums_at_start_is_set_aside_and_rejoins(
     c.settle(10)
     c.assert_identical(NODES, keys)
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_damaged_store_keeps_its_log_so_writes_acknowledged_since_the_last_flush_are_served(
+    seed: int,
+) -> None:
+    """The log's records are checked one by one and replay is idempotent: it is not set aside with the
+    segments. Set aside with them, the writes only a's log held were served nowhere."""
+    c, keys = _loaded(seed)
+    keys += c.write_keys("a", range(200, 202), "logged")  # acknowledged, in a's log only
+    c.crash("a")
+    _damage(c.storages["a", P], "segment")
+    c.restart("a")
+    c.settle(20)
+    c.assert_identical(NODES, keys)
+    assert c.counters("a").get("stores_set_aside") == 1
+    c.assert_clean()

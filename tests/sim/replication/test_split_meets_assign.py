@@ -193,13 +193,18 @@ def test_a_drainer_nobody_takes_the_split_from_keeps_its_rows_and_tells_again(se
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_stale_finalize_of_another_split_does_not_re_route_a_split_made_since(seed: int) -> None:
+@pytest.mark.parametrize("u_on_a", [False, True], ids=["u-on-c", "u-on-c-and-a"])
+def test_a_stale_finalize_of_another_split_does_not_re_route_a_split_made_since(
+    seed: int, u_on_a: bool
+) -> None:
     """a splits P into T and is removed while b and c are down; b and c restart with the new layout, cut
     off from a, and P is split into U on b. Then a's finalize of P into T reaches b, which heard a's
     store: taken, it re-routed b's split to T (U then lacked a's rows, and once c restarted T and U
-    both served P's range). b refuses it: a keeps its rows and says where they go."""
+    both served P's range). b refuses it: a keeps its rows and says where they go. With a replica of U
+    on a, b's finalize reaches a too: a refuses it (its split is in its manifest, not its spec); taken,
+    it ended a's drain with a's rows in T only, served nowhere."""
     u = "t/2"
-    target_u = spec("c", partition=u, first_placement=31, lifecycle=Lifecycle.LOAD)
+    target_u = spec("c", *("a",) * u_on_a, partition=u, first_placement=31, lifecycle=Lifecycle.LOAD)
     c = Cluster([spec("a", "b"), TARGET, target_u], seed=seed)
     c.write_keys("a", range(8))
     c.settle(10)
@@ -227,3 +232,50 @@ def test_a_stale_finalize_of_another_split_does_not_re_route_a_split_made_since(
     assert _lifecycle(c, "c", u) == "SERVE" and _lifecycle(c, "c", T) == "LOAD", "one split of P serves"
     draining = c.status("a")["draining"][P]
     assert not draining["split_known"] and draining["split_targets"] == [[T, None, None]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_split_made_again_with_the_same_targets_in_another_order_ends_the_drain(seed: int) -> None:
+    """Targets are a set: the same split, its targets named in another order, is the same split."""
+    low, high = SplitTarget(partition=T, high=4), SplitTarget(partition="t/3", low=4)
+    t3 = spec("c", partition="t/3", first_placement=41, lifecycle=Lifecycle.LOAD)
+    c = Cluster([spec("a", "b"), TARGET, t3], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    keys += c.write_keys("a", range(50, 52))
+    c.crash("b")
+    c.crash("c")
+    c.call("a", "split", partition=P, targets=(low, high), async_split=True)
+    c.settle(2)
+    new = spec("b", first_placement=2)
+    c.call("a", "assign", spec=new)
+    c.specs = [new, TARGET, t3]
+    c.lose_disk("b")
+    c.restart("c")
+    c.settle(30)
+    c.call("b", "split", partition=P, targets=(high, low), async_split=True)
+    c.settle(40)
+    assert c.status("a")["draining"] == {}
+    assert sorted(c.read("c", T)["key"] + c.read("c", "t/3")["key"]) == sorted(keys)
+
+
+def test_two_unloaded_replicas_that_take_each_other_for_strangers_answer_once_a_tick() -> None:
+    """Layouts that disagree (a topology mistake): a's places P on a alone, b's on b alone, both split
+    already. Each answers the other's finalize with its own, which the other refuses and answers:
+    that went on without end, about 400 messages a simulated second each way."""
+    target = spec("c", "b", partition=T, first_placement=21, lifecycle=Lifecycle.LOAD)
+    c = Cluster([spec("a", "b"), target], seed=1)
+    c.write_keys("a", range(8))
+    c.settle(10)
+    c.call("a", "split", partition=P, targets=(SplitTarget(partition=T),))
+    c.settle(30)
+    c.crash("a")
+    c.crash("b")
+    c.specs = [spec("a"), target]
+    c.restart("a")
+    c.specs = [spec("b", first_placement=2), target]
+    c.restart("b")
+    before = {n: c.sim.node(n).core.counters["messages_in"] for n in ("a", "b")}
+    c.settle(5)
+    received = {n: c.sim.node(n).core.counters["messages_in"] - before[n] for n in ("a", "b")}
+    assert all(got < 100 for got in received.values()), received
