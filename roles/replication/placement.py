@@ -149,8 +149,9 @@ class Placement:
         return known is not None and known[0] == msg.epoch
 
     def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
-        """Why ``partition`` cannot split into ``targets``: an unknown target, or a bound that is not a
-        value of the key's first column (it would fail every rewrite of a segment for the range)."""
+        """Why ``partition`` cannot split into ``targets``: it split into other targets already, an
+        unknown target, or a bound that is not a value of the key's first column (it would fail every
+        rewrite of a segment for the range)."""
         rep = self.local.get(partition) or self.draining.get(partition)
         split = rep is not None and rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
         # A drainer's spec is the assign's (or the layout's), without the split: its manifest has it.
