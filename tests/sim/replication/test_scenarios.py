@@ -250,14 +250,20 @@ def test_an_unassigned_leader_drains_its_acknowledged_writes_before_it_drops_the
     c.assert_clean()
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_a_node_stopped_before_its_drain_ends_keeps_the_rows_on_disk(seed: int) -> None:
+def _a_alone_holds_some(seed: int) -> tuple[Cluster, list[int]]:
+    """P on a, b, c (a leads) with 8 keys replicated, then a cut off from b and c, and 6 more keys
+    acknowledged by a alone (it still leads on its side of the cut)."""
     c = Cluster([spec(*NODES)], seed=seed)
     keys = c.write_keys("a", range(8))
     c.settle(10)
     c.cut("a", "b")
     c.cut("a", "c")
-    keys += c.write_keys("a", range(100, 106))  # a still leads on its side of the cut
+    return c, keys + c.write_keys("a", range(100, 106))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_node_stopped_before_its_drain_ends_keeps_the_rows_on_disk(seed: int) -> None:
+    c, keys = _a_alone_holds_some(seed)
     without_a = spec("b", "c", first_placement=2)
     for n in NODES:
         c.call(n, "assign", spec=without_a)
@@ -274,12 +280,7 @@ def test_a_node_restarted_with_a_layout_that_no_longer_places_it_drains_its_file
     """The rows only a held reach the partition's replicas after a restarts, whether it had started its
     drain (the assign reached it) or was down when the others were told; then its files go.
     Restarted, it left them on disk for good: acknowledged writes no replica had."""
-    c = Cluster([spec(*NODES)], seed=seed)
-    keys = c.write_keys("a", range(8))
-    c.settle(10)
-    c.cut("a", "b")
-    c.cut("a", "c")
-    keys += c.write_keys("a", range(100, 106))  # a still leads on its side of the cut
+    c, keys = _a_alone_holds_some(seed)
     without_a = spec("b", "c", first_placement=2)
     for n in NODES if told else ("b", "c"):
         c.call(n, "assign", spec=without_a)
@@ -304,12 +305,7 @@ def test_a_node_killed_in_a_carry_over_then_restarted_off_the_partition_drains_t
     ``carry-`` files: it ended at once and the rows stayed in them for good."""
     struck = 0
     for strike in range(1, 200):
-        c = Cluster([spec(*NODES)], seed=1)
-        keys = c.write_keys("a", range(8))
-        c.settle(10)
-        c.cut("a", "b")
-        c.cut("a", "c")
-        keys += c.write_keys("a", range(100, 106))
+        c, keys = _a_alone_holds_some(seed=1)
         c.call("a", "flush", partition=P)
         replaced = spec("a", "b", "c").with_replica(Replica(node="a", placement=7))
         c.storages["a", P].arm_crash(strike)
