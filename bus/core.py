@@ -165,6 +165,11 @@ class NodeCore(LinkLayer, StreamLayer):
         st = self._peers.get(peer)
         return st is not None and st.up
 
+    def is_refused(self, peer: str) -> bool:
+        """Whether our link to ``peer`` was refused for good (``refused``)."""
+        out = self._outbound.get(peer)
+        return out is not None and out.state == "refused"
+
     def refused(self) -> dict[str, str]:
         """Peers whose handshake was refused for good, with the reason."""
         return {p: o.refused for p, o in self._outbound.items() if o.state == "refused"}

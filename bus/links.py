@@ -24,7 +24,7 @@ from sparkbus.bus.messages import (
     retry_version,
     version_text,
 )
-from sparkbus.bus.state import NodeState, _Inbound, _Outbound, _Peer
+from sparkbus.bus.state import RETIRED_KEPT, NodeState, _Inbound, _Outbound, _Peer
 from sparkbus.codecs import Buffer, DecodeError
 
 log = logging.getLogger("sparkbus.bus")
@@ -144,6 +144,9 @@ class LinkLayer(NodeState):
         reason = "peer opened a new session"
         incarnation = _extension_int(hello, INCARNATION, 2**63) if hello.kind == "node" else 0
         known = self._peers.get(peer)
+        if incarnation and known is not None and incarnation in known.retired:
+            self._refuse_replaced(rid, peer, incarnation, known, hello.attempt, now)
+            return
         if incarnation and known is not None and known.incarnation not in (0, incarnation):
             # A new process under the peer's name, before its old one was noticed gone: the old held the
             # session our HELLO opened, so our direction is stale too, whatever the new one can tell us.
@@ -175,6 +178,10 @@ class LinkLayer(NodeState):
         st = self._peers.setdefault(peer, _Peer())
         if incarnation:
             st.incarnation = incarnation
+            if st.latest_incarnation not in (0, incarnation):
+                st.retired.append(st.latest_incarnation)
+                del st.retired[:-RETIRED_KEPT]
+            st.latest_incarnation = incarnation
         welcome = Welcome(
             version=hello.version,
             features=inbound.features,
@@ -188,6 +195,25 @@ class LinkLayer(NodeState):
         self._emit("reply", rid, self.codec.encode(welcome))
         self._counts["sessions_accepted"] += 1
         self._maybe_up(peer, now)
+
+    def _refuse_replaced(
+        self, rid: bytes, peer: str, incarnation: int, known: _Peer, attempt: int, now: float
+    ) -> None:
+        """REJECT ``DUPLICATE_NODE`` of a HELLO from a process of ``peer`` that a newer one replaced.
+
+        The node id moved on to a process that said HELLO later (a restart while the old one was
+        stopped or cut off, or a second process started under the same id). Taking the old one back
+        would end the newer one's session, and with ZeroMQ's routing-id handover the two would go on
+        taking the id from each other on every reconnect; refused, the old process stops dialling us.
+        The live session is not touched.
+        """
+        self._counts["replaced_processes_refused"] += 1
+        text = (
+            f"node id {peer!r} now belongs to a newer process (incarnation {known.latest_incarnation}); "
+            f"this process (incarnation {incarnation}) was replaced: stop it, or give it another node id"
+        )
+        log.warning("node %s: refused a replaced process of %s: %s", self.node_id, peer, text)
+        self._refuse_rid(rid, ErrorCode.DUPLICATE_NODE, text, now, attempt)
 
     def _refuse_version(self, rid: bytes, offered: tuple[int, int, int], attempt: int, now: float) -> None:
         """REJECT ``PROTOCOL_COMPATIBILITY`` of a HELLO offering a version we do not speak, with the one
@@ -241,6 +267,16 @@ class LinkLayer(NodeState):
         self._counts[f"rejected_{msg.code.name.lower()}"] += 1
         if msg.code in FINAL_CODES:
             self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
+            return
+        if msg.code == ErrorCode.DUPLICATE_NODE:
+            # Our node id belongs to a newer process at that peer. Only for our own HELLO: with ZeroMQ's
+            # handover the reply meant for the process that holds the routing id when it is sent may
+            # reach the other one, and the newer process must not give up its link over the older
+            # one's refusal (their attempts start at different random numbers).
+            if out.state == "hello_sent" and msg.attempt == out.attempt:
+                self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
+            else:
+                self._counts["dropped_stale_reject"] += 1
             return
         if (
             msg.code == ErrorCode.PROTOCOL_COMPATIBILITY

@@ -2,7 +2,8 @@
 
 Sockets, one set per node (DESIGN.md section 4): one ROUTER bound for control, one PULL bound for data; per
 peer one DEALER (identity = our node id) to its ROUTER and one PUSH to its PULL. Every socket has
-LINGER=0, explicit HWMs and MAXMSGSIZE; the ROUTER has ROUTER_MANDATORY; DEALER and PUSH have IMMEDIATE.
+LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbeats (``Node._keepalive``); the ROUTER has ROUTER_MANDATORY
+and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE.
 Sends never block the loop (NOBLOCK): a message ZeroMQ will not take is counted, and the sequence gap it
 leaves makes the peer reset the link, so nothing is lost silently. One loop thread owns every socket;
 other threads talk to it through an inproc pipe.
@@ -135,6 +136,8 @@ class Node:
         self._dealers: dict[str, zmq.Socket[bytes]] = {}
         self._pushes: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
+        self._peer_endpoints: dict[str, Endpoints] = {}
+        self._hung_up: set[str] = set()  # peers refused for good: no longer dialled
         # CURVE only: monitors of our ROUTER and PULL (name "control" / "data"), the peer address of each
         # connection they accepted (by file descriptor), and a handshake failure waiting for the
         # DISCONNECTED that names its connection.
@@ -186,8 +189,14 @@ class Node:
         limits = self.config.limits
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A peer's new connection takes its node id from the old one, which may be held open by a process
+        # that is stopped, or by a host gone without closing it: without handover ZeroMQ ignores the new
+        # connection for as long as the old one stays open (docs/RELIABILITY.md, "A node restarted
+        # under its id"). A replaced process that comes back is refused DUPLICATE_NODE by the core.
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         pull = ctx.socket(zmq.PULL)
         for sock in (router, pull):
+            self._keepalive(sock)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, self.config.hwm)
             sock.setsockopt(zmq.SNDHWM, self.config.hwm)
@@ -212,6 +221,15 @@ class Node:
             http = f"{self.host}:{self._http_server.port}"
         self.endpoints = Endpoints(control=control, data=data, http=http)
         return self.endpoints
+
+    def _keepalive(self, sock: zmq.Socket[bytes]) -> None:
+        """ZMTP heartbeats on every connection of ``sock``: a connection silent for twice the peer timeout
+        is closed, and a dialling socket dials its endpoint again, reaching whatever process listens
+        there now. The peers' I/O threads answer the PINGs, so a busy Python loop never trips them:
+        only a stopped process, a dead host or a cut network do. The link itself is lost earlier, after
+        ``peer_timeout``, by the core's own heartbeats."""
+        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(self.config.heartbeat_interval * 1000)))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(2 * self.config.peer_timeout * 1000)))
 
     def _secure_servers(
         self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], pull: zmq.Socket[bytes]
@@ -276,6 +294,7 @@ class Node:
         dealer.setsockopt(zmq.IDENTITY, self.node_id.encode())
         push = ctx.socket(zmq.PUSH)
         for sock in (dealer, push):
+            self._keepalive(sock)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDHWM, self.config.hwm)
@@ -295,6 +314,7 @@ class Node:
         push.connect(ep.data)
         self._dealers[peer] = dealer
         self._pushes[peer] = push
+        self._peer_endpoints[peer] = ep
         self._monitors[monitor] = peer
 
     # ------------------------------------------------------------------ API (any thread)
@@ -341,6 +361,7 @@ class Node:
                     st["refusals"][what] = st["refusals"].get(what, 0) + n
                 st["refused"].update(self._refused_by_peer)
             st["endpoints"] = self.endpoints.to_json() if self.endpoints else None
+            st["hung_up"] = sorted(self._hung_up)
             st["allocator"] = allocator.state()
             fut.set_result(st)
 
@@ -530,6 +551,22 @@ class Node:
 
     def _on_reply(self, peer: str, frames: list[Any]) -> None:
         self.core.on_reply(peer, frames, self.clock())
+        if peer not in self._hung_up and self.core.is_refused(peer):
+            self._hang_up(peer)
+
+    def _hang_up(self, peer: str) -> None:
+        """Stop dialling a peer that refused our link for good (only its answers can refuse it).
+
+        ZeroMQ dials a socket's endpoints again whenever a connection closes, for ever. For a process
+        the peer refused as replaced (``DUPLICATE_NODE``) each new connection would also take its node
+        id's routing id from the newer process at the peer (``ZMQ_ROUTER_HANDOVER``).
+        """
+        self._hung_up.add(peer)
+        ep = self._peer_endpoints[peer]
+        for sock, endpoint in ((self._dealers[peer], ep.control), (self._pushes[peer], ep.data)):
+            with contextlib.suppress(zmq.ZMQError):  # already disconnected
+                sock.disconnect(endpoint)
+        log.info("node %s: stopped dialling %s", self.node_id, peer)
 
     def _on_wake(self) -> bool:
         assert self._wake_rx is not None

@@ -98,6 +98,15 @@ class _Peer:
     # The peer's process, as its HELLOs name it (``INCARNATION``), while our direction towards it may be
     # one that process opened (0: unknown; cleared when the link is lost with our direction).
     incarnation: int = 0
+    # The peer's processes as its HELLOs named them, never cleared: the latest, and the ones a later HELLO
+    # replaced (the most recent ``RETIRED_KEPT``). A retired one that speaks again is a process the node
+    # id has moved on from: refused ``DUPLICATE_NODE`` (docs/PROTOCOL.md, "incarnation").
+    latest_incarnation: int = 0
+    retired: list[int] = field(default_factory=list)
+
+
+#: How many replaced incarnations of a peer a node remembers.
+RETIRED_KEPT = 16
 
 
 class NodeState:

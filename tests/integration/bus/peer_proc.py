@@ -1,13 +1,16 @@
 """A bus node in its own process, for integration tests.
 
-Usage: python peer_proc.py NODE_ID CLUSTER_TAG HEARTBEAT PEER_TIMEOUT
-Prints its endpoints as one JSON line, reads the peer table as one JSON line, runs an echo role (every Note
-is answered with a Note "echo:<text>"), and exits when stdin closes.
+Usage: python peer_proc.py NODE_ID CLUSTER_TAG HEARTBEAT PEER_TIMEOUT [IPC_DIR]
+Prints its endpoints as one JSON line (ipc sockets in IPC_DIR if given, else TCP on 127.0.0.1), reads the
+peer table as one JSON line, runs an echo role (every Note is answered with a Note "echo:<text>", the Note
+"whoami" with "pid:<its process id>"), answers each stdin line "refused" with the links refused for good
+and the peers it stopped dialling (``Node.status``) as one JSON line, and exits when stdin closes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,17 +35,26 @@ class Echo:
 
     def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
         if isinstance(event, MessageReceived):
-            return [Send(peer=event.peer, message=Note(text=f"echo:{event.message.text}"))]
+            text = event.message.text
+            answer = f"pid:{os.getpid()}" if text == "whoami" else f"echo:{text}"
+            return [Send(peer=event.peer, message=Note(text=answer))]
         return []
 
 
 def main() -> None:
     node_id, tag, hb, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-    node = Node(node_id, BusConfig(cluster_tag=tag, heartbeat_interval=hb, peer_timeout=timeout), [Echo()])
+    config = BusConfig(cluster_tag=tag, heartbeat_interval=hb, peer_timeout=timeout)
+    if len(sys.argv) > 5:
+        node = Node(node_id, config, [Echo()], transport="ipc", ipc_dir=sys.argv[5])
+    else:
+        node = Node(node_id, config, [Echo()])
     print(json.dumps(node.bind().to_json()), flush=True)
     peers = {k: Endpoints.from_json(v) for k, v in json.loads(sys.stdin.readline()).items()}
     node.start(peers)
-    sys.stdin.read()  # until the test closes our stdin
+    for line in sys.stdin:  # until the test closes our stdin
+        if line.strip() == "refused":
+            status = node.status()
+            print(json.dumps({"refused": status["refused"], "hung_up": status["hung_up"]}), flush=True)
     node.stop()
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+from unittest.mock import ANY
 
 import pytest
 import zmq
@@ -58,9 +61,11 @@ class Probe:
 
 
 class Peer:
-    def __init__(self, node_id: str, tag: str, hb: float = 0.3, timeout: float = 1.5) -> None:
+    def __init__(
+        self, node_id: str, tag: str, hb: float = 0.3, timeout: float = 1.5, ipc_dir: str | None = None
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER), node_id, tag, str(hb), str(timeout)],
+            [sys.executable, str(PEER), node_id, tag, str(hb), str(timeout), *([ipc_dir] if ipc_dir else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -74,6 +79,16 @@ class Peer:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({k: v.to_json() for k, v in peers.items()}) + "\n")
         self.proc.stdin.flush()
+
+    def refused(self) -> dict[str, Any]:
+        """The peer's links refused for good and the peers it stopped dialling (``refused``, ``hung_up``)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("refused\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()  # the process answers at once (bounded by the test's timeout)
+        assert line, f"peer exited (status {self.proc.poll()})"
+        refused: dict[str, Any] = json.loads(line)
+        return refused
 
     def reap(self) -> None:
         if self.proc.poll() is None:
@@ -125,6 +140,68 @@ def test_sigstop_is_reported_lost_after_the_timeout(cluster: tuple[Node, Probe, 
     peer.proc.send_signal(signal.SIGSTOP)
     lost = probe.wait_for(PeerLost, timeout=10)
     assert "silent" in lost.reason  # type: ignore[attr-defined]
+
+
+def until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+def answered(node: Node, probe: Probe, text: str, timeout: float = 3.0) -> str | None:
+    """Send Note ``text`` to "p"; the first Note back within ``timeout`` (None if none came)."""
+    node.call("echo", "send", {"actions": [Send(peer="p", message=Note(text=text))]})
+    try:
+        return probe.wait_for(MessageReceived, timeout=timeout).message.text  # type: ignore[attr-defined]
+    except AssertionError:
+        return None
+
+
+def test_a_node_restarted_while_its_old_process_is_stopped_takes_its_id_and_the_old_one_is_refused() -> None:
+    """The old process holds its connections open (SIGSTOP, as a host gone without a FIN would): the new
+    one reaches "t" anyway (ZeroMQ's routing-id handover; "t" dials the endpoint again once the old
+    connection is silent), and the old one, resumed, is refused DUPLICATE_NODE and stops dialling, so
+    the new one keeps its link."""
+    ipc = tempfile.mkdtemp(prefix="replaced-", dir="/tmp")  # short: ipc paths have a length limit
+    probe = Probe()
+    config = BusConfig(cluster_tag="it", heartbeat_interval=0.1, peer_timeout=0.8)
+    node = Node("t", config, [probe], transport="ipc", ipc_dir=ipc)
+    node.bind()
+    old = Peer("p", "it", 0.1, 0.8, ipc_dir=ipc)
+    new: Peer | None = None
+    try:
+        peers = {"t": node.endpoints, "p": old.endpoints}
+        old.give_peers(peers)  # type: ignore[arg-type]
+        node.start({"p": old.endpoints})
+        node.wait_ready(timeout=10)
+        assert answered(node, probe, "whoami", timeout=10) == f"pid:{old.proc.pid}"
+        old.proc.send_signal(signal.SIGSTOP)
+        probe.wait_for(PeerLost, timeout=10)
+
+        new = Peer("p", "it", 0.1, 0.8, ipc_dir=ipc)
+        assert new.endpoints == old.endpoints  # the same ipc paths, bound again by the new process
+        new.give_peers(peers)  # type: ignore[arg-type]
+        until("the new process is up at t", lambda: bool(node.status()["peers"]["p"]["up"]))
+        until("t hears the new process", lambda: answered(node, probe, "whoami") == f"pid:{new.proc.pid}")
+
+        os.kill(old.proc.pid, signal.SIGCONT)
+        until("the old process is refused", lambda: "t" in old.refused()["refused"])
+        assert old.refused() == {"refused": {"t": ANY}, "hung_up": ["t"]}
+        assert old.refused()["refused"]["t"].startswith("DUPLICATE_NODE: node id 'p' now belongs to a newer")
+        assert node.status()["refusals"]["DUPLICATE_NODE"] >= 1
+        # It may have taken the routing id for a moment before its refusal; then it stopped dialling.
+        until(
+            "t hears the new process again", lambda: answered(node, probe, "whoami") == f"pid:{new.proc.pid}"
+        )
+        assert new.refused() == {"refused": {}, "hung_up": []}
+    finally:
+        for peer in (old, new):
+            if peer is not None:
+                peer.reap()
+        node.stop()
+        shutil.rmtree(ipc, ignore_errors=True)
 
 
 @pytest.mark.parametrize("cluster", ["another-cluster"], indirect=True)

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from sparkbus.bus import MessageReceived, PeerLost, PeerUp
+from sparkbus.bus import ErrorCode, MessageReceived, PeerLost, PeerUp
 from sparkbus.bus import contract as c
 from sparkbus.bus.core import NodeCore
-from sparkbus.bus.messages import INCARNATION, MAGIC, Hello, features_to_bits
+from sparkbus.bus.messages import INCARNATION, MAGIC, Hello, Reject, features_to_bits
+from sparkbus.bus.state import RETIRED_KEPT
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
 from .roles import Note, Recorder, pair
@@ -93,3 +94,79 @@ def test_a_new_incarnation_resets_our_direction_too() -> None:
     assert core._outbound["b"].state == "idle"  # handshakes again on the next tick
     assert core._peers["b"].incarnation == known + 1
     assert core.status()["counters"]["peer_restarts_seen"] == 1
+
+
+def refusals_to_b(core: NodeCore) -> list[Reject]:
+    """The REJECTs ``core`` has queued for routing id ``b`` (taken from its outputs)."""
+    out = [codec.decode(t.frames).message for t in core.take() if getattr(t, "to", None) == b"b"]
+    return [m for m in out if isinstance(m, Reject)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replaced_process_that_speaks_again_is_refused_and_the_new_one_keeps_its_link(seed: int) -> None:
+    """b restarts while its old process is stopped (no disconnect); the old one, resumed, says HELLO
+    again: it gets DUPLICATE_NODE echoing its attempt, and the new process's link is not touched."""
+    sim, a, _b = pair(seed, heartbeat_interval=0.2, peer_timeout=5.0)
+    core = sim.node("a").core
+    old = core._peers["b"].incarnation
+    sim.crash("b", notify=False)
+    b2 = Recorder()
+    sim.restart("b", [b2])
+    sim.run_until(lambda: len(a.of(PeerUp)) == 2 and core.is_up("b"), limit=3.0)
+    new = core._peers["b"].incarnation
+    assert new not in (0, old) and core._peers["b"].retired == [old]
+    session = core._inbound["b"].session
+    lost = len(a.of(PeerLost))
+
+    hello_from_b(core, sim.now, {INCARNATION: str(old)})
+    [reject] = refusals_to_b(core)
+    assert reject.code == ErrorCode.DUPLICATE_NODE and reject.attempt == 12345
+    assert f"incarnation {new}" in reject.message and f"incarnation {old}" in reject.message
+    assert core.is_up("b") and core._inbound["b"].session == session and len(a.of(PeerLost)) == lost
+    assert core.status()["counters"]["replaced_processes_refused"] == 1
+    assert core.refusals["DUPLICATE_NODE"] == 1
+    sim.run_for(1.0)  # and the new process goes on being heard
+    assert core.is_up("b") and len(a.of(PeerLost)) == lost
+
+
+def test_a_process_is_retired_only_by_a_later_one_and_the_newest_are_remembered() -> None:
+    """A HELLO of a new incarnation retires the one before; the same one again is a new session of a
+    live process, never a duplicate; at most RETIRED_KEPT are remembered."""
+    sim, _a, _b = pair(1)
+    core = sim.node("a").core
+    first = core._peers["b"].incarnation
+    hello_from_b(core, sim.now, {INCARNATION: str(first)})  # the same process, a new session
+    assert core._peers["b"].retired == [] and refusals_to_b(core) == []
+    for k in range(1, RETIRED_KEPT + 3):
+        hello_from_b(core, sim.now, {INCARNATION: str(first + k)})
+    retired = core._peers["b"].retired
+    assert retired == [first + k for k in range(2, RETIRED_KEPT + 2)]
+    assert core._peers["b"].latest_incarnation == first + RETIRED_KEPT + 2
+    refusals_to_b(core)
+    hello_from_b(core, sim.now, {INCARNATION: str(first)})  # forgotten: taken as a restart again
+    assert refusals_to_b(core) == []
+
+
+def reject_to_a(core: NodeCore, attempt: int, now: float) -> None:
+    reject = Reject(code=ErrorCode.DUPLICATE_NODE, message="replaced", version=(1, 0, 0), attempt=attempt)
+    core.on_reply("b", [bytes(f) for f in codec.encode(reject)], now)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_duplicate_node_ends_the_link_for_good_only_for_the_hello_it_answers(seed: int) -> None:
+    """With ZeroMQ's handover the REJECT meant for the process that held the routing id may reach the
+    other one: a DUPLICATE_NODE for an attempt that is not ours (or for an open link) is dropped."""
+    sim, a, _b = pair(seed)
+    core = sim.node("a").core
+    out = core._outbound["b"]
+    reject_to_a(core, out.attempt, sim.now)  # established: not a refusal of a HELLO we are waiting on
+    assert core.is_up("b") and core.refused() == {}
+    sim.crash("b")
+    sim.run_until(lambda: out.state == "hello_sent", limit=3.0)
+    reject_to_a(core, out.attempt + 1, sim.now)
+    assert out.state == "hello_sent" and core.counters["dropped_stale_reject"] == 2
+    reject_to_a(core, out.attempt, sim.now)
+    assert core.refused()["b"] == "DUPLICATE_NODE: replaced" and core.is_refused("b")
+    sim.restart("b", [Recorder()])
+    sim.run_for(5.0)
+    assert not core.is_up("b") and len(a.of(PeerUp)) == 1  # never dialled again
