@@ -178,10 +178,7 @@ class LinkLayer(NodeState):
         st = self._peers.setdefault(peer, _Peer())
         if incarnation:
             st.incarnation = incarnation
-            if st.latest_incarnation not in (0, incarnation):
-                st.retired.append(st.latest_incarnation)
-                del st.retired[:-RETIRED_KEPT]
-            st.latest_incarnation = incarnation
+            inbound.incarnation = incarnation
         welcome = Welcome(
             version=hello.version,
             features=inbound.features,
@@ -191,6 +188,7 @@ class LinkLayer(NodeState):
             node_id=self.node_id,
             cluster_tag=cfg.cluster_tag,
             attempt=hello.attempt,
+            incarnation=self._incarnation if hello.kind == "node" else 0,
         )
         self._emit("reply", rid, self.codec.encode(welcome))
         self._counts["sessions_accepted"] += 1
@@ -199,18 +197,19 @@ class LinkLayer(NodeState):
     def _refuse_replaced(
         self, rid: bytes, peer: str, incarnation: int, known: _Peer, attempt: int, now: float
     ) -> None:
-        """REJECT ``DUPLICATE_NODE`` of a HELLO from a process of ``peer`` that a newer one replaced.
+        """REJECT ``DUPLICATE_NODE`` of a HELLO from a process of ``peer`` known not to answer at its
+        endpoint (``_retire``).
 
-        The node id moved on to a process that said HELLO later (a restart while the old one was
-        stopped or cut off, or a second process started under the same id). Taking the old one back
-        would end the newer one's session, and with ZeroMQ's routing-id handover the two would go on
-        taking the id from each other on every reconnect; refused, the old process stops dialling us.
-        The live session is not touched.
+        The node id belongs to the process our DEALER reaches at the peer's endpoint: a process that
+        was stopped or cut off while a new one took its place there, or a second process started under
+        the same id, is not it. Taking it would end the owner's session, and with ZeroMQ's routing-id
+        handover the two would go on taking the id from each other; refused, it stops dialling us.
+        The owner's session is not touched.
         """
         self._counts["replaced_processes_refused"] += 1
         text = (
-            f"node id {peer!r} now belongs to a newer process (incarnation {known.latest_incarnation}); "
-            f"this process (incarnation {incarnation}) was replaced: stop it, or give it another node id"
+            f"node id {peer!r} belongs to the process at its endpoint (incarnation {known.owner}); this "
+            f"process (incarnation {incarnation}) is not it: stop it, or give it another node id"
         )
         log.warning("node %s: refused a replaced process of %s: %s", self.node_id, peer, text)
         self._refuse_rid(rid, ErrorCode.DUPLICATE_NODE, text, now, attempt)
@@ -250,6 +249,8 @@ class LinkLayer(NodeState):
             v, o = version_text(msg.version), version_text(self._offered(out))
             self._refuse_outbound(out, f"peer welcomed version {v}, but this node offered {o}", now)
             return
+        if msg.incarnation:
+            self._learn_owner(out.peer, msg.incarnation, now)
         out.state = "established"
         out.session = msg.session
         out.seq = 0
@@ -263,16 +264,51 @@ class LinkLayer(NodeState):
         self._counts["heartbeats_out"] += 1
         self._maybe_up(out.peer, now)
 
+    def _learn_owner(self, peer: str, owner: int, now: float) -> None:
+        """A WELCOME on our current attempt named ``owner``: the process at the peer's endpoint.
+
+        Any other process of the peer's node id is not the node: the one that answered there before
+        (replaced: a restart while it was stopped or cut off), and one whose HELLO opened the session
+        we hold for the peer (a second process under the same id, or a stray connection claiming it);
+        that session ends. A HELLO alone never retires anyone: anything that can reach our ROUTER can
+        send one, and the process it would push out may be the live node.
+        """
+        st = self._peers.setdefault(peer, _Peer())
+        if st.owner not in (0, owner):
+            self._retire(st, st.owner)
+        st.owner = owner
+        if owner in st.retired:
+            st.retired.remove(owner)  # answers at the endpoint again (a stray said it was elsewhere)
+        inbound = self._inbound.get(peer)
+        if inbound is not None and inbound.incarnation not in (0, owner):
+            self._retire(st, inbound.incarnation)
+            self._link_lost(
+                peer,
+                f"the process that opened its session ({inbound.incarnation}) is not the one at its "
+                f"endpoint ({owner})",
+                now,
+                keep_outbound=True,
+            )
+
+    def _retire(self, st: _Peer, incarnation: int) -> None:
+        if incarnation not in st.retired:
+            st.retired.append(incarnation)
+            del st.retired[:-RETIRED_KEPT]
+
     def _on_reject(self, out: _Outbound, msg: Reject, session: int, now: float) -> None:
         self._counts[f"rejected_{msg.code.name.lower()}"] += 1
-        if msg.code in FINAL_CODES:
+        if msg.code in FINAL_CODES and msg.attempt in (0, out.attempt):
             self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
             return
+        if msg.code in FINAL_CODES:
+            # It refuses a HELLO that is not our current one: with ZeroMQ's handover, maybe another
+            # process's under our node id. Our own current HELLO gets its answer.
+            self._counts["dropped_stale_reject"] += 1
+            return
         if msg.code == ErrorCode.DUPLICATE_NODE:
-            # Our node id belongs to a newer process at that peer. Only for our own HELLO: with ZeroMQ's
-            # handover the reply meant for the process that holds the routing id when it is sent may
-            # reach the other one, and the newer process must not give up its link over the older
-            # one's refusal (their attempts start at different random numbers).
+            # Our node id belongs to another process, the one at our endpoint. Only for our own HELLO:
+            # with ZeroMQ's handover the reply meant for one process holding our routing id may reach
+            # the other, which must not give up its link over it (attempts start at random numbers).
             if out.state == "hello_sent" and msg.attempt == out.attempt:
                 self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
             else:

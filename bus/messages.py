@@ -125,11 +125,14 @@ class Welcome:
     node_id: str
     cluster_tag: str
     attempt: int = 0
+    incarnation: int = 0  # the answering process (its HELLOs' ``INCARNATION``); 0: not named
 
     def __post_init__(self) -> None:
         check_version(self.version)
         if self.session <= 0:
             raise ValueError("session must be positive")
+        if not 0 <= self.incarnation < 2**63:
+            raise ValueError(f"incarnation must be in [0, 2**63), got {self.incarnation}")
 
 
 @message(0x0003)

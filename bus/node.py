@@ -55,6 +55,10 @@ from sparkbus.bus.state import Completed, Transmit
 
 log = logging.getLogger("sparkbus.bus")
 
+#: Seconds (at least; ten peer timeouts if longer) a PULL connection may receive nothing, not even the
+#: end of a frame, before it is closed: a long batch on a slow link stays (``Node._keepalive``).
+_DATA_SILENCE = 30.0
+
 _CONTEXT: tuple[int, zmq.Context[zmq.Socket[bytes]]] | None = None
 _CONTEXT_LOCK = threading.Lock()
 
@@ -195,8 +199,9 @@ class Node:
         # under its id"). A replaced process that comes back is refused DUPLICATE_NODE by the core.
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         pull = ctx.socket(zmq.PULL)
+        self._keepalive(router, 2 * self.config.peer_timeout)
+        self._keepalive(pull, max(_DATA_SILENCE, 10 * self.config.peer_timeout))
         for sock in (router, pull):
-            self._keepalive(sock)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, self.config.hwm)
             sock.setsockopt(zmq.SNDHWM, self.config.hwm)
@@ -222,14 +227,22 @@ class Node:
         self.endpoints = Endpoints(control=control, data=data, http=http)
         return self.endpoints
 
-    def _keepalive(self, sock: zmq.Socket[bytes]) -> None:
-        """ZMTP heartbeats on every connection of ``sock``: a connection silent for twice the peer timeout
-        is closed, and a dialling socket dials its endpoint again, reaching whatever process listens
-        there now. The peers' I/O threads answer the PINGs, so a busy Python loop never trips them:
-        only a stopped process, a dead host or a cut network do. The link itself is lost earlier, after
-        ``peer_timeout``, by the core's own heartbeats."""
+    def _keepalive(self, sock: zmq.Socket[bytes], timeout: float) -> None:
+        """ZMTP heartbeats: a PING every ``heartbeat_interval`` on each connection of ``sock``, and a
+        connection that received nothing for ``timeout`` seconds is closed (a dialling socket then dials
+        its endpoint again, reaching whatever process listens there now).
+
+        ZeroMQ's I/O threads answer PINGs, so a busy Python loop never trips them; a stopped process, a
+        dead host or a cut network do. But ZeroMQ counts only whole frames and commands as received, so
+        a connection in the middle of one long frame looks silent until it ends. DEALER and PUSH receive
+        only handshake answers and PINGs, and the ROUTER mostly small control messages: twice
+        ``peer_timeout``, which also closes soon the connection of a process whose routing id another
+        took (``ZMQ_ROUTER_HANDOVER``). The PULL receives the long data batches and segment chunks:
+        ``_DATA_SILENCE``. The link itself is lost earlier, after ``peer_timeout``, by the core's own
+        heartbeats (docs/PROTOCOL.md section 3).
+        """
         sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(self.config.heartbeat_interval * 1000)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(2 * self.config.peer_timeout * 1000)))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(timeout * 1000)))
 
     def _secure_servers(
         self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], pull: zmq.Socket[bytes]
@@ -294,7 +307,7 @@ class Node:
         dealer.setsockopt(zmq.IDENTITY, self.node_id.encode())
         push = ctx.socket(zmq.PUSH)
         for sock in (dealer, push):
-            self._keepalive(sock)
+            self._keepalive(sock, 2 * self.config.peer_timeout)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDHWM, self.config.hwm)

@@ -75,6 +75,7 @@ class _Inbound:
     version: tuple[int, int, int] = (0, 0, 0)
     features: bytes = b""
     hello_attempt: int = 0  # the ``attempt`` of the HELLO that opened this session
+    incarnation: int = 0  # the process that opened it, as its HELLO named it (0: not named)
     # A node's session is confirmed by the first sequenced message the peer sends on it (the HEARTBEAT it
     # sends once welcomed): proof that the peer has our WELCOME, so its own direction is open too.
     confirmed: bool = False
@@ -98,10 +99,11 @@ class _Peer:
     # The peer's process, as its HELLOs name it (``INCARNATION``), while our direction towards it may be
     # one that process opened (0: unknown; cleared when the link is lost with our direction).
     incarnation: int = 0
-    # The peer's processes as its HELLOs named them, never cleared: the latest, and the ones a later HELLO
-    # replaced (the most recent ``RETIRED_KEPT``). A retired one that speaks again is a process the node
-    # id has moved on from: refused ``DUPLICATE_NODE`` (docs/PROTOCOL.md, "incarnation").
-    latest_incarnation: int = 0
+    # The process that answers at the peer's endpoint, as the latest WELCOME our DEALER took named it
+    # (never cleared), and the processes of the peer's node id known not to be it (the most recent
+    # ``RETIRED_KEPT``): one it replaced there, or one that said HELLO while another answered there. A
+    # retired one that says HELLO is refused ``DUPLICATE_NODE`` (docs/PROTOCOL.md, "Replaced processes").
+    owner: int = 0
     retired: list[int] = field(default_factory=list)
 
 

@@ -189,7 +189,9 @@ def test_a_node_restarted_while_its_old_process_is_stopped_takes_its_id_and_the_
         os.kill(old.proc.pid, signal.SIGCONT)
         until("the old process is refused", lambda: "t" in old.refused()["refused"])
         assert old.refused() == {"refused": {"t": ANY}, "hung_up": ["t"]}
-        assert old.refused()["refused"]["t"].startswith("DUPLICATE_NODE: node id 'p' now belongs to a newer")
+        assert old.refused()["refused"]["t"].startswith(
+            "DUPLICATE_NODE: node id 'p' belongs to the process at its endpoint"
+        )
         assert node.status()["refusals"]["DUPLICATE_NODE"] >= 1
         # It may have taken the routing id for a moment before its refusal; then it stopped dialling.
         until(

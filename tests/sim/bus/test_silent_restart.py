@@ -104,17 +104,19 @@ def refusals_to_b(core: NodeCore) -> list[Reject]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_replaced_process_that_speaks_again_is_refused_and_the_new_one_keeps_its_link(seed: int) -> None:
-    """b restarts while its old process is stopped (no disconnect); the old one, resumed, says HELLO
-    again: it gets DUPLICATE_NODE echoing its attempt, and the new process's link is not touched."""
+    """b restarts while its old process is stopped (no disconnect); once "a" reaches the new process at
+    b's endpoint, the old one is retired, and its HELLO when it resumes gets DUPLICATE_NODE echoing its
+    attempt; the new process's link is not touched."""
     sim, a, _b = pair(seed, heartbeat_interval=0.2, peer_timeout=5.0)
     core = sim.node("a").core
     old = core._peers["b"].incarnation
+    assert core._peers["b"].owner == old, "learnt from b's WELCOME"
     sim.crash("b", notify=False)
     b2 = Recorder()
     sim.restart("b", [b2])
     sim.run_until(lambda: len(a.of(PeerUp)) == 2 and core.is_up("b"), limit=3.0)
     new = core._peers["b"].incarnation
-    assert new not in (0, old) and core._peers["b"].retired == [old]
+    assert new not in (0, old) and core._peers["b"].owner == new and core._peers["b"].retired == [old]
     session = core._inbound["b"].session
     lost = len(a.of(PeerLost))
 
@@ -129,22 +131,67 @@ def test_a_replaced_process_that_speaks_again_is_refused_and_the_new_one_keeps_i
     assert core.is_up("b") and len(a.of(PeerLost)) == lost
 
 
-def test_a_process_is_retired_only_by_a_later_one_and_the_newest_are_remembered() -> None:
-    """A HELLO of a new incarnation retires the one before; the same one again is a new session of a
-    live process, never a duplicate; at most RETIRED_KEPT are remembered."""
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_hello_alone_retires_nobody_and_a_process_not_at_the_endpoint_is_refused(seed: int) -> None:
+    """One HELLO as b under a new incarnation (a second process started by mistake, or anything that
+    reaches the ROUTER) is taken as a restart for now, but "a" then reaches b's endpoint and finds the
+    live process there: the stranger is retired and its session ended, the live b comes back up, and
+    the stranger's next HELLO is refused. Retiring on the HELLO would have refused the live b."""
+    sim, _a, _b = pair(seed, heartbeat_interval=0.2, peer_timeout=1.0)
+    core = sim.node("a").core
+    live = core._peers["b"].incarnation
+    stranger = live + 1
+    hello_from_b(core, sim.now, {INCARNATION: str(stranger)})
+    sim._flush("a")
+    sim.run_until(lambda: core.is_up("b") and sim.node("b").core.is_up("a"), limit=10.0)
+    assert core._peers["b"].owner == live and core._peers["b"].retired == [stranger]
+    assert core._inbound["b"].incarnation == live
+    assert sim.node("b").core.refused() == {}
+    hello_from_b(core, sim.now, {INCARNATION: str(stranger)})
+    [reject] = refusals_to_b(core)
+    assert reject.code == ErrorCode.DUPLICATE_NODE and core.is_up("b")
+    sim.run_for(30.0)
+    assert core.is_up("b") and sim.node("b").core.refused() == {}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_node_that_restarted_takes_the_process_at_the_endpoint_not_the_first_hello(seed: int) -> None:
+    """b1 was replaced by b2; then "a" restarts and forgets, and b1, resumed, says HELLO first: "a"
+    takes it for now and reaches b2 at b's endpoint; whichever of b2's HELLO and that WELCOME comes
+    first, b2 ends up holding both directions, and b1, once it speaks while b2 answers at the
+    endpoint, is retired; b2 is never refused."""
+    sim, _a, _b = pair(seed, heartbeat_interval=0.2, peer_timeout=5.0)
+    b1 = sim.node("a").core._peers["b"].incarnation
+    sim.crash("b", notify=False)
+    sim.restart("b", [Recorder()])
+    sim.run_until(lambda: sim.node("a").core._peers["b"].retired == [b1], limit=3.0)
+    sim.run_until(sim.all_up, limit=10.0)
+    b2 = sim.node("b").core._incarnation
+    sim.crash("a")
+    sim.restart("a", [Recorder()])
+    core = sim.node("a").core
+    hello_from_b(core, sim.now, {INCARNATION: str(b1)})  # before b2's own HELLO reaches the new "a"
+    sim._flush("a")
+    held = lambda: sim.all_up() and core._peers["b"].owner == b2 and core._inbound["b"].incarnation == b2  # noqa: E731
+    sim.run_until(held, limit=10.0)
+    hello_from_b(core, sim.now, {INCARNATION: str(b1)})  # b1 speaks again
+    sim._flush("a")
+    sim.run_until(lambda: held() and core._peers["b"].retired == [b1], limit=10.0)
+    sim.run_for(30.0)
+    assert sim.all_up() and sim.node("b").core.refused() == {}
+
+
+def test_the_retired_processes_of_a_peer_are_bounded_and_the_owner_is_never_one() -> None:
     sim, _a, _b = pair(1)
     core = sim.node("a").core
-    first = core._peers["b"].incarnation
-    hello_from_b(core, sim.now, {INCARNATION: str(first)})  # the same process, a new session
-    assert core._peers["b"].retired == [] and refusals_to_b(core) == []
+    first = core._peers["b"].owner
     for k in range(1, RETIRED_KEPT + 3):
-        hello_from_b(core, sim.now, {INCARNATION: str(first + k)})
-    retired = core._peers["b"].retired
-    assert retired == [first + k for k in range(2, RETIRED_KEPT + 2)]
-    assert core._peers["b"].latest_incarnation == first + RETIRED_KEPT + 2
-    refusals_to_b(core)
-    hello_from_b(core, sim.now, {INCARNATION: str(first)})  # forgotten: taken as a restart again
-    assert refusals_to_b(core) == []
+        core._learn_owner("b", first + k, sim.now)
+    st = core._peers["b"]
+    assert st.retired == [first + k for k in range(2, RETIRED_KEPT + 2)]
+    assert st.owner == first + RETIRED_KEPT + 2
+    core._learn_owner("b", first + 5, sim.now)  # back at the endpoint: not retired any more
+    assert first + 5 not in st.retired and first + RETIRED_KEPT + 2 in st.retired
 
 
 def reject_to_a(core: NodeCore, attempt: int, now: float) -> None:
