@@ -185,6 +185,12 @@ class NodeData:
         directory: a restarted node drains those its layout no longer places on it."""
         return [p for p in partitions if (self._dir(p) / MANIFEST).exists()]
 
+    def strays(self, partitions: Iterable[str]) -> list[str]:
+        """The directories here holding a replica's files (a manifest) of a partition not among
+        ``partitions`` (a table or partition the topology no longer has), sorted."""
+        known = {self._dir(p).name for p in partitions}
+        return sorted(str(d) for d in self.root.iterdir() if d.name not in known and (d / MANIFEST).is_file())
+
     def _dir(self, partition: str) -> Path:
         return self.root / partition.replace("/", "~")
 

@@ -21,6 +21,7 @@ over; where its layout no longer places it, it drains them, as if the ``assign``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -42,6 +43,8 @@ from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, Un
 from sparkbus.roles.replication.storage import Storage
 from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, StoreError, read_manifest
 
+log = logging.getLogger(__name__)
+
 
 class Placement:
     """Hosting, re-placing and dropping replicas; ``ReplicationRole`` provides the state and hooks."""
@@ -59,6 +62,7 @@ class Placement:
     former: dict[str, set[str]]
     # Partitions whose store failed its checksums and started empty, with the reason (status).
     damaged: dict[str, str]
+    strays: list[str]
     # When a refused finalize of a split was last answered, by (peer, partition).
     answered: dict[tuple[str, str], float]
     outgoing: dict[tuple[str, str, int], Any]
@@ -198,6 +202,17 @@ class Placement:
         a split). ``storage_for.held(partitions)``, when the storage has it (``NodeData``), names the
         partitions with a manifest here; without it nothing is resumed and the files stay.
         """
+        strays = getattr(self.storage_for, "strays", None)
+        if strays is not None:
+            self.strays = strays(self.layout.partitions)
+            if self.strays:
+                # Kept: a table dropped from the topology by mistake comes back with its rows.
+                log.warning(
+                    "replication %s: replica files of partitions the layout does not have are left as "
+                    "they are (delete them once not wanted): %s",
+                    self.node,
+                    ", ".join(self.strays),
+                )
         held = getattr(self.storage_for, "held", None)
         if held is None:
             return

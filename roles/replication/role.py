@@ -158,6 +158,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
         self._finalized_ahead: dict[tuple[str, int], set[bytes]] = {}
         self.former: dict[str, set[str]] = {}
         self.damaged: dict[str, str] = {}
+        self.strays: list[str] = []
         self.answered: dict[tuple[str, str], float] = {}
 
     # ------------------------------------------------------------ entry point
@@ -824,6 +825,7 @@ class ReplicationRole(Receiving, Placement, Epochs):
             for p, rep in self.draining.items()
         }
         out["damaged"] = dict(self.damaged)  # stores set aside for failed checksums, and why
+        out["strays"] = list(self.strays)  # replica files of partitions the layout does not have
         out["incoming"] = len(self.incoming)
         out["outgoing"] = len(self.outgoing)
         return out

@@ -331,3 +331,33 @@ def test_a_node_restarted_off_a_partition_drains_the_files_it_holds_with_the_tab
         assert again.counters["drains_resumed"] == 1 and "a/0" not in again.local
     finally:
         again.close()
+
+
+def test_files_of_a_partition_the_layout_does_not_have_are_kept_warned_about_and_shown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table dropped from the topology (or a mistake in it) leaves its replicas' files: the node keeps
+    them (the table may come back), logs them at start and lists them under ``strays`` in status."""
+    spec = PartitionSpec(partition="a/0", replicas=(Replica(node="s-0", placement=1),))
+    other = PartitionSpec(partition="b/0", replicas=(Replica(node="s-0", placement=2),))
+    first = ServingReplication(
+        "s-0",
+        Layout.of([spec, other]),
+        {"a": ("id",), "b": ("id",)},
+        factory.NodeData("s-0", "c", str(tmp_path)),
+    )
+    list(first.handle(PeerUp(peer="nobody"), 1.0))
+    first.close()
+    data = factory.NodeData("s-0", "c", str(tmp_path))
+    (data.root / "junk").mkdir()  # a directory without a manifest is nobody's replica
+    again = ServingReplication("s-0", Layout.of([spec]), {"a": ("id",)}, data)
+    try:
+        with caplog.at_level("WARNING"):
+            list(again.handle(PeerUp(peer="nobody"), 2.0))
+        stray = str(data.root / "b~0")
+        assert again.strays == [stray] and again._call_status({})["strays"] == [stray]
+        assert any(stray in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+        assert (data.root / "b~0" / "MANIFEST").is_file(), "kept"
+        assert "b/0" not in again.draining and "b/0" not in again.local
+    finally:
+        again.close()
