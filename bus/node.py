@@ -1,9 +1,9 @@
 """The ZeroMQ node: sockets and the loop thread around a ``NodeCore``.
 
 Sockets, one set per node (DESIGN.md section 4): one ROUTER bound for control, one PULL bound for data; per
-peer one DEALER (identity = our node id) to its ROUTER and one PUSH to its PULL. Every socket has
-LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbeats (``Node._keepalive``); the ROUTER has ROUTER_MANDATORY
-and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE.
+peer one DEALER (identity = our node id) to its ROUTER and one PUSH to its PULL, made and
+given their options by ``sparkbus.bus.sockets`` (LINGER=0, explicit HWMs, MAXMSGSIZE, ZMTP heartbeats; ROUTER_MANDATORY
+and ROUTER_HANDOVER on the ROUTER; IMMEDIATE on DEALER and PUSH).
 Sends never block the loop (NOBLOCK): a message ZeroMQ will not take is counted, and the sequence gap it
 leaves makes the peer reset the link, so nothing is lost silently. One loop thread owns every socket;
 other threads talk to it through an inproc pipe.
@@ -33,7 +33,6 @@ import os
 import queue
 import secrets
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,33 +45,15 @@ from zmq.backend import Socket as _BackendSocket
 from zmq.backend import zmq_poll as _zmq_poll
 from zmq.utils.monitor import parse_monitor_message
 
-from sparkbus.bus import allocator, security
+from sparkbus.bus import allocator, security, sockets
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.http_exchange import HttpExchangeServer, HttpFetcher, LoopBuffers
+from sparkbus.bus.sockets import context
 from sparkbus.bus.state import Completed, Transmit
 
 log = logging.getLogger("sparkbus.bus")
-
-#: Seconds (at least; ten peer timeouts if longer) a PULL connection may receive nothing, not even the
-#: end of a frame, before it is closed: a long batch on a slow link stays (``Node._keepalive``).
-_DATA_SILENCE = 30.0
-
-_CONTEXT: tuple[int, zmq.Context[zmq.Socket[bytes]]] | None = None
-_CONTEXT_LOCK = threading.Lock()
-
-
-def context() -> zmq.Context[zmq.Socket[bytes]]:
-    """The process's ZeroMQ context, created on first use in *this* process (fork-safe: PySpark forks its
-    Python workers, and a context must never cross a fork)."""
-    global _CONTEXT
-    with _CONTEXT_LOCK:
-        if _CONTEXT is None or _CONTEXT[0] != os.getpid():
-            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-            ctx.linger = 0
-            _CONTEXT = (os.getpid(), ctx)
-        return _CONTEXT[1]
 
 
 @dataclass(frozen=True)
@@ -190,22 +171,7 @@ class Node:
         if self.config.tune_allocator:
             allocator.tune()  # before the first receive buffer is allocated
         ctx = context()
-        limits = self.config.limits
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A peer's new connection takes its node id from the old one, which may be held open by a process
-        # that is stopped, or by a host gone without closing it: without handover ZeroMQ ignores the new
-        # connection for as long as the old one stays open (docs/RELIABILITY.md, "A node restarted
-        # under its id"). A replaced process that comes back is refused DUPLICATE_NODE by the core.
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        pull = ctx.socket(zmq.PULL)
-        self._keepalive(router, 2 * self.config.peer_timeout)
-        self._keepalive(pull, max(_DATA_SILENCE, 10 * self.config.peer_timeout))
-        for sock in (router, pull):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, self.config.hwm)
-            sock.setsockopt(zmq.SNDHWM, self.config.hwm)
-            sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+        router, pull = sockets.server_sockets(ctx, self.config)
         self._router, self._pull = router, pull
         if self.config.curve is not None:
             self._secure_servers(ctx, router, pull)
@@ -226,23 +192,6 @@ class Node:
             http = f"{self.host}:{self._http_server.port}"
         self.endpoints = Endpoints(control=control, data=data, http=http)
         return self.endpoints
-
-    def _keepalive(self, sock: zmq.Socket[bytes], timeout: float) -> None:
-        """ZMTP heartbeats: a PING every ``heartbeat_interval`` on each connection of ``sock``, and a
-        connection that received nothing for ``timeout`` seconds is closed (a dialling socket then dials
-        its endpoint again, reaching whatever process listens there now).
-
-        ZeroMQ's I/O threads answer PINGs, so a busy Python loop never trips them; a stopped process, a
-        dead host or a cut network do. But ZeroMQ counts only whole frames and commands as received, so
-        a connection in the middle of one long frame looks silent until it ends. DEALER and PUSH receive
-        only handshake answers and PINGs, and the ROUTER mostly small control messages: twice
-        ``peer_timeout``, which also closes soon the connection of a process whose routing id another
-        took (``ZMQ_ROUTER_HANDOVER``). The PULL receives the long data batches and segment chunks:
-        ``_DATA_SILENCE``. The link itself is lost earlier, after ``peer_timeout``, by the core's own
-        heartbeats (docs/PROTOCOL.md section 3).
-        """
-        sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(self.config.heartbeat_interval * 1000)))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(timeout * 1000)))
 
     def _secure_servers(
         self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], pull: zmq.Socket[bytes]
@@ -302,19 +251,7 @@ class Node:
         self._thread.start()
 
     def _connect_peer(self, peer: str, ep: Endpoints) -> None:
-        ctx = context()
-        dealer = ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.IDENTITY, self.node_id.encode())
-        push = ctx.socket(zmq.PUSH)
-        for sock in (dealer, push):
-            self._keepalive(sock, 2 * self.config.peer_timeout)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.SNDHWM, self.config.hwm)
-            sock.setsockopt(zmq.RCVHWM, self.config.hwm)
-            sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        dealer, push = sockets.peer_sockets(context(), self.config, self.node_id)
         events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
         if self.config.curve is not None:
             assert self._keys is not None
@@ -697,7 +634,7 @@ class Node:
             event, value = msg["event"], int(msg["value"])
             if event == zmq.EVENT_ACCEPTED:
                 if len(self._accepted) < _MAX_TRACKED:
-                    self._accepted[(name, value)] = _peer_address(value)
+                    self._accepted[(name, value)] = sockets.peer_address(value)
             elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 with self._security_lock:
                     key = "curve_handshake_failed"
@@ -708,13 +645,13 @@ class Node:
                     else f"error {value} before the handshake completed"
                 )
             elif event == zmq.EVENT_DISCONNECTED:
-                address = self._accepted.pop((name, value), _UNKNOWN)
+                address = self._accepted.pop((name, value), sockets.UNKNOWN)
                 reason = self._failed_handshake.pop(name, None)
                 if reason is not None:
                     self._log_failed_handshake(name, address, reason)
 
     def _log_failed_handshake(self, name: str, address: str, reason: str) -> None:
-        key = f"{name}: {reason}" if address == _UNKNOWN else address
+        key = f"{name}: {reason}" if address == sockets.UNKNOWN else address
         first = key not in self._failed_addresses
         if first and len(self._failed_addresses) < _MAX_TRACKED:  # bounded: one warning per address
             self._failed_addresses.add(key)
@@ -913,25 +850,9 @@ def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:
 
 
 _MAX_TRACKED = 1024
-_UNKNOWN = "an unknown address"
 _SERVER_EVENTS = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-
-
-def _peer_address(fd: int) -> str:
-    """The peer address of the connection on ``fd`` (libzmq's, borrowed: never closed here)."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return _UNKNOWN  # closed already
-    try:
-        peer = sock.getpeername()
-    except OSError:
-        return _UNKNOWN
-    finally:
-        sock.detach()
-    return str(peer[0]) if isinstance(peer, tuple) else (peer or "a local socket")

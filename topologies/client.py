@@ -38,7 +38,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from sparkbus.bus import security
-from sparkbus.bus.node import context
+from sparkbus.bus.sockets import context
 from sparkbus.codecs import encode_batch
 from sparkbus.codecs.schema import to_plain
 from sparkbus.roles.client import (

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from sparkbus.bus.node import context
+from sparkbus.bus.sockets import context
 
 from .procs import fd_count, until
 

@@ -23,7 +23,8 @@ import zmq
 from sparkbus.bus import BusConfig, ErrorCode, MessageReceived, PeerLost, PeerUp, Send
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import MAGIC, Hello, Reject, features_to_bits
-from sparkbus.bus.node import Endpoints, Node, context
+from sparkbus.bus.node import Endpoints, Node
+from sparkbus.bus.sockets import context
 from sparkbus.bus.state import Transmit
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 

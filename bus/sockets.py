@@ -1,0 +1,112 @@
+"""The process's ZeroMQ context, and a bus node's sockets with their options.
+
+One set per node (DESIGN.md section 4): the ROUTER and PULL it binds, and per peer the DEALER and PUSH
+it dials. Every socket has LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbeats (``keepalive``); the
+ROUTER has ROUTER_MANDATORY and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE and a bounded reconnect
+interval. ``sparkbus.bus.node`` binds, connects and serves them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import zmq
+
+from sparkbus.bus.config import BusConfig
+
+Socket = zmq.Socket[bytes]
+Context = zmq.Context[Socket]
+
+#: Seconds (at least; ten peer timeouts if longer) a PULL connection may receive nothing, not even the
+#: end of a frame, before it is closed: a long batch on a slow link stays (``keepalive``).
+DATA_SILENCE = 30.0
+
+_CONTEXT: tuple[int, Context] | None = None
+_CONTEXT_LOCK = threading.Lock()
+
+
+def context() -> Context:
+    """The process's ZeroMQ context, created on first use in *this* process (fork-safe: PySpark forks its
+    Python workers, and a context must never cross a fork)."""
+    global _CONTEXT
+    with _CONTEXT_LOCK:
+        if _CONTEXT is None or _CONTEXT[0] != os.getpid():
+            ctx: Context = zmq.Context()
+            ctx.linger = 0
+            _CONTEXT = (os.getpid(), ctx)
+        return _CONTEXT[1]
+
+
+def server_sockets(ctx: Context, config: BusConfig) -> tuple[Socket, Socket]:
+    """The node's ROUTER (control) and PULL (data), not bound yet."""
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # A peer's new connection takes its node id from the old one, which may be held open by a process
+    # that is stopped, or by a host gone without closing it: without handover ZeroMQ ignores the new
+    # connection for as long as the old one stays open (docs/RELIABILITY.md, "A node restarted under its
+    # id"). A process that is not the one at the peer's endpoint is refused DUPLICATE_NODE by the core.
+    router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    pull = ctx.socket(zmq.PULL)
+    keepalive(router, config, 2 * config.peer_timeout)
+    keepalive(pull, config, max(DATA_SILENCE, 10 * config.peer_timeout))
+    for sock in (router, pull):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, config.hwm)
+        sock.setsockopt(zmq.SNDHWM, config.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_message_bytes)
+    return router, pull
+
+
+def peer_sockets(ctx: Context, config: BusConfig, node_id: str) -> tuple[Socket, Socket]:
+    """The DEALER (routing id ``node_id``) and PUSH towards one peer, not connected yet."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, node_id.encode())
+    push = ctx.socket(zmq.PUSH)
+    for sock in (dealer, push):
+        keepalive(sock, config, 2 * config.peer_timeout)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, config.hwm)
+        sock.setsockopt(zmq.RCVHWM, config.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_message_bytes)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    return dealer, push
+
+
+def keepalive(sock: Socket, config: BusConfig, timeout: float) -> None:
+    """ZMTP heartbeats: a PING every ``heartbeat_interval`` on each connection of ``sock``, and a
+    connection that received nothing for ``timeout`` seconds is closed (a dialling socket then dials
+    its endpoint again, reaching whatever process listens there now).
+
+    ZeroMQ's I/O threads answer PINGs, so a busy Python loop never trips them; a stopped process, a
+    dead host or a cut network do. But ZeroMQ counts only whole frames and commands as received, so
+    a connection in the middle of one long frame looks silent until it ends. DEALER and PUSH receive
+    only handshake answers and PINGs, and the ROUTER mostly small control messages: twice
+    ``peer_timeout``, which also closes soon the connection of a process whose routing id another
+    took (``ZMQ_ROUTER_HANDOVER``). The PULL receives the long data batches and segment chunks:
+    ``DATA_SILENCE``. The link itself is lost earlier, after ``peer_timeout``, by the core's own
+    heartbeats (docs/PROTOCOL.md section 3).
+    """
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(config.heartbeat_interval * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(timeout * 1000)))
+
+
+UNKNOWN = "an unknown address"
+
+
+def peer_address(fd: int) -> str:
+    """The peer address of the connection on ``fd`` (libzmq's, borrowed: never closed here)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return UNKNOWN  # closed already
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return UNKNOWN
+    finally:
+        sock.detach()
+    return str(peer[0]) if isinstance(peer, tuple) else (peer or "a local socket")
