@@ -208,6 +208,33 @@ class NodeCore(LinkLayer, StreamLayer):
         if self._local:
             self._drain_local(now)
 
+    def on_wrong_key(self, rid: bytes, frames: Sequence[Buffer], key: str, now: float) -> None:
+        """A control message from routing id ``rid`` (a node id with a CURVE key of its own) on a connection
+        whose key is another's (named ``key``): nothing it says is taken. A HELLO is refused
+        ``AUTHENTICATION``, which its sender takes for good only as the answer to its current attempt, as
+        ``DUPLICATE_NODE``: with ZeroMQ's handover the answer may reach the node's own process."""
+        self._n_ctl_in += 1
+        self._n_bytes_in += sum(map(len, frames))
+        self._counts["wrong_key_refused"] += 1
+        node = rid.decode("utf-8", "replace")
+        text = (
+            f"node id {node!r} has a CURVE key of its own (public/{node}.key) and this connection's key is "
+            f"{key!r}: give the process the node's own pair, or run it under another node id"
+        )
+        try:
+            code = self._read_header(frames)[0]
+            attempt = self.codec.decode(frames).message.attempt if code == _HELLO else None
+        except (DecodeError, AttributeError):
+            code, attempt = None, None
+        if attempt is not None:
+            self._refuse_rid(rid, ErrorCode.AUTHENTICATION, text, now, attempt)
+        else:
+            self._refusal(ErrorCode.AUTHENTICATION)
+        if self._counts["wrong_key_refused"] == 1:
+            log.warning("node %s: refused a message: %s", self.node_id, text)
+        else:
+            log.debug("node %s: refused a message: %s", self.node_id, text)
+
     def _off_sequence(
         self,
         rid: bytes,

@@ -305,10 +305,11 @@ class LinkLayer(NodeState):
             # process's under our node id. Our own current HELLO gets its answer.
             self._counts["dropped_stale_reject"] += 1
             return
-        if msg.code == ErrorCode.DUPLICATE_NODE:
-            # Our node id belongs to another process, the one at our endpoint. Only for our own HELLO:
-            # with ZeroMQ's handover the reply meant for one process holding our routing id may reach
-            # the other, which must not give up its link over it (attempts start at random numbers).
+        if msg.code in (ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION):
+            # Our node id belongs to another process, the one at our endpoint, or (AUTHENTICATION) to
+            # another CURVE key than ours. Only for our own HELLO: with ZeroMQ's handover the reply meant
+            # for one process holding our routing id may reach the other, which must not give up its
+            # link over it (attempts start at random numbers).
             if out.state == "hello_sent" and msg.attempt == out.attempt:
                 self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
             else:

@@ -30,7 +30,8 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_PEERS = (3 << 16) | 108
     TOO_MANY_STREAMS = (3 << 16) | 109
     DUPLICATE_NODE = (3 << 16) | 110
-    # Not on the wire: CURVE refusals happen in ZeroMQ's ZAP handshake, before any sparkbus message.
+    # CURVE refusals happen in ZeroMQ's ZAP handshake, before any sparkbus message; on the wire only as the
+    # REJECT of a HELLO from a node id with a key of its own on a connection with another key.
     AUTHENTICATION = (3 << 16) | 150
 
 

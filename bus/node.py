@@ -149,6 +149,8 @@ class Node:
         # Each socket's zmq_poll item, for asking it for ZMQ_EVENTS (set up by ``_run``).
         self._poll_items: dict[zmq.Socket[bytes], list[tuple[zmq.Socket[bytes], int]]] = {}
         self._keys: security.KeyPair | None = None
+        # CURVE only: node ids (routing ids) with a public key of their own, which no other key speaks for.
+        self._owned_ids: frozenset[bytes] = frozenset()
         self._zap_domain: str | None = None
         # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
         self._security_lock = threading.Lock()
@@ -204,6 +206,8 @@ class Node:
         domain = f"sparkbus/{self.node_id}/{id(self):x}"
         security.register(ctx, domain, curve, self._on_curve_denied)
         self._zap_domain = domain
+        names = security.key_names(curve.key_dir)
+        self._owned_ids = frozenset(n.encode() for n in names.values() if n != security.SHARED_NAME)
         for sock, name in ((router, "control"), (pull, "data")):
             security.apply_server(sock, self._keys, domain)
             self._server_monitors[sock.get_monitor_socket(_SERVER_EVENTS)] = name
@@ -542,18 +546,23 @@ class Node:
         assert sock is not None
         item = self._poll_items[sock]
         large = self.config.zero_copy_threshold
+        owned = self._owned_ids
         for i in range(_DRAIN_BUDGET):
             try:
                 frame = sock.recv(_NOBLOCK, copy=False)  # the routing id
             except zmq.Again:
                 return False
             rid = frame.bytes
+            key = _user_id(frame) if rid in owned else ""
             parts: list[Any] = []
             while frame.more:
                 frame = sock.recv(_NOBLOCK, copy=False)
                 # One length check for a small frame; the position only for a large one.
                 parts.append(frame.buffer if len(frame) >= large and len(parts) >= 2 else frame.bytes)
             try:
+                if key and not security.key_owner(rid, key, owned):
+                    self.core.on_wrong_key(rid, parts, key, clock())
+                    continue
                 on_control(rid, parts, clock())
             except Exception:
                 self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
@@ -831,6 +840,14 @@ def _spin(
         if events or clock() >= until:
             return events
         os.sched_yield()
+
+
+def _user_id(frame: zmq.Frame) -> str:
+    """The name the ZAP handler gave the connection ``frame`` came on (its CURVE key's file)."""
+    try:
+        return str(frame.get("User-Id"))
+    except zmq.ZMQError:  # no ZAP handler named it: a name that owns no node id
+        return "?"
 
 
 def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:

@@ -6,7 +6,10 @@ A key directory holds the cluster's certificates (written by ``sparkbus keys gen
     KEY_DIR/private/<name>.key_secret    secret certificates (the directory is 0700)
 
 A node uses ``<node id>`` if it has its own pair and the shared ``cluster`` pair otherwise; a connecting
-node finds the server's public key the same way. Server sockets (ROUTER, PULL) are CURVE servers with the
+node finds the server's public key the same way. A node id whose public key is in the directory is that
+key's alone: the ZAP handler names each admitted connection by the file its key came from (ZeroMQ's
+``User-Id`` of every message on it), and a node refuses a control message from routing id ``<node id>``
+on a connection of another name (``key_owner``; docs/PROTOCOL.md section 3). Server sockets (ROUTER, PULL) are CURVE servers with the
 node's secret key; outgoing DEALER and PUSH are CURVE clients with the node's pair and the server's public
 key.
 
@@ -32,6 +35,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from sparkbus.bus.config import CurveSettings
 
@@ -133,14 +137,46 @@ def apply_client(sock: zmq.Socket[bytes], keys: KeyPair, server_public: bytes) -
     sock.curve_serverkey = server_public
 
 
+def key_names(key_dir: str | os.PathLike[str]) -> dict[bytes, str]:
+    """Z85 public key -> name (``public/<name>.key``) of every public certificate in ``key_dir``."""
+    names: dict[bytes, str] = {}
+    for path in sorted((Path(key_dir) / PUBLIC).glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:  # pyzmq's own loader skips nothing: say which file
+            raise MissingKey(f"cannot read the public certificate {path}: {exc}") from exc
+        names[public] = path.stem
+    return names
+
+
+def key_owner(rid: bytes, user_id: str, owned: frozenset[bytes]) -> bool:
+    """Whether a connection whose key is named ``user_id`` may speak as routing id ``rid``.
+
+    ``owned``: the node ids (as routing ids) with a public key of their own in the directory. Any admitted
+    key may speak for the others (they use the shared pair, or are clients with generated routing ids).
+    """
+    return rid not in owned or user_id.encode() == rid
+
+
 class _Authenticator(ThreadAuthenticator):
-    """pyzmq's ZAP handler with an address allow-list and a refusal callback per domain."""
+    """pyzmq's ZAP handler with an address allow-list and a refusal callback per domain, naming each
+    admitted CURVE connection by its key's file (``User-Id``)."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
         super().__init__(ctx, log=logging.getLogger("sparkbus.bus.zap"))
         self.addresses: dict[str, frozenset[str]] = {}
         self.listeners: dict[str, Refused] = {}
+        self.names: dict[str, dict[bytes, str]] = {}
         self._current: tuple[str, str] = ("", "")
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        # Must not raise: an exception here ends the handler's thread, and with it every CURVE handshake.
+        try:
+            public = z85.encode(client_public_key)
+            return self.names.get(self._current[0], {}).get(public) or public.decode("ascii")
+        except Exception:
+            log.exception("naming a CURVE key failed")
+            return "?"
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         if len(msg) >= 6:
@@ -187,6 +223,7 @@ def register(
             _AUTH[id(ctx)] = entry
         auth = entry[1]
         auth.configure_curve(domain=domain, location=str(Path(settings.key_dir) / PUBLIC))
+        auth.names[domain] = key_names(settings.key_dir)
         auth.addresses[domain] = frozenset(settings.allow_addresses)
         auth.listeners[domain] = on_refused
 
@@ -199,5 +236,6 @@ def unregister(ctx: zmq.Context[zmq.Socket[bytes]], domain: str) -> None:
             return
         auth = entry[1]
         auth.certs.pop(domain, None)
+        auth.names.pop(domain, None)
         auth.addresses.pop(domain, None)
         auth.listeners.pop(domain, None)

@@ -8,6 +8,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,61 @@ def test_a_key_not_in_the_directory_cannot_open_a_session(
     assert st["refusals"]["curve_denied"] >= 1
     assert "c" not in st["peers"] and st["counters"].get("sessions_opened", 0) == 0
     assert any("refused a CURVE client from 127.0.0.1" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def ipc() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="curve-", dir="/tmp")  # short: ipc paths have a length limit
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_node_id_with_a_key_of_its_own_cannot_be_claimed_with_another_admitted_key(
+    keys: Path, tmp_path: Path, ipc: str, nodes: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Node "b" has a pair of its own; a process holding only "c"'s (a key "a" admits) runs as "b". Its
+    HELLO is refused AUTHENTICATION (it stops dialling), nothing it sends is taken, and the real "b"
+    links with "a" afterwards."""
+    security.generate(keys, ["c"])
+    impostor_dir = tmp_path / "impostor"
+    (impostor_dir / "public").mkdir(parents=True)
+    (impostor_dir / "private").mkdir()
+    shutil.copy(keys / "public" / "a.key", impostor_dir / "public" / "a.key")
+    shutil.copy(keys / "private" / "c.key_secret", impostor_dir / "private" / "cluster.key_secret")
+
+    def node(name: str, key_dir: Path) -> Node:  # the real "b" binds the impostor's paths again
+        made = Node(name, _config(key_dir), [EchoRole(node_id=name)], transport="ipc", ipc_dir=ipc)
+        made.bind()
+        nodes.append(made)
+        return made
+
+    server, impostor = node("a", keys), node("b", impostor_dir)
+    assert server.endpoints is not None and impostor.endpoints is not None
+    with caplog.at_level(logging.WARNING, logger="sparkbus.bus"):
+        server.start({"b": impostor.endpoints})
+        impostor.start({"a": server.endpoints})
+        with pytest.raises(
+            ConnectionRefusedError, match="AUTHENTICATION: node id 'b' has a CURVE key of its own"
+        ):
+            impostor.wait_ready(10)
+    st = server.status()
+    assert st["counters"]["wrong_key_refused"] >= 1 and st["refusals"]["AUTHENTICATION"] >= 1
+    assert not st["peers"]["b"]["up"] and not st["peers"]["b"]["inbound_session"]
+    assert st["counters"].get("sessions_accepted", 0) == 0
+    assert any(
+        r.getMessage().startswith("node a: refused a message: node id 'b' has a CURVE key of its own")
+        and "is 'c'" in r.getMessage()
+        for r in caplog.records
+    )
+    assert impostor.status()["hung_up"] == ["a"]
+    impostor.stop()
+
+    real = node("b", keys)
+    assert real.endpoints == impostor.endpoints
+    real.start({"a": server.endpoints})
+    real.wait_ready(10)
+    server.wait_ready(10)
+    assert server.status()["counters"]["sessions_accepted"] == 1
 
 
 def test_an_address_not_allowed_is_refused_even_with_a_good_key(keys: Path, nodes: list[Node]) -> None:

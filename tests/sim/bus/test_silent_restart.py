@@ -194,26 +194,61 @@ def test_the_retired_processes_of_a_peer_are_bounded_and_the_owner_is_never_one(
     assert first + 5 not in st.retired and first + RETIRED_KEPT + 2 in st.retired
 
 
-def reject_to_a(core: NodeCore, attempt: int, now: float) -> None:
-    reject = Reject(code=ErrorCode.DUPLICATE_NODE, message="replaced", version=(1, 0, 0), attempt=attempt)
+def reject_to_a(core: NodeCore, code: ErrorCode, attempt: int, now: float) -> None:
+    reject = Reject(code=code, message="replaced", version=(1, 0, 0), attempt=attempt)
     core.on_reply("b", [bytes(f) for f in codec.encode(reject)], now)
 
 
+@pytest.mark.parametrize("code", [ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_duplicate_node_ends_the_link_for_good_only_for_the_hello_it_answers(seed: int) -> None:
+def test_duplicate_node_ends_the_link_for_good_only_for_the_hello_it_answers(
+    seed: int, code: ErrorCode
+) -> None:
     """With ZeroMQ's handover the REJECT meant for the process that held the routing id may reach the
-    other one: a DUPLICATE_NODE for an attempt that is not ours (or for an open link) is dropped."""
+    other one: a DUPLICATE_NODE (or an AUTHENTICATION: another process's key) for an attempt that is not
+    ours, or for an open link, is dropped."""
     sim, a, _b = pair(seed)
     core = sim.node("a").core
     out = core._outbound["b"]
-    reject_to_a(core, out.attempt, sim.now)  # established: not a refusal of a HELLO we are waiting on
+    reject_to_a(core, code, out.attempt, sim.now)  # established: not a refusal of a HELLO we are waiting on
     assert core.is_up("b") and core.refused() == {}
     sim.crash("b")
     sim.run_until(lambda: out.state == "hello_sent", limit=3.0)
-    reject_to_a(core, out.attempt + 1, sim.now)
+    reject_to_a(core, code, out.attempt + 1, sim.now)
     assert out.state == "hello_sent" and core.counters["dropped_stale_reject"] == 2
-    reject_to_a(core, out.attempt, sim.now)
-    assert core.refused()["b"] == "DUPLICATE_NODE: replaced" and core.is_refused("b")
+    reject_to_a(core, code, out.attempt, sim.now)
+    assert core.refused()["b"] == f"{code.name}: replaced" and core.is_refused("b")
     sim.restart("b", [Recorder()])
     sim.run_for(5.0)
     assert not core.is_up("b") and len(a.of(PeerUp)) == 1  # never dialled again
+
+
+def test_a_hello_on_a_connection_with_another_nodes_key_is_refused_and_nothing_else_is_taken() -> None:
+    """The node found the connection's CURVE key is not node "b"'s own (``Node._drain_control``): the HELLO
+    is refused AUTHENTICATION echoing its attempt, and touches neither b's session nor its owner; any
+    other message is dropped without an answer."""
+    sim, a, _b = pair(1)
+    core = sim.node("a").core
+    core.take()
+    session, owner = core._inbound["b"].session, core._peers["b"].owner
+    hello = Hello(
+        magic=MAGIC,
+        version=(1, 0, 0),
+        features=features_to_bits([0, 1, 2]),
+        cluster_tag="t",
+        node_id="b",
+        kind="node",
+        attempt=777,
+        extensions={INCARNATION: "5"},
+    )
+    core.on_wrong_key(b"b", [bytes(f) for f in codec.encode(hello)], "c", sim.now)
+    [reject] = refusals_to_b(core)
+    assert reject.code == ErrorCode.AUTHENTICATION and reject.attempt == 777
+    assert reject.message.startswith("node id 'b' has a CURVE key of its own (public/b.key)")
+    assert "this connection's key is 'c'" in reject.message
+    core.on_wrong_key(b"b", [bytes(f) for f in codec.encode(Note(text="x"))], "c", sim.now)
+    core.on_wrong_key(b"b", [b"garbage"], "c", sim.now)
+    assert refusals_to_b(core) == []
+    assert core.status()["counters"]["wrong_key_refused"] == 3 and core.refusals["AUTHENTICATION"] == 3
+    assert core.is_up("b") and core._inbound["b"].session == session and core._peers["b"].owner == owner
+    assert not a.of(PeerLost)
