@@ -412,6 +412,10 @@ class LinkLayer(NodeState):
             log.warning("node %s: peer %s lost: %s", self.node_id, peer, reason)
             for role in self.roles.values():
                 self._dispatch(role, c.PeerLost(peer=peer, reason=reason), now)
+        if peer.startswith("client:") and peer not in self._outbound:
+            # A thin client's session is all there is of it: a client that comes back is a new one (a new
+            # routing id), so its entry goes, or every session a long-lived node ever served stays listed.
+            del self._peers[peer]
 
 
 def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | None, int]:

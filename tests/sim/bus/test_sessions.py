@@ -280,6 +280,20 @@ def test_max_peers_bounds_thin_clients_and_never_locks_out_the_topologys_nodes()
     assert core.is_up("b") and core.refusals["TOO_MANY_PEERS"] == 1
 
 
+def test_a_thin_clients_session_that_ends_leaves_no_peer_entry() -> None:
+    """Every client session has a routing id of its own: a node serving many short-lived clients (one per
+    CLI call) must not keep an entry for each one ever served."""
+    sim, _a, _b = pair(1, heartbeat_interval=0.1, peer_timeout=0.5)
+    core = sim.node("a").core
+    for i in range(50):
+        core.on_control(f"c{i}".encode(), hello(node_id=f"c{i}"), sim.now)
+    assert sum(p.startswith("client:") for p in core.status()["peers"]) == 50
+    sim.run_for(2.0)  # the clients are silent: each session times out
+    assert list(core.status()["peers"]) == ["b"] and core.is_up("b")
+    core.on_control(b"c0", hello(node_id="c0"), sim.now)  # a client that says HELLO again is served anew
+    assert core.is_up(f"client:{b'c0'.hex()}")
+
+
 def test_a_message_over_a_limit_is_refused_as_limit_exceeded_and_a_malformed_one_as_malformed() -> None:
     sim, _a, _b = pair(1, limits=Limits(max_frame_bytes=1024))
     core = sim.node("b").core
