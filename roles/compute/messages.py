@@ -52,7 +52,8 @@ class CreateInstance:
 
     Attributes:
         logging_interval_ms: the introspection logging interval (None: logging off); must match exactly.
-        expiration_offset_ms: dataflow expiration offset (None: no expiration); may only shrink.
+        expiration_offset_ms: dataflow expiration offset (None: no expiration); may only shrink, and None
+            (no expiration) may become an offset but not the other way round.
     """
 
     logging_interval_ms: int | None = None
@@ -67,14 +68,15 @@ class CreateInstance:
     def compatible_with(self, new: CreateInstance) -> bool:
         """Materialize's ``InstanceConfig::compatible_with``: same logging, expiration offset not larger.
 
-        ``Option`` orders ``None`` below ``Some``, so a new ``None`` offset is always compatible and a new
-        ``Some`` is incompatible with an old ``None``.
+        Materialize compares the offsets as antichains (``Antichain::from_iter(offset)``), not as ``Option``
+        values: no offset is the empty antichain, above every offset. So switching expiration on (None to an
+        offset) only strengthens it and is compatible, while switching it off is not.
         """
         if self.logging_interval_ms != new.logging_interval_ms:
             return False
-        if new.expiration_offset_ms is None:
+        if self.expiration_offset_ms is None:
             return True
-        return self.expiration_offset_ms is not None and new.expiration_offset_ms <= self.expiration_offset_ms
+        return new.expiration_offset_ms is not None and new.expiration_offset_ms <= self.expiration_offset_ms
 
 
 @message(0x0302)

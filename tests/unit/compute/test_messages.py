@@ -205,9 +205,13 @@ def test_update_configuration_merges_and_none_keeps_previous() -> None:
         (CreateInstance(logging_interval_ms=1), CreateInstance(logging_interval_ms=2), False),
         (CreateInstance(expiration_offset_ms=10), CreateInstance(expiration_offset_ms=5), True),
         (CreateInstance(expiration_offset_ms=5), CreateInstance(expiration_offset_ms=10), False),
-        (CreateInstance(expiration_offset_ms=None), CreateInstance(expiration_offset_ms=10), False),
-        (CreateInstance(expiration_offset_ms=10), CreateInstance(expiration_offset_ms=None), True),
+        # No offset is the empty antichain, the top: switching expiration on strengthens it, off does not.
+        (CreateInstance(expiration_offset_ms=None), CreateInstance(expiration_offset_ms=10), True),
+        (CreateInstance(expiration_offset_ms=10), CreateInstance(expiration_offset_ms=None), False),
+        (CreateInstance(expiration_offset_ms=None), CreateInstance(expiration_offset_ms=None), True),
     ],
 )
-def test_instance_compatibility(old: CreateInstance, new: CreateInstance, ok: bool) -> None:
+def test_instance_compatibility_compares_expiration_offsets_as_antichains(
+    old: CreateInstance, new: CreateInstance, ok: bool
+) -> None:
     assert old.compatible_with(new) is ok
