@@ -33,6 +33,8 @@ import os
 import queue
 import secrets
 import select
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -107,6 +109,7 @@ class Node:
         ipc_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         http_workers: int = 4,
+        ports: tuple[int, int] | None = None,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -114,6 +117,8 @@ class Node:
         self.host = host
         self.transport = transport
         self.ipc_dir = ipc_dir
+        self.ports = ports
+        self._own_ipc_dir: str | None = None  # made by bind (no ipc_dir given), removed by stop
         self.clock = clock
         self.endpoints: Endpoints | None = None
         self._router: zmq.Socket[bytes] | None = None
@@ -178,22 +183,33 @@ class Node:
         if self.config.curve is not None:
             self._secure_servers(ctx, router, pull)
         if self.transport == "ipc":
-            base = self.ipc_dir or "/tmp"
+            base = self.ipc_dir
+            if base is None:
+                # A directory of this node's own (under /tmp: ipc paths have a length limit), so two
+                # clusters with the same node ids never bind one path; removed when the node stops.
+                base = self._own_ipc_dir = tempfile.mkdtemp(prefix="sparkbus-ipc-", dir="/tmp")
             control, data = f"ipc://{base}/{self.node_id}-ctl", f"ipc://{base}/{self.node_id}-data"
             router.bind(control)
             pull.bind(data)
         else:
-            router.bind(f"tcp://{self.host}:0")
-            pull.bind(f"tcp://{self.host}:0")
-            control = router.getsockopt_string(zmq.LAST_ENDPOINT)
-            data = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+            control = sockets.bind_tcp(router, self.host, self.ports, f"node {self.node_id} (control)")
+            data = sockets.bind_tcp(pull, self.host, self.ports, f"node {self.node_id} (data)")
         http = ""
         if c.HTTP_BUFFERS in self.core.roles and self._http_server is None:
             self._http_source = LoopBuffers(self.node_id, self.call_async)
-            self._http_server = HttpExchangeServer(self._http_source, host=self.host, port=0)
+            self._http_server = self._http_exchange_server(self._http_source)
             http = f"{self.host}:{self._http_server.port}"
         self.endpoints = Endpoints(control=control, data=data, http=http)
         return self.endpoints
+
+    def _http_exchange_server(self, source: LoopBuffers) -> HttpExchangeServer:
+        if self.ports is None:
+            return HttpExchangeServer(source, host=self.host, port=0)
+        return sockets.first_free_port(
+            self.ports,
+            lambda port: HttpExchangeServer(source, host=self.host, port=port),
+            f"node {self.node_id} (HTTP exchange)",
+        )
 
     def _secure_servers(
         self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], pull: zmq.Socket[bytes]
@@ -800,6 +816,9 @@ class Node:
         if self._zap_domain is not None:
             security.unregister(context(), self._zap_domain)
             self._zap_domain = None
+        if self._own_ipc_dir is not None:
+            shutil.rmtree(self._own_ipc_dir, ignore_errors=True)  # libzmq leaves the socket files
+            self._own_ipc_dir = None
 
 
 _WAKE_LOCK = threading.Lock()

@@ -8,9 +8,12 @@ interval. ``sparkbus.bus.node`` binds, connects and serves them.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import zmq
 
@@ -18,6 +21,7 @@ from sparkbus.bus.config import BusConfig
 
 Socket = zmq.Socket[bytes]
 Context = zmq.Context[Socket]
+T = TypeVar("T")
 
 #: Seconds (at least; ten peer timeouts if longer) a PULL connection may receive nothing, not even the
 #: end of a frame, before it is closed: a long batch on a slow link stays (``keepalive``).
@@ -25,6 +29,41 @@ DATA_SILENCE = 30.0
 
 _CONTEXT: tuple[int, Context] | None = None
 _CONTEXT_LOCK = threading.Lock()
+
+
+class NoFreePort(OSError):
+    """Every port of a node's range (``bus.ports``) is taken on its host."""
+
+
+def first_free_port(ports: tuple[int, int], bind: Callable[[int], T], what: str) -> T:
+    """``bind(port)`` for each port of the inclusive range ``ports`` in turn; the first that is not in use.
+
+    Raises:
+        NoFreePort: every one is in use (names ``what`` and the range).
+    """
+    first, last = ports
+    for port in range(first, last + 1):
+        try:
+            return bind(port)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise NoFreePort(
+        errno.EADDRINUSE, f"{what}: every port of bus.ports {first}-{last} is in use; widen the range"
+    )
+
+
+def bind_tcp(sock: Socket, host: str, ports: tuple[int, int] | None, what: str) -> str:
+    """Bind ``sock`` on ``host`` at a free port: any (``ports`` None), or the first free one of ``ports``
+    (the range an operator opened in the firewall). Returns the endpoint."""
+    if ports is None:
+        sock.bind(f"tcp://{host}:0")
+    else:
+        first_free_port(ports, lambda port: sock.bind(f"tcp://{host}:{port}"), what)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 def context() -> Context:

@@ -128,6 +128,7 @@ class BusNodeHandle:
             host=topo.bus.host if topo.bus.host != "*" else "0.0.0.0",
             transport=topo.bus.transport,
             ipc_dir=topo.bus.ipc_dir,
+            ports=None if topo.bus.ports is None else (topo.bus.ports.first, topo.bus.ports.last),
         )
         self._peers: dict[str, BusEndpoints] = {}
         self._feeds: list[Future[Any]] = []
