@@ -108,7 +108,9 @@ def generate(key_dir: str | os.PathLike[str], names: Iterable[str], *, overwrite
             raise ValueError(f"bad key name {name!r}: a node id or {SHARED_NAME!r}")
         exists = (public_dir / f"{name}.key").exists() or (private_dir / f"{name}.key_secret").exists()
         if exists and not overwrite:
-            raise FileExistsError(f"a key pair named {name!r} exists in {root}; pass overwrite to replace it")
+            raise FileExistsError(
+                f"a key pair named {name!r} exists in {root}; replace it with `sparkbus keys generate --force` (overwrite=True)"
+            )
     public_dir.mkdir(parents=True, exist_ok=True)
     private_dir.mkdir(parents=True, exist_ok=True)
     private_dir.chmod(0o700)
