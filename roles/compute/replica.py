@@ -156,6 +156,8 @@ class ComputeReplica:
 
     def _reset_state(self) -> None:
         self.instance: CreateInstance | None = None
+        #: Set by ``AllowWrites`` and kept across connections: the spec allows no way back to read-only.
+        self._writes_allowed = False
         self.config = UpdateConfiguration()
         self.history = CommandHistory()
         self.tables: dict[str, Arrangement] = {}
@@ -171,8 +173,13 @@ class ComputeReplica:
 
     @property
     def writes_allowed(self) -> bool:
-        """True once ``AllowWrites`` arrived (read-write computation); never goes back."""
-        return self.stage is Stage.READ_WRITE
+        """True once ``AllowWrites`` arrived (read-write computation).
+
+        It never goes back, not when the link is lost nor while the next connection initializes (the spec:
+        "The replica cannot transition back to the read-only computation stage"); only a halt, which stands
+        for a process restart, starts over read-only.
+        """
+        return self._writes_allowed
 
     def collection(self, id: str) -> Arrangement | None:
         """The arrangement of index ``id`` or table ``id`` (None if unknown or dropped)."""
@@ -235,6 +242,7 @@ class ComputeReplica:
             self._initialize()
         elif isinstance(msg, AllowWrites):
             self._step(peer, Input.ALLOW_WRITES)
+            self._writes_allowed = True
             self.history.push(msg)
         elif isinstance(msg, AppendUpdates):
             self._step(peer, Input.STORAGE)

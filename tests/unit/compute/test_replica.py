@@ -134,6 +134,21 @@ def test_no_responses_before_initialization_complete() -> None:
     assert d.replica.stage is Stage.READ_WRITE and d.replica.writes_allowed
 
 
+def test_writes_stay_allowed_across_a_lost_link_and_the_next_connection() -> None:
+    d = started()
+    d.send(AllowWrites())
+    d.lose()
+    assert d.replica.writes_allowed
+    d.send(CreateTimely(epoch=2), CreateInstance())
+    assert d.replica.stage is Stage.INITIALIZATION and d.replica.writes_allowed
+    d.send(InitializationComplete())
+    assert d.replica.stage is Stage.READ_ONLY and d.replica.writes_allowed
+    # A halt stands for a restarted process, which starts read-only until the new AllowWrites.
+    d.lose()
+    d.connect(3, CreateInstance(logging_interval_ms=5), table(0, 1))
+    assert d.replica.halts == 1 and not d.replica.writes_allowed
+
+
 @pytest.mark.parametrize(
     ("prefix", "bad", "stage"),
     [
