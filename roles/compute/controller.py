@@ -28,8 +28,8 @@ Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assig
 per write, shared by all tables (a write advances every table's frontier, as Materialize's table writes do);
 a view is compacted to ``write frontier - 1 - compaction_lag`` and a table to ``last write -
 compaction_lag``, but never past a pending peek's timestamp, the since a dependent view still reads at, or
-one below the upper a subscribe has delivered; a cancel with no replica connected is answered at
-once (MaterializeInc/materialize#11781).
+one below the upper a subscribe has delivered. A cancel is answered at once, as Materialize's
+``Instance::cancel_peek`` does (and MaterializeInc/materialize#11781 asks for when no replica is connected).
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ class PendingPeek:
     target_id: str
     timestamp: int
     target_replica: str | None
-    canceled: bool = False
 
 
 @dataclass(slots=True)
@@ -340,25 +339,23 @@ class ComputeController:
             return  # answered already (the first response wins) or unknown: dropped
         if peek.target_replica is not None and peer != peek.target_replica:
             return
-        if msg.result is PeekResult.CANCELED and not peek.canceled:
+        if msg.result is PeekResult.CANCELED:
+            # A canceled peek is finished at once (``_call_cancel_peek``), so a pending one was never canceled.
             raise RemoteProtocolError(
                 f"PeekResponse(CANCELED) from {peer} for peek {msg.uuid}, which was not canceled"
             )
         if msg.result is PeekResult.ROWS:
             reply = Reply(call_id=peek.call_id, result=msg.rows)
-        elif msg.result is PeekResult.ERROR:
-            reply = Reply(call_id=peek.call_id, error=msg.error)
         else:
-            reply = Reply(call_id=peek.call_id, error=f"peek {msg.uuid} canceled")
+            reply = Reply(call_id=peek.call_id, error=msg.error)
         self._finish_peek(msg.uuid, reply)
 
     def _finish_peek(self, uuid: str, reply: Reply) -> None:
         peek = self.peeks.pop(uuid)
         self._peek_calls.pop(peek.call_id, None)
         self._out.append(reply)
-        if not peek.canceled:
-            # Tell the other replicas to stop, and take the peek out of the history.
-            self._broadcast(CancelPeek(uuid=uuid))
+        # Tell the replicas to stop, and take the peek out of the history.
+        self._broadcast(CancelPeek(uuid=uuid))
 
     def _on_subscribe_batch(self, peer: str, msg: SubscribeBatch) -> None:
         sub = self.subscribes.get(msg.id)
@@ -621,14 +618,11 @@ class ComputeController:
         uuid = self._peek_calls.get(call.args["call_id"])
         if uuid is None:
             return False
-        peek = self.peeks[uuid]
-        if peek.canceled:
-            return True
-        peek.canceled = True
-        self._broadcast(CancelPeek(uuid=uuid))
-        if not self._connected():
-            # Nobody could answer: complete it now rather than hang (MaterializeInc/materialize#11781).
-            self._finish_peek(uuid, Reply(call_id=peek.call_id, error=f"peek {uuid} canceled"))
+        # As Materialize's ``Instance::cancel_peek``: the caller is answered now, and the CancelPeek
+        # ``_finish_peek`` sends stops the replicas and takes the peek out of the history, so their late
+        # answers are dropped as unknown. Waiting for a replica's Canceled would hang for ever if the link
+        # broke first, since the history replayed to the rehydrated replica no longer holds the peek.
+        self._finish_peek(uuid, Reply(call_id=self.peeks[uuid].call_id, error=f"peek {uuid} canceled"))
         return True
 
     def _call_subscribe(self, call: LocalCall) -> Any:

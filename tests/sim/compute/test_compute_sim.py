@@ -109,6 +109,29 @@ def test_cancel_peek_races_the_answer(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("back", [True, False], ids=["healed", "gone"])
+def test_a_canceled_peek_is_answered_even_if_the_link_breaks_before_the_replica_answers(
+    seed: int, back: bool
+) -> None:
+    """The rehydrated replica replays a history without the canceled peek, so it would never answer it."""
+    sim = boot(seed, replicas=("r1",))
+    sim.run_until_idle()
+    cid = sim.call("ctl", CTL, "peek", {"view": "v", "timestamp": 50})  # waits for a time that never comes
+    sim.run_for(0.0005 * (seed % 3))
+    sim.call("ctl", CTL, "cancel_peek", {"call_id": cid[1]})
+    sim.run_for(0.0005 * (seed % 2))  # the Peek, the CancelPeek or the Canceled answer is lost with the link
+    sim.cut("ctl", "r1")
+    if back:
+        sim.heal("ctl", "r1")
+        sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    done = sim.reply(cid)
+    assert done is not None and done.error is not None and "canceled" in done.error
+    assert controller(sim).peeks == {}  # nor does it hold back compaction
+    assert not replica(sim, "r1").peeks or not back
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_replica_failing_mid_peek_leaves_the_other_to_answer(seed: int) -> None:
     sim = boot(seed)
     cid = sim.call("ctl", CTL, "peek", {"view": "v", "finishing": ORDERED})
