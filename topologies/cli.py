@@ -390,16 +390,34 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
 
 
 def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
-    """``rows`` cast to the schema of the table they are added to (CSV type inference may differ from the
-    first load: ``1`` is an integer, ``1.5`` a double)."""
+    """``rows`` in the column order of the table they are added to and cast to its schema (a file may
+    order its columns otherwise, and CSV type inference may differ from the first load: ``1`` is an
+    integer, ``1.5`` a double).
+
+    Raises:
+        CommandError: the file's columns are not the table's, or do not cast to its types. Checked before
+            anything is written: a partition without rows yet would take the file's schema, and every
+            query of the table would then fail on the mix.
+    """
     from sparkbus.roles.client import ClientError  # noqa: PLC0415
 
     try:
         schema = client.sql(f"SELECT * FROM {table} LIMIT 0").schema
     except ClientError:
         return rows  # no such table yet
-    if schema.names != rows.schema.names or schema.equals(rows.schema):
-        return rows  # the load reports the mismatch itself
+    ours, theirs = schema.names, rows.schema.names
+    if sorted(ours) != sorted(theirs):
+        missing = [n for n in ours if n not in theirs]
+        extra = [n for n in theirs if n not in ours]
+        differences = [f"missing {', '.join(missing)}"] if missing else []
+        differences += [f"not in the table: {', '.join(extra)}"] if extra else []
+        raise CommandError(
+            f"the file's columns ({', '.join(theirs)}) are not those of table {table} ({', '.join(ours)}): "
+            f"{'; '.join(differences) or 'a column is repeated'}"
+        )
+    rows = rows.select(ours)
+    if schema.equals(rows.schema):
+        return rows
     try:
         return rows.cast(schema)
     except (ValueError, TypeError) as exc:

@@ -207,3 +207,42 @@ def test_load_routes_a_topology_table_to_its_partition_leaders(up: Up, tmp_path:
     refused = client(up, "load", "orders", str(nulls))
     assert refused.returncode == 1
     assert refused.stderr.strip() == f"sparkbus load: {nulls}: key column order_id has 1 null value"
+
+
+def test_a_file_whose_columns_differ_from_the_tables_leaves_it_queryable(up: Up, tmp_path: Path) -> None:
+    n = 600
+    rows = pa.table(
+        {
+            "order_id": pa.array(range(n), pa.int64()),
+            "customer": pa.array([f"c{i % 7}" for i in range(n)]),
+            "amount": pa.array([float(i) for i in range(n)]),
+        }
+    )
+    # The first load fills one partition only: the others take the schema of whatever comes next.
+    first = tmp_path / "first.parquet"
+    pq.write_table(split(rows, ["order_id"], 6)[5], first)
+    loaded = client(up, "load", "orders", str(first), "--no-views")
+    assert loaded.returncode == 0, loaded.stderr
+
+    def count() -> int:
+        res = client(up, "sql", "SELECT COUNT(*) AS n FROM orders", "--json")
+        assert res.returncode == 0, f"the table can no longer be queried: {res.stderr}"
+        return int(json.loads(res.stdout)["n"])
+
+    extra = tmp_path / "extra.parquet"
+    pq.write_table(rows.append_column("note", pa.array(["x"] * n)), extra)
+    refused = client(up, "load", "orders", str(extra), "--no-views")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "sparkbus load: the file's columns (order_id, customer, amount, note) are not those of table "
+        "orders (order_id, customer, amount): not in the table: note"
+    )
+    assert count() == split(rows, ["order_id"], 6)[5].num_rows  # refused before anything was written
+
+    swapped = tmp_path / "swapped.parquet"
+    pq.write_table(rows.select(["amount", "order_id", "customer"]), swapped)
+    again = client(up, "load", "orders", str(swapped), "--no-views")
+    assert again.returncode == 0, again.stderr  # in the table's column order, whatever the file's
+    assert count() == n
+    total = client(up, "sql", "SELECT SUM(amount) AS s FROM orders", "--json")
+    assert json.loads(total.stdout) == {"s": float(sum(range(n)))}
