@@ -182,7 +182,8 @@ def constrain(rows: pa.Table, key: list[str], constraints: tuple[tuple[object, .
     number) and the wanted keys (tagged -1) and keeps the row numbers of groups that hold a wanted key.
 
     Raises:
-        ValueError: a constraint's arity differs from the key's, or a value does not fit its column.
+        ValueError: a constraint's arity differs from the key's, or a value does not fit its column (another
+            type, or an integer outside the column's range).
     """
     for values in constraints:
         if len(values) != len(key):
@@ -193,7 +194,7 @@ def constrain(rows: pa.Table, key: list[str], constraints: tuple[tuple[object, .
         wanted = pa.table(
             {k: pa.array([v[i] for v in constraints], rows.schema.field(k).type) for i, k in enumerate(key)}
         )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise ValueError(f"a literal constraint does not fit the key {key}: {exc}") from None
     idx = "__row"
     numbered = rows.select(key).append_column(idx, pa.array(range(rows.num_rows), pa.int64()))

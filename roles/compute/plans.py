@@ -19,6 +19,8 @@ AggFunc = Literal["count", "sum", "avg", "min", "max"]
 Scalar = int | float | str | bool | None
 
 _RESERVED_PREFIX = "__"
+#: The largest limit or offset: Arrow slices by int64, as Materialize's ``RowSetFinishing`` limits by one.
+_MAX_ROWS = 2**63 - 1
 
 
 def _check_name(name: str, what: str) -> None:
@@ -131,7 +133,7 @@ class Finishing:
     """Materialize's ``RowSetFinishing``: order, offset, limit and final projection of a peek's rows.
 
     Nulls sort last in ascending and first in descending order (PostgreSQL's default, which Materialize
-    follows).
+    follows). ``limit`` and ``offset`` are int64 (at most 2**63 - 1).
     """
 
     order_by: tuple[SortKey, ...] = ()
@@ -140,9 +142,11 @@ class Finishing:
     project: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.limit is not None and (type(self.limit) is not int or self.limit < 0):
-            raise ValueError(f"Finishing.limit must be a non-negative int or None, got {self.limit!r}")
-        if type(self.offset) is not int or self.offset < 0:
-            raise ValueError(f"Finishing.offset must be a non-negative int, got {self.offset!r}")
+        if self.limit is not None and (type(self.limit) is not int or not 0 <= self.limit <= _MAX_ROWS):
+            raise ValueError(
+                f"Finishing.limit must be an int from 0 to 2**63 - 1 or None, got {self.limit!r}"
+            )
+        if type(self.offset) is not int or not 0 <= self.offset <= _MAX_ROWS:
+            raise ValueError(f"Finishing.offset must be an int from 0 to 2**63 - 1, got {self.offset!r}")
         if self.project is not None and not self.project:
             raise ValueError("Finishing.project must keep at least one column (or be None for all)")

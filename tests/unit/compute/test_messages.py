@@ -158,6 +158,9 @@ def test_codes_are_in_the_compute_range() -> None:
         (lambda: MapExpr(name="w", op="add", left="v", right="u", literal=1), "exactly one"),
         (lambda: Finishing(limit=-1), "limit"),
         (lambda: Finishing(offset=-1), "offset"),
+        # Arrow slices by int64: a bigger limit or offset would fail in the replica, after the peek was taken.
+        (lambda: Finishing(limit=2**63), "limit"),
+        (lambda: Finishing(offset=2**63), "offset"),
     ],
 )
 def test_constructors_refuse_bad_values(build: Any, needle: str) -> None:

@@ -267,6 +267,28 @@ def test_peek_with_constraints_of_the_wrong_arity_is_an_error() -> None:
     assert answer.result is PeekResult.ERROR and "key" in answer.error
 
 
+def test_peeks_at_the_int64_bounds_are_answered_together_in_one_flush() -> None:
+    from sparkbus.roles.compute import Finishing
+
+    d = started(table(1, 2, [("a", 1)]))
+    top = 2**63 - 1
+
+    def persist(uuid: str, **kw: Any) -> Peek:
+        return Peek(uuid=uuid, target=TargetKind.PERSIST, target_id="t", timestamp=2, **kw)
+
+    # All wait for time 2, so one flush answers them: a peek that fails must not take the others with it.
+    d.send(
+        persist("whole", finishing=Finishing(limit=top)),
+        persist("past", finishing=Finishing(offset=top, limit=top)),
+        persist("above", literal_constraints=(("a", 2**63),)),  # msgpack carries up to 2**64 - 1
+    )
+    out = d.send(table(2, 3, [("b", 2)]))
+    assert sorted(r["k"] for r in peek_rows(out, "whole")) == ["a", "b"]
+    assert peek_rows(out, "past") == []
+    (error,) = [r for r in out if isinstance(r, PeekResponse) and r.result is PeekResult.ERROR]
+    assert error.uuid == "above" and "does not fit the key" in str(error.error)
+
+
 def test_max_result_size_turns_big_answers_into_errors_and_applies_to_pending_peeks() -> None:
     d = started(dataflow(), Schedule(id="v"))
     d.send(peek("p", 1))
