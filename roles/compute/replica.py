@@ -473,10 +473,17 @@ class ComputeReplica:
         except DecodeError as exc:
             raise RemoteProtocolError(f"{where}: {exc}") from None
         names = updates.schema.names
-        if names[-2:] != [TIME, DIFF] or any(
-            updates.schema.field(n).type != pa.int64() for n in (TIME, DIFF)
+        # Checked before anything changes: a duplicate name would make the column lookups below raise
+        # KeyError, a null time or diff would fail (or silently count) deep inside the arrangements.
+        if (
+            names[-2:] != [TIME, DIFF]
+            or len(set(names)) != len(names)
+            or any(updates.schema.field(n).type != pa.int64() or updates[n].null_count for n in (TIME, DIFF))
         ):
-            raise RemoteProtocolError(f"{where}: the last columns must be __time and __diff (int64)")
+            raise RemoteProtocolError(
+                f"{where}: the columns must have distinct names, the last ones __time and __diff "
+                "(int64, no nulls)"
+            )
         if updates.num_rows and (
             pc.min(updates[TIME]).as_py() < max(msg.lower, msg.since)
             or pc.max(updates[TIME]).as_py() >= msg.upper
@@ -484,6 +491,13 @@ class ComputeReplica:
             raise RemoteProtocolError(
                 f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
             )
+        for other in msg.advanced:
+            if other not in self.tables or other == msg.id:
+                raise RemoteProtocolError(
+                    f"{where}: advanced table {other!r} does not exist or is the target"
+                )
+            if self.tables[other].upper[0] < msg.lower:
+                raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
         table = self.tables.get(msg.id)
         if table is not None and msg.lower == 0 and msg.since < table.since[0]:
             # The table anew from a controller that holds it from below our since (a restarted one):
@@ -502,13 +516,6 @@ class ComputeReplica:
             raise RemoteProtocolError(
                 f"{where}: schema {updates.schema} differs from the table's {table.schema}"
             )
-        for other in msg.advanced:
-            if other not in self.tables or other == msg.id:
-                raise RemoteProtocolError(
-                    f"{where}: advanced table {other!r} does not exist or is the target"
-                )
-            if self.tables[other].upper[0] < msg.lower:
-                raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
         current = table.upper[0]
         if msg.lower > current:
             raise RemoteProtocolError(f"{where}: the table's upper is {current}, so updates are missing")

@@ -421,6 +421,15 @@ def test_allow_compaction_compacts_a_table_and_cannot_drop_it() -> None:
         d.send(AllowCompaction(id="t", frontier=()))
 
 
+def columns(*names: str, null: str | None = None) -> bytes:
+    """One update at time 1 with the columns ``names`` (``k`` a string, the rest int64), ``null`` null."""
+    arrays = [
+        pa.array([None if n == null else ("a" if n == "k" else 1)], pa.string() if n == "k" else pa.int64())
+        for n in names
+    ]
+    return encode_table(pa.Table.from_arrays(arrays, names=list(names)))
+
+
 @pytest.mark.parametrize(
     ("message", "needle"),
     [
@@ -442,12 +451,19 @@ def test_allow_compaction_compacts_a_table_and_cannot_drop_it() -> None:
             AppendUpdates(id="t", lower=1, upper=2, updates=encode_table(pa.table({"k": ["a"], "v": [1]}))),
             "__time",
         ),
+        (AppendUpdates(id="t", lower=1, upper=2, updates=columns(TIME, "k", "v", TIME, DIFF)), "distinct"),
+        (AppendUpdates(id="u", lower=0, upper=2, updates=columns("k", "k", TIME, DIFF)), "distinct"),
+        (AppendUpdates(id="t", lower=1, upper=2, updates=columns("k", "v", TIME, DIFF, null=TIME)), "nulls"),
+        (AppendUpdates(id="t", lower=1, upper=2, updates=columns("k", "v", TIME, DIFF, null=DIFF)), "nulls"),
+        (AppendUpdates(id="u", lower=0, upper=2, advanced=("zz",), updates=rows([], 1)), "advanced"),
     ],
 )
-def test_bad_appends_are_remote_errors(message: AppendUpdates, needle: str) -> None:
-    d = started()
+def test_bad_appends_are_remote_errors_and_change_nothing(message: AppendUpdates, needle: str) -> None:
+    d = started(table(1, 2, [("a", 1)]))
     with pytest.raises(RemoteProtocolError, match=needle):
         d.send(message)
+    assert d.replica.tables.keys() == {"t"}  # no table half created
+    assert d.replica.tables["t"].upper == (2,)
 
 
 def test_bad_dataflows_are_remote_errors() -> None:
