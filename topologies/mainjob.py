@@ -219,11 +219,24 @@ def check_topology(topo: Topology) -> tuple[int, int, int]:
         raise JobError(
             f"{topo.source}: sparkbus run needs a driver node running {', '.join(sorted(_COORDINATOR_ROLES))}"
         )
+    short = [
+        f"{spec.name} lacks {', '.join(sorted(_EXCHANGE_ROLES - set(spec.roles)))}"
+        for spec in topo.nodes
+        if "query" in spec.roles and not set(spec.roles) >= _EXCHANGE_ROLES
+    ]
+    if short:
+        # Found now rather than in the last phase, after Spark has loaded and queried everything.
+        raise JobError(
+            f"{topo.source}: sparkbus run queries with every exchange, so every node running query needs "
+            f"{', '.join(sorted(_EXCHANGE_ROLES))}: {'; '.join(short)}"
+        )
     return len(executors), table.partitions, table.replication
 
 
 #: what the driver node the job connects to runs: the thin client's gateway and the roles it routes to
 _COORDINATOR_ROLES = frozenset({"client.gateway", "query", "compute.controller"})
+#: what a query's participants run to exchange rows with BinX and HTTP (docs/QUERY.md, Exchanges)
+_EXCHANGE_ROLES = frozenset({"binx.server", "binx.client", "http.client"})
 
 
 def _coordinator(topo: Topology) -> str:

@@ -194,6 +194,26 @@ def test_the_job_needs_a_driver_node_it_can_reach_through_the_thin_client() -> N
         check_topology(loads(text))
 
 
+def test_every_query_node_needs_the_exchange_roles_the_last_phase_uses() -> None:
+    assert check_topology(load(shipped("cluster.example.toml"))) == (4, 16, 2)
+    text = (
+        shipped("local.toml")
+        .read_text()
+        .replace(
+            '"compute.controller", "binx.server", "binx.client", "http.client",',
+            '"compute.controller", "binx.client",',
+        )
+        .replace('"query", "binx.server", "binx.client", "http.client",', '"query", "binx.server",')
+    )
+    with pytest.raises(JobError) as refused:
+        check_topology(loads(text, "clusterlike.toml"))
+    assert str(refused.value) == (
+        "clusterlike.toml: sparkbus run queries with every exchange, so every node running query needs "
+        "binx.client, binx.server, http.client: coordinator lacks binx.server, http.client; "
+        "store lacks binx.client, http.client"
+    )
+
+
 def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
