@@ -682,8 +682,9 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
     inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__g": g}
     aggregations: list[tuple[str, str]] = []
     for j, k in enumerate(keys):
-        inputs[f"__k{j}"] = table.column(k)
-        aggregations.append((f"__k{j}", "first"))
+        if not pa.types.is_null(table.schema.field(k).type):  # Arrow's "first" has no null-type kernel
+            inputs[f"__k{j}"] = table.column(k)
+            aggregations.append((f"__k{j}", "first"))
     merges: list[tuple[int, str]] = []
     for i, (_, col, kernel) in enumerate(specs):
         if kernel == "merge_distinct":
@@ -700,7 +701,7 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
     grouped = grouped.sort_by("__g")
     out: dict[str, pa.Array | pa.ChunkedArray] = {}
     for j, k in enumerate(keys):
-        out[k] = grouped.column(f"__k{j}_first")
+        out[k] = grouped.column(f"__k{j}_first") if f"__k{j}" in inputs else pa.nulls(groups)
     merged = {i: _merge_distinct(_column(table, col), g, groups) for i, col in merges}
     for i, (name, _, kernel) in enumerate(specs):
         if i in merged:

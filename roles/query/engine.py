@@ -678,6 +678,8 @@ def _hash_bytes(arr: pa.Array) -> pa.Array:
 def _hash_column(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     t = arr.type
+    if pa.types.is_null(t):
+        return pa.repeat(_u(0), len(arr))  # every value NULL, which hashes to 0 in any type
     if (
         pa.types.is_string(t)
         or pa.types.is_large_string(t)
