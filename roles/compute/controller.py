@@ -312,26 +312,34 @@ class ComputeController:
         elif isinstance(msg, SubscribeDropped):
             sub = self.subscribes.get(msg.id)
             if sub is not None and sub.dropped_at is None:
-                sub.dropped_at = msg.at
+                # DroppedAt follows only a drop, and the controller ends a subscribe before it drops it
+                # (``unsubscribe``, or its target replica lost): this one is live, so no replica may end it.
+                raise RemoteProtocolError(
+                    f"SubscribeDropped from {peer} for {msg.id!r}, which was not dropped"
+                )
         # Status carries nothing the controller's correctness may depend on.
 
     def _on_frontiers(self, peer: str, link: ReplicaLink, msg: Frontiers) -> None:
         if msg.write is None:
             return
+        coll = self.collections.get(msg.id)
+        if coll is None:
+            # Dropped (its empty frontier, or progress that crossed the drop) or never ours: nothing to
+            # track, and nothing kept for ids a replica makes up.
+            link.frontiers.pop(msg.id, None)
+            return
+        if not msg.write:
+            # Only a drop empties a view's frontier, and the controller forgets a collection before it
+            # drops it. Joined in, an empty frontier would stop the view's compaction, and its table's, for good.
+            raise RemoteProtocolError(f"Frontiers from {peer}: an empty write frontier for live {msg.id!r}")
         previous = link.frontiers.get(msg.id)
         if previous is not None and not frontier_leq(previous, msg.write):
             raise RemoteProtocolError(
                 f"Frontiers from {peer}: the write frontier of {msg.id!r} regressed from {previous} to {msg.write}"
             )
-        if msg.write:
-            link.frontiers[msg.id] = msg.write
-        else:
-            # Empty: the collection was dropped and this replica sends nothing more for it.
-            link.frontiers.pop(msg.id, None)
-        coll = self.collections.get(msg.id)
-        if coll is not None:
-            # Any replica's progress advances the collection (protocol-facts 5.5).
-            coll.write = frontier_join(coll.write, msg.write)
+        link.frontiers[msg.id] = msg.write
+        # Any replica's progress advances the collection (protocol-facts 5.5).
+        coll.write = frontier_join(coll.write, msg.write)
 
     def _on_peek_response(self, peer: str, msg: PeekResponse) -> None:
         peek = self.peeks.get(msg.uuid)
@@ -378,6 +386,12 @@ class ComputeController:
                 updates = decode_table(msg.updates)
             except DecodeError as exc:
                 raise RemoteProtocolError(f"SubscribeBatch from {peer} for {msg.id!r}: {exc}") from None
+            # The collection lives as long as the subscribe is neither unsubscribed nor dropped (above).
+            expected = update_schema(self.collections[msg.id].schema)
+            if updates.schema.names != expected.names or updates.schema.types != expected.types:
+                raise RemoteProtocolError(
+                    f"SubscribeBatch from {peer} for {msg.id!r}: columns {updates.schema} are not the view's"
+                )
             if msg.lower[0] < sub.upper and updates.num_rows:
                 updates = updates.filter(pc.greater_equal(updates[TIME], i64(sub.upper)))
             sub.batches.append((sub.upper, new_upper, encode_table(updates), None))

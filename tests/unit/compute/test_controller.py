@@ -27,6 +27,7 @@ from sparkbus.roles.compute import (
     SortKey,
     Stage,
     SubscribeBatch,
+    SubscribeDropped,
     ViewDef,
     decode_table,
 )
@@ -421,6 +422,27 @@ def test_regressing_frontiers_are_a_remote_error() -> None:
         c.deliver(CTL, MessageReceived(peer="r1", message=Frontiers(id="v", write=(0,))))
 
 
+def test_an_empty_frontier_for_a_live_view_is_a_remote_error_and_compaction_goes_on() -> None:
+    # Only a drop empties a view's frontier; joined in, this one would have frozen the view and its table.
+    c = cluster()
+    with pytest.raises(RemoteProtocolError, match="empty write frontier"):
+        c.deliver(CTL, MessageReceived(peer="r2", message=Frontiers(id="v", write=())))
+    for i in range(3):
+        c.do("write", table="t", batch=batch(("a", i)))
+    ctl = c.controller
+    assert ctl.collections["v"].since == ctl.upper - 1
+    assert ctl._table_data["t"].since == (ctl.upper - 1,)
+
+
+def test_frontiers_for_ids_the_controller_does_not_track_are_not_kept() -> None:
+    c = cluster(("r1",))
+    c.do("create_view", name="w", view=VIEW)
+    c.do("drop_view", name="w")
+    for id in ("w", "junk"):  # a dropped view, and an id that never was
+        c.deliver(CTL, MessageReceived(peer="r1", message=Frontiers(id=id, write=(9,))))
+    assert c.controller.links["r1"].frontiers.keys() == {"v"}
+
+
 def test_responses_from_strangers_or_in_creation_are_remote_errors() -> None:
     c = cluster(("r1",))
     with pytest.raises(RemoteProtocolError, match="not a replica"):
@@ -577,6 +599,29 @@ def test_subscribe_batch_beyond_the_delivered_upper_is_a_remote_error() -> None:
     bad = SubscribeBatch(id=sub["id"], lower=(99,), upper=(100,), error="x")
     with pytest.raises(RemoteProtocolError, match="beyond"):
         c.deliver(CTL, MessageReceived(peer="r1", message=bad))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["next-span", "overlapping-span"])
+def test_a_subscribe_batch_of_other_columns_is_a_remote_error(overlap: bool) -> None:
+    c = cluster(("r1",))
+    sub = c.do("subscribe", view="v")
+    c.do("fetch", id=sub["id"])
+    upper = c.controller.subscribes[sub["id"]].upper
+    lower = upper - 1 if overlap else upper  # an overlap is trimmed by __time, which this batch lacks
+    bad = SubscribeBatch(id=sub["id"], lower=(lower,), upper=(upper + 5,), updates=ipc(pa.table({"x": [1]})))
+    with pytest.raises(RemoteProtocolError, match="not the view's"):
+        c.deliver(CTL, MessageReceived(peer="r1", message=bad))
+    assert c.do("fetch", id=sub["id"])["batches"] == []
+
+
+def test_a_subscribe_dropped_the_controller_did_not_ask_for_is_a_remote_error() -> None:
+    c = cluster()
+    sub = c.do("subscribe", view="v", target_replica="r1")
+    with pytest.raises(RemoteProtocolError, match="not dropped"):
+        c.deliver(CTL, MessageReceived(peer="r2", message=SubscribeDropped(id=sub["id"], at=(0,))))
+    c.do("write", table="t", batch=batch(("z", 1)))
+    got = c.do("fetch", id=sub["id"])
+    assert got["dropped_at"] is None and got["upper"] == c.controller.upper
 
 
 def test_read_only_controller_allows_writes_later() -> None:
