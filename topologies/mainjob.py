@@ -49,7 +49,9 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from sparkbus.bus import security
 from sparkbus.topologies.busnode import BusNodeFactory, bus_config
+from sparkbus.topologies.keys import key_dir
 from sparkbus.topologies.mainjob_report import (
     QueryResult,
     build_report,
@@ -187,7 +189,6 @@ def client_keys(topo: Topology, address: str, coordinator: str) -> ClientCurve |
     ``client`` or shared ``cluster`` pair of the key directory, else the coordinator's own pair (the job
     runs in the coordinator's process, so it may speak with its key)."""
     from sparkbus.topologies.client import ClientCurve  # noqa: PLC0415
-    from sparkbus.topologies.keys import key_dir  # noqa: PLC0415
 
     where = key_dir(topo)
     if where is None:
@@ -231,6 +232,22 @@ def check_topology(topo: Topology) -> tuple[int, int, int]:
             f"{', '.join(sorted(_EXCHANGE_ROLES))}: {'; '.join(short)}"
         )
     return len(executors), table.partitions, table.replication
+
+
+def check_keys(topo: Topology) -> None:
+    """JobError when this machine lacks a CURVE key the driver's nodes need: each one's pair and every node's
+    public key (they connect to all). Found before Spark starts, not when the nodes do, after the data
+    phase and Spark's queries."""
+    where = key_dir(topo)
+    if where is None:
+        return
+    try:
+        for nid, _ in topo.placed("driver"):
+            security.node_keys(where, nid)
+        for nid in topo.node_ids():
+            security.server_key(where, nid)
+    except security.MissingKey as exc:
+        raise JobError(f"{topo.source}: {exc}") from None
 
 
 #: what the driver node the job connects to runs: the thin client's gateway and the roles it routes to
@@ -603,6 +620,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
         raise JobError(f"--rows must be a positive number of rows, got {opts.rows}")
     topo = load(opts.topology)
     executors, partitions, replication = check_topology(topo)
+    check_keys(topo)
     if opts.data is not None and not opts.data.exists():
         raise JobError(f"--data {opts.data}: no such file or directory")
     for target in (opts.report, opts.chart):

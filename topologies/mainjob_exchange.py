@@ -21,14 +21,19 @@ Filling the buffers is not timed; each transfer is, from the first request to th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
 
-from sparkbus.bus.config import BusConfig
+from sparkbus.bus import security
+from sparkbus.bus.config import BusConfig, CurveSettings
 from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
 from sparkbus.bus.node import Node
 from sparkbus.codecs import encode_batch
@@ -87,8 +92,29 @@ def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float
     }
 
 
+@contextmanager
+def _loopback(config: BusConfig) -> Iterator[BusConfig]:
+    """``config`` for the two nodes ``compare_exchanges`` runs in this process. Under CURVE they get pairs of
+    their own in a temporary directory, as the topology's key directory has none for them (only the shared
+    pair would serve), and no address list, which names the cluster's machines and not loopback."""
+    if config.curve is None:
+        yield config
+        return
+    with tempfile.TemporaryDirectory(prefix="sparkbus-exchange-keys-") as where:
+        security.generate(where, [_SERVER, _CLIENT])
+        yield dataclasses.replace(config, curve=CurveSettings(key_dir=where))
+
+
 def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> dict[str, Any]:
-    """Move ``table``'s pages through push, BinX and HTTP ``reps`` times each; p50 milliseconds per exchange."""
+    """Move ``table``'s pages through push, BinX and HTTP ``reps`` times each; p50 milliseconds per exchange.
+
+    Push and BinX speak CURVE when ``config`` does, as the cluster's links do; HTTP is plain, as it is there.
+    """
+    with _loopback(config) as loopback:
+        return _compare(table, loopback, reps)
+
+
+def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
     pages = pages_of(table, config.batch_size)
     total = sum(len(p) for p in pages)
     timeout = 30.0

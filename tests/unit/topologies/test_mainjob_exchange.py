@@ -1,12 +1,17 @@
-"""The main job's query-per-exchange comparison: each exchange is run, rows are compared in any order."""
+"""The main job's exchange comparisons: each exchange is run, rows are compared in any order; the transport
+comparison's own two nodes run under a CURVE topology."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from sparkbus.topologies.mainjob_exchange import query_per_exchange
+from sparkbus.bus.security import generate
+from sparkbus.topologies.busnode import bus_config
+from sparkbus.topologies.mainjob_exchange import compare_exchanges, query_per_exchange
+from sparkbus.topologies.schema import loads, shipped
 
 
 class Fake:
@@ -35,3 +40,16 @@ def test_an_exchange_that_returns_other_rows_is_named() -> None:
     out = query_per_exchange(fake, "SELECT a FROM t", reps=2)
     assert out["query_results_match"] is False
     assert out["query_mismatch"] == "http: 2 rows differ from the first run's 3"
+
+
+def test_the_transport_comparison_runs_under_curve_with_a_pair_per_node(tmp_path: Path) -> None:
+    # What `sparkbus keys generate DIR --topology FILE` writes: no pair for the comparison's two nodes, and
+    # an address list of the cluster's machines that loopback is not on.
+    security = '[bus.security]\nmode = "curve"\nkey_dir = "{}"\nallow = ["10.0.0.11"]\n\n[spark]\n'
+    topo = loads(shipped("local.toml").read_text().replace("[spark]\n", security.format(tmp_path), 1))
+    generate(tmp_path, topo.node_ids())
+    config = bus_config(topo)
+    assert config.curve is not None
+    out = compare_exchanges(pa.table({"a": list(range(1000))}), config, reps=1)
+    assert out["bytes"] > 0 and set(out["p50_ms"]) == {"push", "binx", "http"}
+    assert sorted(p.name for p in (tmp_path / "public").iterdir()) == [f"{n}.key" for n in topo.node_ids()]
