@@ -15,7 +15,8 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
   protocol is asynchronous and a graceful answer is what a client can act on.
 * A table is compacted by ``AllowCompaction`` with the table's id, as an index is; a table cannot be
   dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
-  replica's upper for the table is merged by difference (``_append``).
+  replica's upper for the table is merged by difference (``_append``); a snapshot of another history than
+  the one held (a restarted controller's table, ``_same_history``) replaces the table.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from sparkbus.roles.compute.arrangement import (
     DIFF,
     TIME,
     Arrangement,
+    advance_times,
+    conform,
     consolidate,
     data_schema,
     decode_table,
@@ -279,16 +282,16 @@ class ComputeReplica:
             )
             self.halts += 1
             self._reset_state()
-        # A table the new connection starts below the since we compacted ours to (a restarted controller
-        # rebuilding its tables) cannot be served from what we hold: it is loaded again from the snapshot, and
-        # the dataflows reading it are built again.
+        # A table whose snapshot is another history than ours (a restarted controller's, rebuilt anew) cannot
+        # be served from what we hold: it is loaded again from the snapshot, and the dataflows reading it are
+        # built again.
         reloaded = {
             c.id
             for c in commands
             if isinstance(c, AppendUpdates)
             and c.lower == 0
             and c.id in self.tables
-            and c.since < self.tables[c.id].since[0]
+            and not _same_history(self.tables[c.id], c, self._updates(c))
         }
         for table_id in reloaded:
             del self.tables[table_id]
@@ -331,7 +334,7 @@ class ComputeReplica:
         self.history.push(InitializationComplete())
         for command in plan:
             if isinstance(command, AppendUpdates):
-                self._append(command)
+                self._append(command, compared=True)
             else:
                 self._execute(command)
 
@@ -466,8 +469,9 @@ class ComputeReplica:
 
     # ---------------------------------------------------------------- storage
 
-    def _append(self, msg: AppendUpdates) -> None:
-        where = f"AppendUpdates for table {msg.id!r} [{msg.lower}, {msg.upper}) from {self.controller}"
+    def _updates(self, msg: AppendUpdates) -> pa.Table:
+        """The updates of ``msg``, checked: a ``RemoteProtocolError`` for any the table cannot take."""
+        where = _where(msg, self.controller)
         try:
             updates = decode_table(msg.updates)
         except DecodeError as exc:
@@ -491,6 +495,12 @@ class ComputeReplica:
             raise RemoteProtocolError(
                 f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
             )
+        return updates
+
+    def _append(self, msg: AppendUpdates, *, compared: bool = False) -> None:
+        """Apply ``msg`` to its table; ``compared``: a snapshot ``_initialize`` found to be our history."""
+        where = _where(msg, self.controller)
+        updates = self._updates(msg)
         for other in msg.advanced:
             if other not in self.tables or other == msg.id:
                 raise RemoteProtocolError(
@@ -499,12 +509,12 @@ class ComputeReplica:
             if self.tables[other].upper[0] < msg.lower:
                 raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
         table = self.tables.get(msg.id)
-        if table is not None and msg.lower == 0 and msg.since < table.since[0]:
-            # The table anew from a controller that holds it from below our since (a restarted one):
-            # loaded again, which only a table no dataflow reads can be (``_initialize`` sees to that).
+        if table is not None and msg.lower == 0 and not compared and not _same_history(table, msg, updates):
+            # The table anew as another history (a restarted controller's): loaded again, which only a
+            # table no dataflow reads can be (``_initialize`` sees to that).
             if any(f.desc.view.source == msg.id for f in self.dataflows):
                 raise RemoteProtocolError(
-                    f"{where}: the table starts again below its since {table.since[0]}, and dataflows read it"
+                    f"{where}: the table starts again as another history, and dataflows read it"
                 )
             del self.tables[msg.id]
             table = None
@@ -530,11 +540,7 @@ class ComputeReplica:
                 # advanced to the since, and cannot be told apart: take the difference between the replay
                 # and what we hold, at the since. Reads at times >= since (all the controller allows) see
                 # the table's true contents; the dataflows reading it get the difference as updates.
-                held = table.updates
-                held = held.set_column(
-                    held.schema.get_field_index(TIME), TIME, pa.repeat(i64(msg.since), held.num_rows)
-                ).set_column(held.schema.get_field_index(DIFF), DIFF, pc.negate(held[DIFF]))
-                fresh = pa.concat_tables([fresh, held])
+                fresh = pa.concat_tables([fresh, _negated(advance_times(table.updates, msg.since))])
                 table.compact((msg.since,))
             fresh = consolidate(fresh)
             table.append(fresh, msg.upper)
@@ -650,3 +656,35 @@ class ComputeReplica:
 
 def _error(uuid: str, text: str) -> PeekResponse:
     return PeekResponse(uuid=uuid, result=PeekResult.ERROR, error=text)
+
+
+def _where(msg: AppendUpdates, controller: str | None) -> str:
+    return f"AppendUpdates for table {msg.id!r} [{msg.lower}, {msg.upper}) from {controller}"
+
+
+def _negated(updates: pa.Table) -> pa.Table:
+    return updates.set_column(updates.schema.get_field_index(DIFF), DIFF, pc.negate(updates[DIFF]))
+
+
+def _same_history(table: Arrangement, msg: AppendUpdates, updates: pa.Table) -> bool:
+    """Whether snapshot ``msg`` (lower 0, its checked ``updates``) continues the history ``table`` holds.
+
+    A reconnecting controller's snapshot does. A restarted controller's table, built anew, is another
+    history, which may look like ours by its since and upper: it starts below our since, ends below our
+    upper, has other columns, or holds other rows at the times both know exactly (``[its since, our
+    upper)``, its earlier updates and ours advanced to its since). A snapshot compacted to our upper or
+    beyond shares no such time; ``_append`` merges it by difference, which is right for any history.
+    """
+    current = table.upper[0]
+    if msg.since < table.since[0] or msg.upper < current:
+        return False
+    if not data_schema(updates.schema).equals(table.schema):
+        return False
+    if msg.since >= current:
+        return True
+    # Their updates are at or beyond their since already (``_updates``); the difference of the two
+    # consolidates to nothing exactly when they agree (NaN groups with NaN, as keys do).
+    theirs = updates.filter(pc.less(updates[TIME], i64(current)))
+    ours = _negated(advance_times(table.updates, msg.since))
+    rows: int = consolidate(pa.concat_tables([conform(theirs, ours.schema), ours])).num_rows
+    return rows == 0

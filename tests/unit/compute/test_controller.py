@@ -334,6 +334,25 @@ def test_a_restarted_controller_that_holds_a_table_from_below_the_replicas_since
     ]
 
 
+@pytest.mark.parametrize(("writes", "lag"), [(1, 0), (3, 5)], ids=["same-since-and-upper", "shorter"])
+def test_a_restarted_controllers_table_replaces_the_rows_of_its_predecessor(writes: int, lag: int) -> None:
+    c = cluster(("r1",), compaction_lag=lag)
+    for _ in range(writes - 1):
+        c.do("write", table="t", batch=batch(("a", 1)))
+    # A new controller process builds the table anew with other rows: with one write and lag 0 its since
+    # and upper are r1's; with three writes and lag 5 it ends below r1's upper.
+    c.cut("r1")
+    c.controller = ComputeController(replicas=["r1"], generation=1)
+    c.do("create_table", name="t", schema=SCHEMA)
+    c.do("write", table="t", batch=batch(("new", 7)))
+    c.do("create_view", name="v", view=VIEW)
+    c.up("r1")
+    c.run()
+    assert peek(c, "t") == [{"k": "new", "v": 7}]
+    assert peek(c, "v") == [{"k": "new", "n": 1, "s": 7}]
+    assert c.replicas["r1"].reconciliation_failures == 1  # the view over it was built again
+
+
 def test_a_table_may_not_take_the_id_of_a_dropped_view() -> None:
     # Collection ids are never reused: the dropped view's commands are still in the history.
     c = cluster(("r1",))

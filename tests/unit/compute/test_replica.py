@@ -499,6 +499,33 @@ def test_reconnect_reuses_compatible_dataflows() -> None:
     assert d.replica.collection("v").since == (2,)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("snapshot", "same", "view"),
+    [
+        (table(0, 6, [("a", 1)], t=1), True, [{"k": "a", "s": 1}]),  # our rows, and more times: a replay
+        (compacted(6, 2, [("a", 1, 1)]), True, [{"k": "a", "s": 1}]),  # our row, advanced to its since
+        (table(0, 6, [("b", 1)], t=1), False, [{"k": "b", "s": 1}]),  # other rows at times we hold
+        (compacted(6, 2, [("a", 1, 2)]), False, [{"k": "a", "s": 2}]),
+        (table(0, 4, [("a", 1)], t=1), False, [{"k": "a", "s": 1}]),  # it ends below our upper
+        # Compacted to our upper: no time both hold exactly, and the difference is right for any history.
+        (compacted(6, 5, [("b", 1, 1)]), True, [{"k": "b", "s": 1}]),
+    ],
+    ids=["replay", "compacted-replay", "other-rows", "other-diffs", "shorter", "compacted-past-our-upper"],
+)
+def test_reconnect_reloads_a_table_whose_snapshot_is_another_history(
+    snapshot: AppendUpdates, same: bool, view: list[dict[str, Any]]
+) -> None:
+    # A restarted controller rebuilds its tables: one may match ours in since and upper and still hold
+    # other rows, and a replica that kept its own would answer with the previous controller's.
+    d = started(dataflow(), Schedule(id="v"), table(1, 3, [("a", 1)]), table(3, 5))
+    before = d.replica.dataflow("v")
+    d.lose()
+    d.connect(2, None, snapshot, dataflow(as_of=2), Schedule(id="v"))
+    assert (d.replica.dataflow("v") is before) is same
+    assert d.replica.reconciliation_failures == (0 if same else 1)
+    assert peek_rows(d.send(peek("q", snapshot.upper - 1)), "q") == view
+
+
 def test_reconnect_rebuilds_incompatible_and_drops_unmatched_dataflows_silently() -> None:
     d = started(
         dataflow(),
