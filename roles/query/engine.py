@@ -30,6 +30,7 @@ from sparkbus.roles.query.expressions import (
     Literal,
     Param,
     Scalar,
+    apply,
     columns_of,
     evaluate,
     evaluate_column,
@@ -461,7 +462,7 @@ def _group_key_columns(above: Sequence[PlanNode]) -> set[str]:
     }
 
 
-_LOGIC = {"and": pc.and_kleene, "or": pc.or_kleene}
+_LOGIC = frozenset({"and", "or"})
 
 
 def _source_mask(src: ScanSource, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:
@@ -476,12 +477,7 @@ def _source_mask(src: ScanSource, predicate: Expr, params: Sequence[Scalar]) -> 
 def _dictionary_eval(src: ScanSource, expr: Expr, params: Sequence[Scalar]) -> Any:
     if isinstance(expr, Call):
         if expr.op in _LOGIC:
-            left = _dictionary_eval(src, expr.args[0], params)
-            right = _dictionary_eval(src, expr.args[1], params)
-            try:
-                return _LOGIC[expr.op](left, right)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                raise ExecutionError(f"{expr.op}: {exc}") from None
+            return apply(expr.op, [_dictionary_eval(src, a, params) for a in expr.args])
         if expr.op in ("eq", "ne"):
             a, b = expr.args
             col, const = (a, b) if isinstance(a, Column) else (b, a)

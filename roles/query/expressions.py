@@ -6,7 +6,8 @@ columns; nothing loops over rows.
 
 Semantics where SQL engines differ (chosen to match Spark SQL with ANSI mode, the engine sparkbus sits
 next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``AND``/``OR``
-use three-valued (Kleene) logic; comparisons with NULL are NULL.
+use three-valued (Kleene) logic; comparisons with NULL are NULL; an untyped NULL takes its type from its
+context (``typed``).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def _in(x: Value, *items: Value) -> Value:
     values = pa.array([i.as_py() if isinstance(i, pa.Scalar) else i for i in items if _is_scalar(i)])
     if len(values) != len(items):
         raise ExecutionError("IN takes a list of constants")
+    x, values = typed([x, values])
     found = pc.is_in(x, value_set=pc.drop_null(values)) if len(values) else pc.is_in(x, value_set=values)
     # SQL: x IN (...) is NULL when x is NULL, or when not found and the list holds a NULL.
     result = pc.if_else(pc.is_null(x), pa.scalar(None, pa.bool_()), found)
@@ -123,9 +125,12 @@ def _is_scalar(v: Any) -> bool:
 
 
 def _like(x: Value, pattern: Value) -> Value:
-    if not isinstance(pattern, pa.Scalar) or not isinstance(pattern.as_py(), str):
+    text = pattern.as_py() if isinstance(pattern, pa.Scalar) else pattern
+    if text is None:
+        return pa.scalar(None, pa.bool_())  # x LIKE NULL is NULL
+    if not isinstance(text, str):
         raise ExecutionError("LIKE needs a constant string pattern")
-    return pc.match_like(x, pattern.as_py())
+    return pc.match_like(x, text)
 
 
 def _coalesce(*args: Value) -> Value:
@@ -134,38 +139,69 @@ def _coalesce(*args: Value) -> Value:
 
 @dataclass(frozen=True, slots=True)
 class OpSpec:
-    """How an operator evaluates: an arity range and a kernel over evaluated arguments."""
+    """How an operator evaluates: an arity range, a kernel over evaluated arguments, and the type an untyped
+    NULL argument takes where no other argument has a type (``typed``; None: it stays untyped)."""
 
     arity: tuple[int, int]
     kernel: Callable[..., Value]
+    null_as: pa.DataType | None = None
 
 
+_BOOL, _TEXT, _DOUBLE = pa.bool_(), pa.string(), pa.float64()
+
+# null_as follows Spark SQL: a NULL alone is DOUBLE in arithmetic, BOOLEAN in logic, STRING in string functions
+# (comparisons of two NULLs are NULL whatever the type; Arrow needs one).
 OPS: dict[str, OpSpec] = {
-    "add": OpSpec((2, 2), pc.add_checked),
-    "sub": OpSpec((2, 2), pc.subtract_checked),
-    "mul": OpSpec((2, 2), pc.multiply_checked),
-    "div": OpSpec((2, 2), _div),
-    "mod": OpSpec((2, 2), _mod),
-    "neg": OpSpec((1, 1), pc.negate_checked),
-    "eq": OpSpec((2, 2), pc.equal),
-    "ne": OpSpec((2, 2), pc.not_equal),
-    "lt": OpSpec((2, 2), pc.less),
-    "le": OpSpec((2, 2), pc.less_equal),
-    "gt": OpSpec((2, 2), pc.greater),
-    "ge": OpSpec((2, 2), pc.greater_equal),
-    "and": OpSpec((2, 2), pc.and_kleene),
-    "or": OpSpec((2, 2), pc.or_kleene),
-    "not": OpSpec((1, 1), pc.invert),
+    "add": OpSpec((2, 2), pc.add_checked, _DOUBLE),
+    "sub": OpSpec((2, 2), pc.subtract_checked, _DOUBLE),
+    "mul": OpSpec((2, 2), pc.multiply_checked, _DOUBLE),
+    "div": OpSpec((2, 2), _div, _DOUBLE),
+    "mod": OpSpec((2, 2), _mod, _DOUBLE),
+    "neg": OpSpec((1, 1), pc.negate_checked, _DOUBLE),
+    "eq": OpSpec((2, 2), pc.equal, _BOOL),
+    "ne": OpSpec((2, 2), pc.not_equal, _BOOL),
+    "lt": OpSpec((2, 2), pc.less, _BOOL),
+    "le": OpSpec((2, 2), pc.less_equal, _BOOL),
+    "gt": OpSpec((2, 2), pc.greater, _BOOL),
+    "ge": OpSpec((2, 2), pc.greater_equal, _BOOL),
+    "and": OpSpec((2, 2), pc.and_kleene, _BOOL),
+    "or": OpSpec((2, 2), pc.or_kleene, _BOOL),
+    "not": OpSpec((1, 1), pc.invert, _BOOL),
     "is_null": OpSpec((1, 1), pc.is_null),
     "is_not_null": OpSpec((1, 1), pc.is_valid),
     "in": OpSpec((1, 1000), _in),
-    "like": OpSpec((2, 2), _like),
-    "abs": OpSpec((1, 1), pc.abs_checked),
-    "lower": OpSpec((1, 1), pc.utf8_lower),
-    "upper": OpSpec((1, 1), pc.utf8_upper),
-    "length": OpSpec((1, 1), pc.utf8_length),
+    "like": OpSpec((2, 2), _like, _TEXT),
+    "abs": OpSpec((1, 1), pc.abs_checked, _DOUBLE),
+    "lower": OpSpec((1, 1), pc.utf8_lower, _TEXT),
+    "upper": OpSpec((1, 1), pc.utf8_upper, _TEXT),
+    "length": OpSpec((1, 1), pc.utf8_length, _TEXT),
     "coalesce": OpSpec((1, 100), _coalesce),
 }
+
+
+def typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Value]:
+    """``args`` with each untyped NULL (Arrow's null type: the literal NULL, a ``?`` bound to None, a column
+    loaded all NULL) cast to the type of the first typed argument, else to ``null_as``: SQL types a NULL
+    by its context, and Arrow's kernels have no overloads for the null type."""
+    target = next((a.type for a in args if not pa.types.is_null(a.type)), null_as)
+    if target is None:
+        return list(args)
+    return [a.cast(target) if pa.types.is_null(a.type) else a for a in args]
+
+
+def apply(op: str, args: Sequence[Value]) -> Value:
+    """``op``'s kernel over evaluated arguments, typed first (``typed``).
+
+    Raises:
+        ExecutionError: a type mismatch, an overflow, a division by zero.
+    """
+    spec = OPS[op]
+    try:
+        return spec.kernel(*typed(args, spec.null_as))
+    except ExecutionError:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ExecutionError(f"{op}: {exc}") from None
 
 
 # ---------------------------------------------------------------- plain form
@@ -242,13 +278,7 @@ def evaluate(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Valu
         if expr.index >= len(params):
             raise ExecutionError(f"parameter {expr.index} is not given ({len(params)} parameters)")
         return pa.scalar(params[expr.index])
-    args = [evaluate(a, table, params) for a in expr.args]
-    try:
-        return OPS[expr.op].kernel(*args)
-    except ExecutionError:
-        raise
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise ExecutionError(f"{expr.op}: {exc}") from None
+    return apply(expr.op, [evaluate(a, table, params) for a in expr.args])
 
 
 def evaluate_column(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Value:

@@ -19,6 +19,8 @@ QUERIES = [
     "SELECT x FROM t WHERE 'c' = k OR x IS NULL",
     "SELECT x FROM t WHERE k = 'zz'",
     "SELECT x FROM t WHERE NOT (k = 'a')",
+    "SELECT x FROM t WHERE k = 'a' OR NULL",
+    "SELECT x FROM t WHERE NULL AND k <> 'b'",
     "SELECT k, x FROM t WHERE k = ?",
     "SELECT k, count(*) AS n, sum(x) AS s, avg(y) AS m FROM t GROUP BY k",
     "SELECT k, g, count(*) AS n, min(x) AS lo FROM t WHERE k <> 'c' GROUP BY k, g",
