@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -765,14 +766,31 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     return report
 
 
+class _Terminated(BaseException):
+    """SIGTERM while the job runs: unwinds ``run_job`` through the cleanup of every phase (nodes stopped,
+    the nodes' data directory removed), which the signal's default action would skip."""
+
+
+def _terminated(_signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise _Terminated
+
+
 def main_job(opts: Options, console: Console | None = None) -> int:
-    """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise."""
+    """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise, 143 when
+    stopped by SIGTERM."""
     console = console or Console()
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         report = run_job(opts, console)
     except JobError as exc:
         print(f"sparkbus run: {exc}", file=sys.stderr)  # one line, never wrapped
         return 1
+    except _Terminated:
+        print("sparkbus run: stopped by SIGTERM; nodes stopped, temporary data removed", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     print_summary(report, console)
     console.print(f"report: {opts.report}\nchart:  {opts.chart}", markup=False, highlight=False)
     return 0 if report["all_results_match"] and report["view"]["fresh"] else 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -229,6 +230,19 @@ def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
     assert err.startswith("sparkbus run: ") and err.count("\n") == 1 and "sparkbus validate" in err
     assert cli.main(["run", str(tmp_path / "missing.toml")]) == 1
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_run_leaves_the_sigterm_handler_as_it_found_it(capsys: pytest.CaptureFixture[str]) -> None:
+    def mine(_signum: int, _frame: object) -> None:
+        raise AssertionError("not delivered")
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert cli.main(["run", "--rows", "0"]) == 1
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert capsys.readouterr().err.startswith("sparkbus run: --rows")
 
 
 def test_the_job_speaks_curve_when_the_topology_does(tmp_path: Path) -> None:
