@@ -94,8 +94,14 @@ class Call:
 Expr = Column | Literal | Param | Call
 
 
+def _double(v: Value) -> Value:
+    """``v`` as float64, as Spark casts a BIGINT to DOUBLE: rounded beyond 2**53, never an error (Arrow's
+    safe cast refuses such integers)."""
+    return pc.cast(v, pa.float64(), safe=False)
+
+
 def _div(a: Value, b: Value) -> Value:
-    return pc.divide_checked(pc.cast(a, pa.float64()), pc.cast(b, pa.float64()))
+    return pc.divide_checked(_double(a), _double(b))
 
 
 def _mod(a: Value, b: Value) -> Value:
@@ -180,13 +186,18 @@ OPS: dict[str, OpSpec] = {
 
 
 def typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Value]:
-    """``args`` with each untyped NULL (Arrow's null type: the literal NULL, a ``?`` bound to None, a column
-    loaded all NULL) cast to the type of the first typed argument, else to ``null_as``: SQL types a NULL
-    by its context, and Arrow's kernels have no overloads for the null type."""
+    """``args`` as an operator's kernel takes them, typed as Spark SQL types them.
+
+    Each untyped NULL (Arrow's null type: the literal NULL, a ``?`` bound to None, a column loaded all
+    NULL) is cast to the type of the first typed argument, else to ``null_as``: SQL types a NULL by its
+    context, and Arrow's kernels have no overloads for the null type. Then integers beside a float are
+    cast to float64 (``_double``), where Arrow's implicit cast fails on integers beyond 2**53.
+    """
     target = next((a.type for a in args if not pa.types.is_null(a.type)), null_as)
-    if target is None:
-        return list(args)
-    return [a.cast(target) if pa.types.is_null(a.type) else a for a in args]
+    out = [a.cast(target) if target is not None and pa.types.is_null(a.type) else a for a in args]
+    if any(pa.types.is_floating(a.type) for a in out):
+        out = [_double(a) if pa.types.is_integer(a.type) else a for a in out]
+    return out
 
 
 def apply(op: str, args: Sequence[Value]) -> Value:
