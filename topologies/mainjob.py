@@ -777,8 +777,8 @@ def _terminated(_signum: int, _frame: object) -> None:
 
 
 def main_job(opts: Options, console: Console | None = None) -> int:
-    """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise, 143 when
-    stopped by SIGTERM."""
+    """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise, 128 plus
+    the signal's number when SIGINT (Ctrl-C) or SIGTERM stops it."""
     console = console or Console()
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
@@ -786,9 +786,13 @@ def main_job(opts: Options, console: Console | None = None) -> int:
     except JobError as exc:
         print(f"sparkbus run: {exc}", file=sys.stderr)  # one line, never wrapped
         return 1
-    except _Terminated:
-        print("sparkbus run: stopped by SIGTERM; nodes stopped, temporary data removed", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except (KeyboardInterrupt, _Terminated) as exc:
+        stopped_by = signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT
+        print(
+            f"sparkbus run: stopped by {stopped_by.name}; nodes stopped, temporary data removed",
+            file=sys.stderr,
+        )
+        return 128 + stopped_by
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     print_summary(report, console)

@@ -18,6 +18,8 @@ SCRIPT = """
 import os, signal, sys, time
 from sparkbus.topologies import mainjob, spark
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, whatever we inherited
+
 def interrupted(*_, **__):
     os.kill(os.getpid(), signal.{signal})
     time.sleep(60)
@@ -49,3 +51,10 @@ def test_sigterm_stops_the_job_through_its_cleanup(tmp_path: Path) -> None:
     assert done.returncode == 143, done.stderr
     assert done.stderr == "sparkbus run: stopped by SIGTERM; nodes stopped, temporary data removed\n"
     assert [p.name for p in tmp.iterdir()] == []  # no sparkbus-run-* left behind
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    done, tmp = stopped_run(tmp_path, "SIGINT")
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "sparkbus run: stopped by SIGINT; nodes stopped, temporary data removed\n"
+    assert [p.name for p in tmp.iterdir()] == []
