@@ -33,9 +33,17 @@ _N = "__n"
 # ---------------------------------------------------------------- linear operators
 
 
+def _numeric(tp: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(tp) or pa.types.is_floating(tp) or pa.types.is_decimal(tp))
+
+
 def _map_column(table: pa.Table, expr: MapExpr) -> pa.Array | pa.ChunkedArray:
     left = table[expr.left]
     right = table[expr.right] if expr.right is not None else pa.scalar(expr.literal)
+    if not (_numeric(left.type) and _numeric(right.type)):
+        # Arrow would parse strings as numbers in the cast below, so a view creation's check on an empty
+        # table would pass and the view fail on its first row that is not a number.
+        raise TypeError(f"map {expr.name!r}: {expr.op} needs numbers, got {left.type} and {right.type}")
     if expr.op == "divide":
         # Integer division by zero raises in Arrow; a maintained view must not fail on data, so division is
         # in float64, where x / 0 is inf or nan, as in most SQL engines' float division.
@@ -54,9 +62,14 @@ def _mask(table: pa.Table, pred: Predicate) -> pa.Array | pa.ChunkedArray:
 
 
 def apply_linear(view: ViewDef, table: pa.Table) -> pa.Table:
-    """Maps, then filters (null is false, as in SQL), then the projection; ``__time``/``__diff`` pass through."""
+    """Maps, then filters (null is false, as in SQL), then the projection; ``__time``/``__diff`` pass through.
+
+    A map's column goes after the data columns, before ``__time``/``__diff`` (which stay last, as in every
+    update batch).
+    """
     for expr in view.maps:
-        table = table.append_column(expr.name, _map_column(table, expr))
+        at = table.schema.get_field_index(TIME)
+        table = table.add_column(at if at >= 0 else table.num_columns, expr.name, _map_column(table, expr))
     if view.filters:
         mask = _mask(table, view.filters[0])
         for pred in view.filters[1:]:
@@ -89,7 +102,7 @@ def output_schema(view: ViewDef, source: pa.Schema, where: str) -> pa.Schema:
         return Reduction(view, linear, where).out_schema
     except ViewError:
         raise
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+    except (KeyError, TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ViewError(f"{where}: the view does not fit source {view.source!r}: {exc}") from None
 
 

@@ -106,14 +106,29 @@ class LiveDataflow:
         #: Frontiers are never reported below this (the as_of a reconnected controller asked for).
         self.floor = self.as_of
         self.scheduled = False
+        #: Why the view could not be computed from its data; then its peeks and subscribes get this error.
+        self.error: str | None = None
 
     @property
     def live_exports(self) -> list[str]:
         return [*self.index_since, *self.subscribes]
 
     def apply(self, updates: pa.Table, input_upper: int) -> pa.Table:
-        """Feed complete source updates; returns the output updates."""
-        out = self.engine.feed(updates)
+        """Feed complete source updates; returns the output updates.
+
+        A view that fails on its data (an Arrow cast or kernel its values do not fit, an overflow) fails
+        alone and for good, as a Materialize dataflow's error stream would make it: its frontiers move on,
+        it outputs nothing more, and the dataflows and tables fed by the same append go on.
+        """
+        out: pa.Table | None = None
+        if self.error is None:
+            try:
+                out = self.engine.feed(updates)
+            except (pa.ArrowException, ArithmeticError) as exc:
+                self.error = f"view {self.desc.name!r} failed on its data: {exc}"
+                log.warning("compute.replica: %s", self.error)
+        if out is None:
+            out = update_schema(self.schema).empty_table()
         self.input_upper = max(self.input_upper, input_upper)
         self.upper = max(self.upper, input_upper, self.as_of)
         if self.output is not None:
@@ -569,10 +584,22 @@ class ComputeReplica:
             return None, []
         return flow.output, index_key(flow.desc.view, flow.schema)
 
+    def _failure(self, flow: LiveDataflow | None) -> str | None:
+        """The error of ``flow`` or of a view it reads, directly or not (None if they all compute)."""
+        while flow is not None:
+            if flow.error is not None:
+                return flow.error
+            flow = self._by_export.get(flow.desc.view.source)
+        return None
+
     def _peek_error(self, peek: Peek) -> str | None:
         arrangement, _ = self._peek_target(peek)
         if arrangement is None:
             return f"collection {peek.target_id!r} does not exist"
+        if peek.target is TargetKind.INDEX:
+            failure = self._failure(self._by_export.get(peek.target_id))
+            if failure is not None:
+                return failure
         if not readable(peek.timestamp, arrangement.since):
             return (
                 f"timestamp {peek.timestamp} is not readable for {peek.target_id!r}: "
@@ -631,24 +658,23 @@ class ComputeReplica:
         if not flow.subscribes:
             flow.pending = []
             return
+        failure = self._failure(flow)
         for sink, lower in flow.subscribes.items():
             if flow.upper <= lower:
                 continue
-            parts = list(flow.pending)
-            updates = (
-                consolidate(pa.concat_tables(parts)) if parts else update_schema(flow.schema).empty_table()
-            )
-            data = encode_table(updates)
-            limit = self.config.max_result_size
-            if limit is not None and len(data) > limit:
-                batch = SubscribeBatch(
-                    id=sink,
-                    lower=(lower,),
-                    upper=(flow.upper,),
-                    error=f"result exceeds max size of {limit} bytes",
+            error, data = failure or "", b""
+            if not error:
+                parts = list(flow.pending)
+                updates = (
+                    consolidate(pa.concat_tables(parts))
+                    if parts
+                    else update_schema(flow.schema).empty_table()
                 )
-            else:
-                batch = SubscribeBatch(id=sink, lower=(lower,), upper=(flow.upper,), updates=data)
+                data = encode_table(updates)
+                limit = self.config.max_result_size
+                if limit is not None and len(data) > limit:
+                    error, data = f"result exceeds max size of {limit} bytes", b""
+            batch = SubscribeBatch(id=sink, lower=(lower,), upper=(flow.upper,), error=error, updates=data)
             self._send(batch)
             flow.subscribes[sink] = flow.upper
         flow.pending = []

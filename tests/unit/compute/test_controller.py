@@ -21,6 +21,7 @@ from sparkbus.roles.compute import (
     CreateTimely,
     Finishing,
     Frontiers,
+    MapExpr,
     Peek,
     PeekResponse,
     PeekResult,
@@ -528,6 +529,54 @@ def test_local_call_errors() -> None:
     assert "read by" in (c.replies[cid].error or "")
     with pytest.raises(LocalProtocolError):
         Cluster(())
+
+
+def test_a_view_with_a_computed_column_is_maintained_and_so_is_everything_fed_after_it() -> None:
+    # Its map column used to land after __time/__diff, so every feed raised: the view never advanced, and
+    # the views and tables the same append fed after it were left behind.
+    c = cluster(("r1",))
+    c.do("create_table", name="t2", schema=SCHEMA)
+    mapped = ViewDef(source="t", maps=(MapExpr(name="w", op="multiply", left="v", literal=10),))
+    c.do("create_view", name="m", view=mapped)
+    c.do("create_view", name="s", view=VIEW)
+    c.do("write", table="t", batch=batch(("b", 5)))
+    c.do("write", table="t2", batch=batch(("x", 9)))
+    assert sorted(peek(c, "m"), key=repr) == [
+        {"k": "a", "v": 1, "w": 10},
+        {"k": "a", "v": 3, "w": 30},
+        {"k": "b", "v": 2, "w": 20},
+        {"k": "b", "v": 5, "w": 50},
+    ]
+    assert peek(c, "s") == [{"k": "a", "n": 2, "s": 4}, {"k": "b", "n": 2, "s": 7}]
+    assert peek(c, "t2") == [{"k": "x", "v": 9}]
+
+
+def test_a_view_that_fails_on_its_data_answers_errors_and_the_rest_goes_on() -> None:
+    # Arrow casts the int64 column to add a float, and refuses values beyond 2**53: a failure on data only.
+    c = cluster(("r1",))
+    c.do("create_table", name="t2", schema=SCHEMA)
+    shifted = ViewDef(
+        source="t", maps=(MapExpr(name="w", op="add", left="v", literal=0.5),), project=("k", "w")
+    )
+    c.do("create_view", name="f", view=shifted)
+    c.do("create_view", name="g", view=ViewDef(source="f"))  # reads the failing view
+    sub = c.do("subscribe", view="f")
+    c.do("create_view", name="s", view=VIEW)
+    c.do("write", table="t", batch=batch(("big", 2**60)))
+    c.do("write", table="t2", batch=batch(("x", 9)))
+    for view in ("f", "g"):
+        cid = c.call("peek", view=view)
+        c.run()
+        assert "view 'f' failed on its data" in str(c.replies[cid].error)
+    assert c.do("fetch", id=sub["id"])["batches"][-1][3] == c.replies[cid].error
+    assert peek(c, "s") == [
+        {"k": "a", "n": 2, "s": 4},
+        {"k": "b", "n": 1, "s": 2},
+        {"k": "big", "n": 1, "s": 2**60},
+    ]
+    assert peek(c, "t2") == [{"k": "x", "v": 9}]
+    ctl = c.controller
+    assert ctl.collections["f"].write == (ctl.upper,)  # its frontier moves on, so nothing waits for it
 
 
 def test_drop_view_drops_it_everywhere() -> None:
