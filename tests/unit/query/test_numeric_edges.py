@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -237,3 +239,38 @@ def test_a_bigint_past_2_53_beside_a_double_is_cast_to_double_as_in_spark() -> N
     assert column("SELECT coalesce(ts, 0.5) AS c FROM t") == [float(NS[0]), 0.5, float(NS[2]), 5.0]
     assert column("SELECT ts FROM t WHERE ts IN (5.0, 2.5)") == [5]
     assert column("SELECT max(ts * 1.0) AS m FROM t") == [float(NS[2])]
+
+
+def test_the_remainder_of_doubles_is_exact_as_javas() -> None:
+    # Spark's % on DOUBLE is Java's, C's fmod: 1e20 % 3 is 1.0 and 1.0 % 0.1 is 0.09999999999999995, where
+    # a - trunc(a / b) * b rounds the quotient and gives 0.0 for both.
+    ys = sorted(v.as_py() for v in EVENTS.column("y"))
+    assert column("SELECT y % 3 AS m FROM t ORDER BY y") == [math.fmod(v, 3) for v in ys]
+    assert column("SELECT y % 0.1 AS m FROM t ORDER BY y") == [math.fmod(v, 0.1) for v in ys]
+    assert column("SELECT 1e20 % y AS m FROM t ORDER BY y") == [math.fmod(1e20, v) for v in ys]
+    ts = sorted(v for v in NS if v is not None)
+    assert column("SELECT ts % 1.5 AS m FROM t ORDER BY ts") == [None] + [
+        math.fmod(float(v), 1.5) for v in ts
+    ]
+
+
+def test_int64_min_remainder_minus_one_is_zero_as_in_spark() -> None:
+    table = pa.table({"x": pa.array([-(2**63), 7, -7, None], pa.int64()), "d": pa.array([-1, -1, 2, -1])})
+    got = distributed(
+        parse_sql("SELECT x % -1 AS a, x % d AS b, -9223372036854775808 % -1 AS c FROM t"), [table]
+    )
+    assert got is not None
+    assert got.to_pylist() == [
+        {"a": 0, "b": 0, "c": 0},
+        {"a": 0, "b": 0, "c": 0},
+        {"a": 0, "b": -1, "c": 0},
+        {"a": None, "b": None, "c": 0},
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", ["SELECT y % 0 AS m FROM t", "SELECT y % 0.0 AS m FROM t", "SELECT ts % 0 AS m FROM t"]
+)
+def test_a_remainder_by_zero_is_an_error(text: str) -> None:
+    with pytest.raises(ExecutionError, match="mod: divide by zero"):
+        column(text)
