@@ -14,6 +14,7 @@ kills any child's process group that does not stop in time.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -81,6 +82,21 @@ def state_file(topology_path: str | os.PathLike[str]) -> Path:
     resolved = str(Path(topology_path).resolve())
     digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
     return state_dir() / f"up-{Path(resolved).stem}-{digest}.json"
+
+
+def claim(topology_path: str | os.PathLike[str]) -> IO[bytes] | None:
+    """The lock that makes one ``sparkbus up`` per topology file: held while the returned file is open, and
+    released when the process ends, however it ends. None when another launcher holds it (its cluster
+    runs, or is starting: its state file is written only once every node is ready)."""
+    path = state_file(topology_path).with_suffix(".lock")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = open(path, "ab")  # noqa: SIM115 (held until close)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
 
 
 def check_local(topo: Topology, *, skip_unavailable: bool) -> list[str]:
@@ -343,6 +359,15 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
         for p in problems:
             print(f"{path}: cannot start: {p}", file=sys.stderr)
         return 1
+    lock = claim(path)
+    if lock is None:
+        # A second cluster of the same file would take over the first's state file, and stopping either
+        # would delete the other's.
+        print(
+            f"{path}: cannot start: another `sparkbus up` of this file is running (state {state_file(path)})",
+            file=sys.stderr,
+        )
+        return 1
     launcher = Launcher(
         path,
         topo,
@@ -350,7 +375,8 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
         ready_timeout=ready_timeout,
         skip_unavailable=skip_unavailable,
     )
-    return launcher.run()
+    with lock:
+        return launcher.run()
 
 
 # -- status

@@ -46,9 +46,9 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 
 
 class Up:
-    """A running ``sparkbus up`` and its output, line by line."""
+    """A running ``sparkbus up`` (of ``processes.toml`` unless ``topology`` says) and its output, line by line."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], topology: str | None = None) -> None:
         self.env = env
         self.proc = subprocess.Popen(
             [
@@ -56,7 +56,7 @@ class Up:
                 "-m",
                 "sparkbus.topologies.cli",
                 "up",
-                str(shipped("processes.toml")),
+                topology or str(shipped("processes.toml")),
                 "--skip-unavailable",
                 "--timeout",
                 str(READY_TIMEOUT),

@@ -1,0 +1,91 @@
+"""``sparkbus up`` of a small plain topology (two echo nodes) where something is in the way: the same file
+already running, and so on. Each ends in one line naming the cause, never in a traceback. Loopback only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .test_up import READY_TIMEOUT, Up
+
+pytestmark = pytest.mark.integration
+
+TWO = """
+[cluster]
+name = "two"
+{bus}
+[[nodes]]
+name = "a"
+placement = "host"
+host = "127.0.0.1"
+count = 2
+services = ["echo"]
+"""
+
+
+def topology(tmp_path: Path, bus: str = "") -> Path:
+    path = tmp_path / "two.toml"
+    path.write_text(TWO.format(bus=bus))
+    return path
+
+
+def sparkbus(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """One ``sparkbus`` command in its own process group, killed (group and all) if it outlives ``timeout``."""
+    cmd = [sys.executable, "-m", "sparkbus.topologies.cli", *args]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n(still running after {timeout:g} s: killed)"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def running(env: dict[str, str], path: Path) -> Iterator[Up]:
+    up = Up(env, str(path))
+    try:
+        up.wait_for("state:", READY_TIMEOUT + 10)
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(up.proc.pid, signal.SIGKILL)
+            up.proc.wait(timeout=10)
+        if up.proc.stdout is not None:
+            up.proc.stdout.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    return {**os.environ, "XDG_RUNTIME_DIR": str(run), "COLUMNS": "200"}
+
+
+def test_a_file_already_running_is_refused_and_keeps_its_state(tmp_path: Path, env: dict[str, str]) -> None:
+    path = topology(tmp_path)
+    with running(env, path) as first:
+        second = sparkbus(env, "up", str(path))
+        assert second.returncode == 1, second.stderr
+        assert second.stderr.startswith(
+            f"{path}: cannot start: another `sparkbus up` of this file is running"
+        )
+        assert len(second.stderr.splitlines()) == 1, second.stderr
+        status = sparkbus(env, "status", str(path), "--json")
+        assert status.returncode == 0, status.stderr
+        first.proc.send_signal(signal.SIGINT)
+        code, out = first.finish()
+        assert code == 0, out
+    again = sparkbus(env, "status", str(path))
+    assert again.returncode == 1 and "no running cluster recorded" in again.stderr
