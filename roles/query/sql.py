@@ -2,8 +2,9 @@
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, LIKE, ABS, LOWER,
 UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), WHERE, GROUP BY (expressions or
-select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions; ASC/DESC; NULLS
-FIRST/LAST with Spark's defaults: first for ASC, last for DESC), LIMIT and OFFSET, and the aggregates
+select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs
+before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC),
+LIMIT and OFFSET, and the aggregates
 COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG. Everything else is refused with a
 ``SqlError`` that points at the offending part of the text.
 """
@@ -65,6 +66,19 @@ _AGGS: dict[type[exp.Expr], str] = {
 _CLAUSES = {"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "kind"}
 
 Hook = Callable[[exp.Expr], Expr | None]
+
+
+def _aliases(outputs: dict[str, Expr], then: Hook | None) -> Hook:
+    """ORDER BY's name resolution, as Spark SQL's: an unqualified name that the select list outputs means
+    that output, also inside an expression (``SELECT -x AS x ... ORDER BY x + 0`` sorts by ``-x``), before
+    any input column of that name; other nodes go to ``then``."""
+
+    def hook(node: exp.Expr) -> Expr | None:
+        if isinstance(node, exp.Column) and not node.table and node.name in outputs:
+            return outputs[node.name]
+        return then(node) if then is not None else None
+
+    return hook
 
 
 @dataclass
@@ -360,7 +374,7 @@ class _Translator:
         items = [
             (n, self.expr(self._item_expr(i))) for n, i in zip(names, self.select.expressions, strict=True)
         ]
-        keys, hidden = self._order(names, None, star=False)
+        keys, hidden = self._order(names, _aliases(dict(items), None), star=False)
         node = Project(input=scan, items=tuple(items + hidden))
         return self._finish(node, names, keys, hidden)
 
@@ -395,7 +409,7 @@ class _Translator:
             for n, i in zip(names, self.select.expressions, strict=True)
         ]
         having_expr = self.expr(having.this, post) if having is not None else None
-        keys, hidden = self._order(names, post, star=False)
+        keys, hidden = self._order(names, _aliases(dict(items), post), star=False)
         pre_items = [(f"__k{i}", e) for i, e in enumerate(key_exprs)] + [
             (f"__a{i}", e) for i, e in enumerate(args)
         ]
