@@ -21,7 +21,11 @@ accumulators did not change emits nothing. Slots of vanished groups are reclaime
 live ones.
 
 Float sums are accumulated, so a value retracted after many updates can differ in the last bits from a
-sum recomputed from scratch; integer aggregates are exact.
+sum recomputed from scratch; integer aggregates are exact. Infinities and NaN are not added into a float sum
+(``inf - inf`` would leave it NaN after the value is retracted): as in Materialize's ``Accum::Float``, each
+slot counts its +inf, -inf and NaN values beside the sum of its finite ones, and the sum is NaN while it
+holds a NaN or both infinities, else +-inf while it holds one, else the finite sum. These counts exist only
+from a column's first non-finite value on, so a column without any costs one ``isfinite`` check per step.
 """
 
 from __future__ import annotations
@@ -361,6 +365,9 @@ class Reduction:
         self._totals: list[Nums] = [
             np.zeros(1, np.float64 if t == pa.float64() else np.int64) for t in totals
         ]
+        #: Per total, the count of its +inf, -inf and NaN values per slot (float sums only); None until the
+        #: column's first non-finite value, so that the common case keeps three accumulators fewer.
+        self._specials: list[list[Ints] | None] = [None] * len(totals)
         self._mult_schemas = [
             pa.schema([pa.field(_SLOT, pa.int64()), pa.field(_VALUE, tp), pa.field(_MULT, pa.int64())])
             for tp in mult_types
@@ -398,6 +405,7 @@ class Reduction:
         self._n = grown(self._n)  # type: ignore[assignment]
         self._counts = [None if a is None else grown(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [grown(a) for a in self._totals]
+        self._specials = [None if s is None else [grown(a) for a in s] for s in self._specials]  # type: ignore[misc]
         self._flags = grown(self._flags)  # type: ignore[assignment]
         self._ext = [grown(a) for a in self._ext]  # type: ignore[misc]
         for i, dense in enumerate(self._dense):
@@ -413,7 +421,8 @@ class Reduction:
                 dense.resize(cap)
 
     def _accumulators(self) -> list[Nums]:
-        return [self._n, *(c for c in self._counts if c is not None), *self._totals]
+        specials = (a for s in self._specials if s is not None for a in s)
+        return [self._n, *(c for c in self._counts if c is not None), *self._totals, *specials]
 
     # ---------------------------------------------------------------- a step
 
@@ -497,6 +506,7 @@ class Reduction:
         diff = _np(delta[DIFF]).astype(np.int64, copy=False)
         counts: list[Nums | None] = [None] * len(self._counts)
         totals: list[Nums] = [diff] * len(self._totals)
+        specials: list[list[Nums] | None] = [None] * len(self._totals)
         for slot in self.slots:
             column = slot.agg.column
             if column is None or slot.count is None:
@@ -514,8 +524,26 @@ class Reduction:
                 typed = values if values.type == slot.total_type else pc.cast(values, slot.total_type)
                 if nulls:
                     typed = pc.fill_null(typed, pa.scalar(0, slot.total_type))
-                totals[slot.total] = _np(typed) * diff
-        return [diff, *(c for c in counts if c is not None), *totals]
+                summed = _np(typed)
+                if summed.dtype == np.float64:
+                    summed, specials[slot.total] = self._split_specials(slot.total, summed, diff)
+                totals[slot.total] = summed * diff
+        parts = (s for s in specials if s is not None)
+        return [diff, *(c for c in counts if c is not None), *totals, *(a for s in parts for a in s)]
+
+    def _split_specials(self, total: int, values: Nums, diff: Ints) -> tuple[Nums, list[Nums] | None]:
+        """``values`` with +-inf and NaN as 0, and what they add to total ``total``'s counts of each (None
+        while the column has had none)."""
+        finite = np.isfinite(values)
+        if finite.all():
+            if self._specials[total] is None:
+                return values, None
+            zeros = np.zeros(len(values), np.int64)
+            return values, [zeros, zeros, zeros]
+        if self._specials[total] is None:
+            self._specials[total] = [np.zeros(len(self._n), np.int64) for _ in range(3)]
+        kinds = [values == np.inf, values == -np.inf, np.isnan(values)]
+        return np.where(finite, values, 0.0), [diff * k for k in kinds]
 
     def _extremes(
         self, delta: pa.Table, slots: Ints, touched: Ints, changed: npt.NDArray[np.bool_]
@@ -583,7 +611,11 @@ class Reduction:
         held = sum(c is not None for c in self._counts)
         it = iter(accs[1 : 1 + held])
         counts = [n if c is None else next(it) for c in self._counts]
-        totals = accs[1 + held :]
+        totals = accs[1 + held : 1 + held + len(self._totals)]
+        special = iter(accs[1 + held + len(self._totals) :])
+        for i, kept in enumerate(self._specials):
+            if kept is not None:
+                totals[i] = _with_specials(totals[i], next(special), next(special), next(special))
         columns: list[pa.Array | pa.ChunkedArray] = []
         if self._map is not None:
             columns.extend(self._map.key_columns(slots))
@@ -640,6 +672,7 @@ class Reduction:
         self._n = cut(self._n)  # type: ignore[assignment]
         self._counts = [None if a is None else cut(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [cut(a) for a in self._totals]
+        self._specials = [None if s is None else [cut(a) for a in s] for s in self._specials]  # type: ignore[misc]
         self._flags = np.zeros(cap, np.bool_)
         self._ext = [cut(a) for a in self._ext]  # type: ignore[misc]
         for dense in self._dense:
@@ -663,6 +696,15 @@ def _signs(negative: int, positive: int) -> pa.Array:
         half = max(negative, positive, 2 * half, 1024)
         _SIGNS = pa.array(np.concatenate([np.full(half, -1, np.int64), np.ones(half, np.int64)]))
     return _SIGNS.slice(half - negative, negative + positive)
+
+
+def _with_specials(total: Nums, pos: Ints, neg: Ints, nan: Ints) -> Nums:
+    """A float sum given its finite part and its counts of +inf, -inf and NaN (``Accum::Float``'s rule)."""
+    if not (pos.any() or neg.any() or nan.any()):
+        return total
+    out: Nums = np.where(pos > 0, np.inf, total)
+    out = np.where(neg > 0, -np.inf, out)
+    return np.where((nan > 0) | ((pos > 0) & (neg > 0)), np.nan, out)
 
 
 def _blank(size: int, dtype: np.dtype[np.generic]) -> npt.NDArray[np.generic]:
