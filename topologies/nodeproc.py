@@ -5,7 +5,8 @@ The parent talks to it over the child's stdin and stdout, one JSON object per li
 1. child -> parent: ``{"event": "bound", "endpoints": {...}, "status": "tcp://127.0.0.1:PORT"}`` once its
    sockets are bound on ephemeral ports (``status`` is a ZeroMQ REP socket answering ``status``), or
    ``{"event": "error", "error": "..."}`` and exit status 2.
-2. parent -> child: ``{"cmd": "peers", "peers": {node: endpoints}}``; the child starts its bus node.
+2. parent -> child: ``{"cmd": "peers", "peers": {node: endpoints}}``; the child starts its bus node, or
+   says ``{"event": "error", ...}`` and exits with status 2 when it cannot.
 3. child -> parent: ``{"event": "ready"}`` once every link completed its handshake.
 4. parent -> child: ``{"cmd": "stop"}``, or end of file: the child says goodbye to its peers and exits 0.
 
@@ -117,9 +118,12 @@ def run(path: str, node_id: str, *, skip_unavailable: bool, ready_timeout: float
             if cmd is None or cmd.get("cmd") == "stop":
                 return 0
             if cmd.get("cmd") == "peers" and not started:
-                peers = {k: Endpoints.from_json(v) for k, v in cmd["peers"].items()}
-                handle.set_peers(peers)
-                handle.start()
+                try:
+                    handle.set_peers({k: Endpoints.from_json(v) for k, v in cmd["peers"].items()})
+                    handle.start()
+                except Exception as exc:  # e.g. no public key for a peer: the cause, to the launcher
+                    _say({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+                    return EXIT_SETUP
                 started = True
                 ready_deadline = time.monotonic() + ready_timeout
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sparkbus.bus.security import generate
 
 from .test_up import READY_TIMEOUT, Up
 
@@ -89,3 +93,17 @@ def test_a_file_already_running_is_refused_and_keeps_its_state(tmp_path: Path, e
         assert code == 0, out
     again = sparkbus(env, "status", str(path))
     assert again.returncode == 1 and "no running cluster recorded" in again.stderr
+
+
+def test_a_node_that_cannot_start_is_named_with_its_cause(tmp_path: Path, env: dict[str, str]) -> None:
+    keys = tmp_path / "kd"
+    generate(keys, ["cluster"])
+    shutil.rmtree(keys / "public")  # the nodes bind with the secret pair, then find no key for their peers
+    path = topology(tmp_path, f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"')
+    done = sparkbus(env, "up", str(path), "--timeout", "20")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert re.search(
+        r"sparkbus up: node a-[01] \(pid \d+\) exited with status 2: MissingKey: no public key for peer 'a-[01]'",
+        done.stdout,
+    ), done.stdout
