@@ -1,12 +1,11 @@
 """The SQL front end: one ``SELECT`` over one table, parsed with sqlglot (Spark dialect) into a logical plan.
 
-Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, LIKE, ABS, LOWER,
-UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), WHERE, GROUP BY (expressions or
+Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
+LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), WHERE, GROUP BY (expressions or
 select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs
 before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC),
-LIMIT and OFFSET, and the aggregates
-COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG. Everything else is refused with a
-``SqlError`` that points at the offending part of the text.
+LIMIT and OFFSET, and the aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
+Everything else is refused with a ``SqlError`` that points at the offending part of the text.
 """
 
 from __future__ import annotations
@@ -237,7 +236,9 @@ class _Translator:
             return Call(op="coalesce", args=tuple(self.expr(a, hook) for a in args))
         op = _BINARY.get(type(node))
         if op is not None:
-            return Call(op=op, args=(self.expr(node.this, hook), self.expr(node.expression, hook)))
+            call = Call(op=op, args=(self.expr(node.this, hook), self.expr(node.expression, hook)))
+            # sqlglot reads `k NOT LIKE p` as one Like node marked negate
+            return Call(op="not", args=(call,)) if node.args.get("negate") else call
         op = _FUNCS.get(type(node))
         if op is not None:
             return Call(op=op, args=(self.expr(node.this, hook),))
