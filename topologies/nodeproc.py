@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from sparkbus.topologies.busnode import BusNodeHandle
-from sparkbus.topologies.runtime import Endpoints, NodeRequest
+from sparkbus.topologies.runtime import Endpoints, NodeRequest, advertise_host
 from sparkbus.topologies.schema import load
 
 EXIT_SETUP = 2
@@ -72,7 +72,11 @@ def run(path: str, node_id: str, *, skip_unavailable: bool, ready_timeout: float
     threading.Thread(target=_read_stdin, args=(commands,), name="stdin-watch", daemon=True).start()
     try:
         topo = load(path)
-        request = NodeRequest(node_id=node_id, topology=topo, advertise_host=topo.bus.host)
+        # `sparkbus up` runs host-placed nodes only, each on its `host`: what a wildcard bind advertises.
+        machine = topo.spec_of(node_id).host or "127.0.0.1"
+        request = NodeRequest(
+            node_id=node_id, topology=topo, advertise_host=advertise_host(topo.bus.host, machine)
+        )
         handle = BusNodeHandle(request, skip_unavailable=skip_unavailable)
         endpoints = handle.bind()
     except Exception as exc:

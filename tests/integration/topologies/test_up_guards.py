@@ -4,6 +4,7 @@ already running, and so on. Each ends in one line naming the cause, never in a t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -107,3 +108,18 @@ def test_a_node_that_cannot_start_is_named_with_its_cause(tmp_path: Path, env: d
         r"sparkbus up: node a-[01] \(pid \d+\) exited with status 2: MissingKey: no public key for peer 'a-[01]'",
         done.stdout,
     ), done.stdout
+
+
+@pytest.mark.parametrize("host", ["*", "0.0.0.0"])
+def test_a_wildcard_bus_host_binds_everywhere_and_advertises_the_nodes_host(
+    tmp_path: Path, env: dict[str, str], host: str
+) -> None:
+    path = topology(tmp_path, f'[bus]\nhost = "{host}"')
+    with running(env, path):
+        status = sparkbus(env, "status", str(path), "--json")
+        assert status.returncode == 0, status.stderr
+        answers = json.loads(status.stdout)
+        assert sorted(answers) == ["a-0", "a-1"]
+        for node, ans in answers.items():
+            assert ans["endpoints"]["control"].startswith("tcp://127.0.0.1:"), ans["endpoints"]
+            assert all(p["up"] for p in ans["status"]["peers"].values()), (node, ans["status"]["peers"])
