@@ -30,6 +30,7 @@ from typing import IO, Any
 
 import zmq
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -212,7 +213,10 @@ class Launcher:
     def start(self, stop_flag: threading.Event) -> None:
         """Spawn, exchange endpoints and wait until every link is up; raises LaunchError naming a node."""
         deadline = time.monotonic() + self.ready_timeout
-        generated = ensure_keys(self.topo)
+        try:
+            generated = ensure_keys(self.topo)
+        except OSError as exc:
+            raise LaunchError(f"cannot create the CURVE keys: {exc}") from None
         if generated:
             self.console.print(
                 f"generated CURVE keys for {len(generated) // 2} nodes in {generated[0].parent.parent}"
@@ -318,7 +322,7 @@ class Launcher:
                 os.killpg(c.proc.pid, signal.SIGKILL)  # anything the node itself started
             if c.proc.stdout is not None:
                 c.proc.stdout.close()
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # none written, or the run directory is not usable: said already
             self.state_path.unlink()
 
     def run(self) -> int:
@@ -332,14 +336,18 @@ class Launcher:
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.start(stop_flag)
-            self.write_state()
+            try:
+                self.write_state()
+            except OSError as exc:
+                raise LaunchError(f"cannot write the state file: {exc}") from None
             self.print_endpoints()
             self.watch(stop_flag)
             names = ", ".join(signal.Signals(s).name for s in received)
             self.console.print(f"sparkbus up: {names}: stopping {len(self.children)} nodes")
             return 0
         except LaunchError as exc:
-            self.console.print(f"[red]sparkbus up: {exc}; stopping the other nodes[/red]")
+            stopping = "; stopping the other nodes" if self.children else ""
+            self.console.print(f"[red]sparkbus up: {escape(str(exc))}{stopping}[/red]")
             return 1
         finally:
             self.stop()
@@ -359,7 +367,11 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
         for p in problems:
             print(f"{path}: cannot start: {p}", file=sys.stderr)
         return 1
-    lock = claim(path)
+    try:
+        lock = claim(path)
+    except OSError as exc:
+        print(f"{path}: cannot start: the run directory {state_dir()} is not usable: {exc}", file=sys.stderr)
+        return 1
     if lock is None:
         # A second cluster of the same file would take over the first's state file, and stopping either
         # would delete the other's.

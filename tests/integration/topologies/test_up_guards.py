@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparkbus.bus.security import generate
+from sparkbus.topologies.launcher import state_file
 
 from .test_up import READY_TIMEOUT, Up
 
@@ -123,3 +124,39 @@ def test_a_wildcard_bus_host_binds_everywhere_and_advertises_the_nodes_host(
         for node, ans in answers.items():
             assert ans["endpoints"]["control"].startswith("tcp://127.0.0.1:"), ans["endpoints"]
             assert all(p["up"] for p in ans["status"]["peers"].values()), (node, ans["status"]["peers"])
+
+
+def test_a_run_directory_that_cannot_be_used_is_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+    path = topology(tmp_path)
+    blocked = tmp_path / "not-a-directory"
+    blocked.touch()
+    done = sparkbus({**env, "XDG_RUNTIME_DIR": str(blocked)}, "up", str(path))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"{path}: cannot start: the run directory {blocked}/sparkbus-"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stderr
+
+    state = Path(env["XDG_RUNTIME_DIR"]) / f"sparkbus-{os.getuid()}"
+    state.mkdir()
+    (state / "keys-two").touch()  # where up would make the nodes' keys
+    curve = topology(tmp_path, '[bus.security]\nmode = "curve"\nkey_dir = "{run_dir}/keys-two"')
+    done = sparkbus(env, "up", str(curve))
+    assert done.returncode == 1
+    assert done.stdout.startswith("sparkbus up: cannot create the CURVE keys: [Errno 17] File exists"), (
+        done.stdout
+    )
+    assert len(done.stdout.splitlines()) == 1 and "Traceback" not in done.stderr, done.stdout + done.stderr
+
+
+def test_a_state_file_that_cannot_be_written_stops_the_nodes_in_one_line(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = topology(tmp_path)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    state_file(path).mkdir(parents=True)  # a directory where the state file goes
+    done = sparkbus(env, "up", str(path))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith(
+        "sparkbus up: cannot write the state file: [Errno 21] Is a directory"
+    ), done.stdout
+    assert done.stdout.splitlines()[-1].endswith("; stopping the other nodes"), done.stdout
