@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import sqlglot
@@ -62,9 +62,40 @@ _AGGS: dict[type[exp.Expr], str] = {
     exp.Max: "max",
     exp.Avg: "avg",
 }
-_CLAUSES = {"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "kind"}
+_CLAUSES = frozenset({"expressions", "from_", "where", "group", "having", "order", "limit", "offset"})
+_THIS = frozenset({"this"})
+_OPERANDS = frozenset({"this", "expression"})
+#: the parts of each expression node the translation reads (a flag that is false is no part)
+_READS: dict[type[exp.Expr], frozenset[str]] = {
+    **dict.fromkeys(_BINARY, _OPERANDS),
+    exp.Div: _OPERANDS | {"safe"},  # Spark's `/` is marked safe; `typed` would be integer division
+    exp.Like: _OPERANDS | {"negate"},
+    **dict.fromkeys(_FUNCS, _THIS),
+    **dict.fromkeys((exp.Paren, exp.Neg, exp.Not, exp.Boolean), _THIS),
+    exp.Column: frozenset({"this", "table"}),
+    exp.Literal: frozenset({"this", "is_string"}),
+    exp.Null: frozenset(),
+    exp.Placeholder: frozenset(),  # a named parameter (:p) would be bound by position
+    exp.Is: _OPERANDS,
+    exp.Between: frozenset({"this", "low", "high"}),
+    exp.In: frozenset({"this", "expressions", "query"}),
+    exp.Coalesce: frozenset({"this", "expressions", "is_nvl", "is_null"}),
+}
 
 Hook = Callable[[exp.Expr], Expr | None]
+
+
+def _unread(node: exp.Expr, read: Collection[str]) -> tuple[str, exp.Expr | None] | None:
+    """The first part of ``node`` outside ``read`` (its name, and its node if it is one), or None.
+
+    sqlglot parses much more than the subset and marks some syntax in flags (``k NOT LIKE p`` is a Like
+    marked ``negate``): a part the translation does not read would be silently ignored, so it is refused.
+    """
+    for key, value in node.args.items():
+        if value and key not in read:
+            part = value[0] if isinstance(value, list) else value
+            return key, part if isinstance(part, exp.Expr) else None
+    return None
 
 
 def _aliases(outputs: dict[str, Expr], then: Hook | None) -> Hook:
@@ -90,6 +121,20 @@ class _Context:
     def error(self, reason: str, node: exp.Expr | None = None) -> SqlError:
         start, end = _span(node) if node is not None else (None, None)
         return SqlError(reason, self.sql, start, end)
+
+
+def _span_of(node: exp.Expr | None) -> tuple[int | None, int | None]:
+    return _span(node) if node is not None else (None, None)
+
+
+def _text(key: str, part: exp.Expr | None) -> str:
+    """How an error names a part: its SQL, or for a flag its name (``all`` is ``ALL``)."""
+    return part.sql(dialect="spark") if part is not None else _name(key)
+
+
+def _name(key: str) -> str:
+    """A part's name as SQL spells it (``except_`` is ``EXCEPT``)."""
+    return key.replace("_", " ").strip().upper()
 
 
 def _span(node: exp.Expr) -> tuple[int | None, int | None]:
@@ -143,28 +188,50 @@ def parse_sql(sql: str) -> PlanNode:
     return _Translator(sql, select).plan()
 
 
+def _table(sql: str, select: exp.Select) -> exp.Table:
+    """The one table ``select`` reads, once every clause is known to hold only parts the translation reads.
+
+    Raises:
+        SqlError: naming the first part outside the subset.
+    """
+    unread = _unread(select, _CLAUSES)
+    if unread is not None:
+        key, part = unread
+        hint = "; use GROUP BY" if key == "distinct" else ""
+        raise SqlError(f"{key.upper()} is not supported{hint}", sql, *_span_of(part))
+    source = select.args.get("from_")
+    if source is None:
+        raise SqlError("a query needs FROM <table>", sql, *_span(select))
+    table = source.this
+    if (
+        not isinstance(table, exp.Table)
+        or not isinstance(table.this, exp.Identifier)
+        or table.args.get("db")
+        or table.args.get("catalog")
+    ):
+        raise SqlError("FROM takes one table name", sql, *_span(source))
+    unread = _unread(table, ("this", "alias"))
+    if unread is not None:  # TABLESAMPLE, PIVOT, hints, time travel ...
+        raise SqlError(f"{_text(*unread)} in FROM is not supported", sql, *_span_of(unread[1]))
+    alias = table.args.get("alias")
+    if alias is not None and _unread(alias, _THIS) is not None:
+        raise SqlError("a table alias that renames columns is not supported", sql, *_span(alias))
+    group = select.args.get("group")
+    unread = _unread(group, ("expressions",)) if group is not None else None
+    if unread is not None:  # WITH ROLLUP, WITH CUBE, ALL ...
+        raise SqlError(f"GROUP BY {_text(*unread)} is not supported", sql, *_span_of(unread[1]))
+    order = select.args.get("order")
+    for ordered in order.expressions if order is not None else []:
+        unread = _unread(ordered, ("this", "desc", "nulls_first"))
+        if unread is not None:
+            raise SqlError(f"ORDER BY ... {_text(*unread)} is not supported", sql, *_span(ordered))
+    return table
+
+
 class _Translator:
     def __init__(self, sql: str, select: exp.Select) -> None:
         self.select = select
-        for key, value in select.args.items():
-            if value and key not in _CLAUSES:
-                raise SqlError(
-                    f"{key.upper()} is not supported",
-                    sql,
-                    *_span(value) if isinstance(value, exp.Expr) else (None, None),
-                )
-        if select.args.get("kind"):
-            raise SqlError("SELECT DISTINCT is not supported; use GROUP BY", sql)
-        source = select.args.get("from_")
-        if source is None:
-            raise SqlError("a query needs FROM <table>", sql, *_span(select))
-        table = source.this
-        if (
-            not isinstance(table, exp.Table)
-            or not isinstance(table.this, exp.Identifier)
-            or table.args.get("db")
-        ):
-            raise SqlError("FROM takes one table name", sql, *_span(source))
+        table = _table(sql, select)
         self.ctx = _Context(sql, table.name, table.alias or None)
         order = 0
         for clause in ("expressions", "where", "group", "having", "order"):
@@ -185,6 +252,14 @@ class _Translator:
             hooked = hook(node)
             if hooked is not None:
                 return hooked
+        reads = _READS.get(type(node))
+        unread = _unread(node, reads) if reads is not None else None
+        if unread is not None:
+            if isinstance(node, exp.Placeholder):
+                raise self.error(
+                    f"named parameters ({node.sql(dialect='spark')}) are not supported; use ?", node
+                )
+            raise self.error(f"{node.key.upper()} with {_name(unread[0])} is not supported", node)
         if isinstance(node, exp.Paren):
             return self.expr(node.this, hook)
         if isinstance(node, exp.Column):
@@ -284,6 +359,9 @@ class _Translator:
         star = len(items) == 1 and isinstance(items[0], exp.Star)
         if any(isinstance(i, exp.Star) for i in items) and not star:
             raise self.error("* must be the only item of the select list", items[0])
+        unread = _unread(items[0], ()) if star else None
+        if unread is not None:
+            raise self.error(f"* with {_name(unread[0])} is not supported", items[0])
         if aggregated:
             if star:
                 raise self.error("SELECT * cannot be aggregated", items[0])
@@ -435,6 +513,8 @@ class _Translator:
         func = _AGGS.get(type(node))
         if func is None:
             raise self.error(f"unsupported aggregate {node.sql(dialect='spark')}", node)
+        if _unread(node, ("this", "big_int")) is not None:  # max(x, y), count(x, k)
+            raise self.error(f"{func.upper()} of more than one argument is not supported", node)
         inner = node.this
         if isinstance(inner, exp.Distinct):
             if func != "count" or len(inner.expressions) != 1:
