@@ -102,8 +102,14 @@ def main(args: argparse.Namespace) -> int:
         except TopologyError as exc:
             print(exc, file=sys.stderr)
             return 1
-    elif args.names:
+    elif args.names is not None:
         names = [n.strip() for n in args.names.split(",") if n.strip()]
+        if not names:
+            print(
+                f"sparkbus keys: --names {args.names!r} names no key; e.g. --names store-0,store-1",
+                file=sys.stderr,
+            )
+            return 1
     else:
         names = [security.SHARED_NAME]
     try:

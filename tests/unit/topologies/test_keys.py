@@ -60,6 +60,17 @@ def test_names_give_each_node_its_own_pair_and_existing_pairs_are_kept(
     assert security.node_keys(tmp_path, "a") != a
 
 
+@pytest.mark.parametrize("names", [",,", "", " , "])
+def test_names_that_name_no_key_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], names: str
+) -> None:
+    assert _run(str(tmp_path / "k"), "--names", names) == 1
+    assert capsys.readouterr().err == (
+        f"sparkbus keys: --names {names!r} names no key; e.g. --names store-0,store-1\n"
+    )
+    assert not (tmp_path / "k").exists()
+
+
 def test_a_missing_key_is_named(tmp_path: Path) -> None:
     with pytest.raises(security.MissingKey, match="no secret key for node 'x'"):
         security.node_keys(tmp_path, "x")
