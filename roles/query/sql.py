@@ -405,14 +405,15 @@ class _Translator:
             desc = bool(ordered.args.get("desc"))
             nulls_first = ordered.args.get("nulls_first")
             nulls_first = (not desc) if nulls_first is None else bool(nulls_first)
+            if star and not isinstance(node, exp.Column):
+                # The output columns are the table's, unknown until a member reads it: names only.
+                raise self.error(
+                    "with SELECT *, ORDER BY takes column names, not positions or expressions", node
+                )
             position = self._ordinal(node, "ORDER BY")
             if position is not None:
                 column = names[position]
-            elif isinstance(node, exp.Column) and not node.table and node.name in names:
-                column = node.name
-            elif star:
-                if not isinstance(node, exp.Column):
-                    raise self.error("with SELECT *, ORDER BY takes column names", node)
+            elif star or (isinstance(node, exp.Column) and not node.table and node.name in names):
                 column = node.name
             else:
                 column = f"__o{i}"

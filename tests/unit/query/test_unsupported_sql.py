@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sparkbus.roles.query.errors import ErrorCode, SqlError
+from sparkbus.roles.query.plan import Scan, Sort, SortKey
 from sparkbus.roles.query.sql import parse_sql
 
 
@@ -77,3 +78,24 @@ def test_a_part_outside_the_subset_is_refused(sql: str, reason: str, at: str | N
 )
 def test_the_subset_itself_still_parses(sql: str) -> None:
     parse_sql(sql)
+
+
+@pytest.mark.parametrize(("order", "at"), [("1", "1"), ("2 DESC", "2"), ("x + 1", "x + 1")])
+def test_select_star_orders_by_column_names_only(order: str, at: str) -> None:
+    # The output columns are the table's, unknown when the text is parsed; ORDER BY 1 failed at run time
+    # with "[-1 GENERIC] execute: IndexError".
+    sql = f"SELECT * FROM t ORDER BY {order}"
+    with pytest.raises(SqlError) as caught:
+        parse_sql(sql)
+    assert caught.value.reason == "with SELECT *, ORDER BY takes column names, not positions or expressions"
+    assert caught.value.start == sql.index(at, len("SELECT * FROM t"))
+
+
+def test_select_star_orders_by_a_column_name() -> None:
+    assert parse_sql("SELECT * FROM t ORDER BY x DESC, t.k") == Sort(
+        input=Scan(table="t"),
+        keys=(
+            SortKey(column="x", descending=True, nulls_first=False),
+            SortKey(column="k", descending=False, nulls_first=True),
+        ),
+    )
