@@ -39,7 +39,7 @@ from sparkbus.topologies.units import parse_duration, parse_size
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _CLUSTER_MASTERS = ("spark://", "yarn", "k8s://", "mesos://")
-_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 #: Spark settings that sparkbus owns: setting them under [spark.conf] would be silently overridden.
 _OWNED_CONF = {
     "spark.master": "spark.master",
@@ -185,6 +185,23 @@ def _name_check(value: str) -> str | None:
     return "must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 
+def _bus_host_check(value: str) -> str | None:
+    if not value.strip():
+        return "must not be empty"
+    if ":" in value:
+        # libzmq binds "tcp://::1:PORT" as an interface name and fails with "No such device".
+        return f"{value!r} is an IPv6 address; the bus binds IPv4 only: use an IPv4 address, '0.0.0.0' or '*'"
+    return None
+
+
+def _node_host_check(value: str) -> str | None:
+    if not value.strip():
+        return "must not be empty"
+    if ":" in value:
+        return f"{value!r} is an IPv6 address; peers reach nodes over IPv4 only: use the machine's IPv4 address or name"
+    return None
+
+
 def _positive(value: float) -> str | None:
     return None if value > 0 else f"must be greater than zero, got {value}"
 
@@ -252,7 +269,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
         d.transport,
         check=lambda v: None if v in ("tcp", "ipc") else f"must be 'tcp' or 'ipc', got {v!r}",
     )
-    host = c.get(t, "host", "bus", str, d.host, check=lambda v: None if v.strip() else "must not be empty")
+    host = c.get(t, "host", "bus", str, d.host, check=_bus_host_check)
     ports = c.get(t, "ports", "bus", str, None, convert=_port_range)
     ipc_dir = c.get(t, "ipc_dir", "bus", str, None)
     if transport == "ipc":
@@ -382,7 +399,7 @@ def _spark(c: _Checker, raw: Mapping[str, Any], cluster: Cluster) -> SparkSettin
             conf.append((key, str(value)))
         else:
             c.bad(path, f"expected a string, number or boolean, got {_kind(value)}")
-    if ("spark.dynamicAllocation.enabled", "true") in conf:
+    if any(k == "spark.dynamicAllocation.enabled" and v.strip().lower() == "true" for k, v in conf):
         c.bad(
             'spark.conf."spark.dynamicAllocation.enabled"',
             "barrier stages refuse dynamic allocation (SPARK-24954)",
@@ -407,7 +424,7 @@ def _node(c: _Checker, t: Mapping[str, Any], path: str, spark: bool) -> NodeSpec
     count = c.get(
         t, "count", path, int, None, check=lambda v: None if v >= 1 else f"must be at least 1, got {v}"
     )
-    host = c.get(t, "host", path, str, None, check=lambda v: None if v.strip() else "must not be empty")
+    host = c.get(t, "host", path, str, None, check=_node_host_check)
     if placement == "driver" and "count" in t:
         c.bad(f"{path}.count", "a driver-placed node is one node in the driver process; remove count")
     if placement == "host" and "host" not in t:
@@ -491,6 +508,12 @@ def _tables(c: _Checker, raw: Mapping[str, Any]) -> tuple[TableSpec, ...]:
             keys = c.names(t, "key", path)
             if isinstance(key, list) and not key:
                 c.bad(f"{path}.key", "must name at least one column")
+        for i, column in enumerate(keys):
+            if not column.strip():
+                c.bad(
+                    f"{path}.key" if isinstance(key, str) else f"{path}.key[{i}]",
+                    "must name a column, got a blank string",
+                )
         out.append(TableSpec(name=name, partitions=partitions, replication=replication, key=keys))
     return tuple(out)
 
@@ -498,38 +521,44 @@ def _tables(c: _Checker, raw: Mapping[str, Any]) -> tuple[TableSpec, ...]:
 # ---------------------------------------------------------------- cross-section checks
 
 
-def _check_placement(c: _Checker, topo: Topology) -> None:
-    bus, spark = topo.bus, topo.spark
-    executors = topo.placed("executor")
-    if spark is not None:
-        slots = spark.local_slots
-        if slots is not None and len(executors) > slots:
-            c.bad(
-                "spark.master",
-                f"{spark.master} runs {slots} task(s) at once, but the barrier stage needs all "
-                f"{len(executors)} executor nodes running together; use local[{len(executors)}] or fewer nodes",
-            )
-    if bus.transport == "ipc":
-        if spark is not None and not spark.is_local:
-            c.bad("bus.transport", "'ipc' needs every node on one machine, but spark.master is a cluster")
-        for i, spec in enumerate(topo.nodes):
-            if spec.placement == "host" and spec.host not in _LOCAL_HOSTS:
-                c.bad(
-                    f"nodes[{i}].host", f"transport 'ipc' needs every node on this machine, not {spec.host!r}"
-                )
-    if bus.ports is not None:
-        floating = [nid for nid, _ in topo.placed("driver") + executors]
-        per_host = Counter(
-            spec.host for spec in topo.nodes if spec.placement == "host" for _ in spec.node_ids
+def _check_slots(c: _Checker, topo: Topology) -> None:
+    spark, executors = topo.spark, len(topo.placed("executor"))
+    if spark is None or spark.local_slots is None or executors <= spark.local_slots:
+        return
+    c.bad(
+        "spark.master",
+        f"{spark.master} runs {spark.local_slots} task(s) at once, but the barrier stage needs all "
+        f"{executors} executor nodes running together; use local[{executors}] or fewer nodes",
+    )
+
+
+def _check_ipc(c: _Checker, topo: Topology) -> None:
+    if topo.bus.transport != "ipc":
+        return
+    if topo.spark is not None and not topo.spark.is_local:
+        c.bad("bus.transport", "'ipc' needs every node on one machine, but spark.master is a cluster")
+    for i, spec in enumerate(topo.nodes):
+        if spec.placement == "host" and spec.host not in _LOCAL_HOSTS:
+            c.bad(f"nodes[{i}].host", f"transport 'ipc' needs every node on this machine, not {spec.host!r}")
+
+
+def _check_ports(c: _Checker, topo: Topology) -> None:
+    ports = topo.bus.ports
+    if ports is None:
+        return
+    floating = [nid for nid, _ in topo.placed("driver") + topo.placed("executor")]
+    per_host = Counter(spec.host for spec in topo.nodes if spec.placement == "host" for _ in spec.node_ids)
+    crowd = max(per_host.values(), default=0) + len(floating)
+    if PORTS_PER_NODE * crowd > ports.size:
+        c.bad(
+            "bus.ports",
+            f"{ports} holds {ports.size} ports, but up to {crowd} nodes may share one machine "
+            f"and each binds {PORTS_PER_NODE} (control and data); widen it to at least "
+            f"{PORTS_PER_NODE * crowd} ports or use 'ephemeral'",
         )
-        crowd = max(per_host.values(), default=0) + len(floating)
-        if PORTS_PER_NODE * crowd > bus.ports.size:
-            c.bad(
-                "bus.ports",
-                f"{bus.ports} holds {bus.ports.size} ports, but up to {crowd} nodes may share one machine "
-                f"and each binds {PORTS_PER_NODE} (control and data); widen it to at least "
-                f"{PORTS_PER_NODE * crowd} ports or use 'ephemeral'",
-            )
+
+
+def _check_tables(c: _Checker, topo: Topology) -> None:
     storing = topo.hosting("replication")
     for table in topo.tables:
         path = _join("tables", table.name)
@@ -541,6 +570,22 @@ def _check_placement(c: _Checker, topo: Topology) -> None:
                 f"{table.replication} copies need {table.replication} nodes running 'replication', "
                 f"but only {len(storing)} do ({', '.join(storing)})",
             )
+
+
+#: The checks across sections, each with the sections it reads. A check runs when those have no problem of
+#: their own, so that every problem is reported at once but a bad value, read back as its default, does not
+#: bring a second, misleading one (a node refused for its name runs no role).
+_ACROSS: tuple[tuple[frozenset[str], Callable[[_Checker, Topology], None]], ...] = (
+    (frozenset({"spark", "nodes"}), _check_slots),
+    (frozenset({"bus", "spark", "nodes"}), _check_ipc),
+    (frozenset({"bus", "nodes"}), _check_ports),
+    (frozenset({"nodes", "tables"}), _check_tables),
+)
+
+
+def _section(problem: Problem) -> str:
+    """The top-level section a problem is in (``nodes[2].host``: ``nodes``)."""
+    return re.split(r"[.\[]", problem.path, maxsplit=1)[0]
 
 
 # ---------------------------------------------------------------- entry points
@@ -566,9 +611,10 @@ def loads(text: str, source: str = "<string>", *, registry: Registry = ROLES) ->
     nodes = _nodes(c, raw, spark)
     tables = _tables(c, raw)
     topo = Topology(source=source, cluster=cluster, bus=bus, spark=spark, nodes=nodes, tables=tables)
-    if not c.problems:
-        # Cross-section checks read values the section checks vouched for.
-        _check_placement(c, topo)
+    doubtful = {_section(p) for p in c.problems}
+    for sections, check in _ACROSS:
+        if doubtful.isdisjoint(sections):
+            check(c, topo)
     if c.problems:
         raise TopologyError(source, c.problems)
     return topo

@@ -125,7 +125,11 @@ def _check_session(session: Any) -> None:
             "call waiting for a task that never arrives would hang the job for a year; build the session with "
             "sparkbus.topologies.spark.embedded_session, or set spark.barrier.sync.timeout (e.g. 30s)"
         )
-    if session.sparkContext.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
+    # Spark reads a boolean setting trimmed and in any case ("TRUE" enables it).
+    if (
+        session.sparkContext.getConf().get("spark.dynamicAllocation.enabled", "false").strip().lower()
+        == "true"
+    ):
         raise SparkRuntimeError(
             "barrier stages refuse dynamic allocation; set spark.dynamicAllocation.enabled=false"
         )

@@ -237,11 +237,12 @@ def test_a_session_without_a_barrier_timeout_is_refused() -> None:
     topo = load(shipped("local.toml"))
     with pytest.raises(SparkRuntimeError, match=r"365 days.*set spark\.barrier\.sync\.timeout"):
         SparkRuntime(topo, _Session({}), ProbeFactory())
-    with pytest.raises(SparkRuntimeError, match="refuse dynamic allocation"):
-        SparkRuntime(
-            topo,
-            _Session({"spark.barrier.sync.timeout": "5s", "spark.dynamicAllocation.enabled": "true"}),
-            ProbeFactory(),
-        )
+    for enabled in ("true", " TRUE"):  # as Spark reads a boolean: trimmed, in any case
+        with pytest.raises(SparkRuntimeError, match="refuse dynamic allocation"):
+            SparkRuntime(
+                topo,
+                _Session({"spark.barrier.sync.timeout": "5s", "spark.dynamicAllocation.enabled": enabled}),
+                ProbeFactory(),
+            )
     with pytest.raises(SparkRuntimeError, match="no \\[spark\\] section"):
         SparkRuntime(load(shipped("processes.toml")), _Session({}), ProbeFactory())

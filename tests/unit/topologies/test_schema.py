@@ -173,6 +173,8 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
     ("bus", "expected"),
     [
         ('transport = "udp"', "bus.transport: must be 'tcp' or 'ipc', got 'udp'"),
+        ('host = "::1"', "bus.host: '::1' is an IPv6 address; the bus binds IPv4 only"),
+        ('host = " "', "bus.host: must not be empty"),
         ('heartbeat = "5"', "bus.heartbeat: '5' has no unit"),
         ('heartbeat = "0s"', "bus.heartbeat: must be greater than zero"),
         (
@@ -216,6 +218,7 @@ def test_bad_bus_settings(bus: str, expected: str) -> None:
             'spark.conf."spark.barrier.sync.timeout": set by sparkbus; write spark.barrier_timeout',
         ),
         ('"spark.dynamicAllocation.enabled" = true', "barrier stages refuse dynamic allocation"),
+        ('"spark.dynamicAllocation.enabled" = " TRUE"', "barrier stages refuse dynamic allocation"),
         ('"spark.x" = [1]', 'spark.conf."spark.x": expected a string, number or boolean, got an array'),
     ],
 )
@@ -270,6 +273,10 @@ def test_executor_placement_needs_spark() -> None:
             "nodes[2].host: Spark chooses where",
         ),
         ('name = "h"\nplacement = "host"\nhost = "x"', "nodes[2]: runs nothing"),
+        (
+            'name = "h"\nplacement = "host"\nhost = "::1"\nroles = ["query"]',
+            "nodes[2].host: '::1' is an IPv6 address; peers reach nodes over IPv4 only",
+        ),
         ('placement = "host"\nhost = "x"\nroles = ["query"]', "nodes[2].name: missing (required)"),
     ],
 )
@@ -336,6 +343,8 @@ def test_table_without_any_replication_node() -> None:
         ("key = 'id'", "tables.orders.partitions: missing (required)"),
         ("partitions = 2", "tables.orders.key: missing"),
         ("partitions = 2\nkey = []", "tables.orders.key: must name at least one column"),
+        ("partitions = 2\nkey = ''", "tables.orders.key: must name a column, got a blank string"),
+        ("partitions = 2\nkey = ['id', ' ']", "tables.orders.key[1]: must name a column, got a blank"),
         ("partitions = 2\nkey = 'id'\nsorted = true", "tables.orders.sorted: unknown key"),
     ],
 )
@@ -350,6 +359,17 @@ def test_every_problem_is_reported_at_once() -> None:
     )
     err = problems(text)
     assert [p.split(":")[0] for p in err] == ["cluster.name", "bus.heartbeat", "nodes[1].count"]
+
+
+def test_checks_across_sections_run_beside_problems_in_sections_they_do_not_read() -> None:
+    text = BASE + '\n[bus]\nheartbeet = "1s"\n' + TABLE.format(r=3)
+    assert problems(text) == [
+        "bus.heartbeet: unknown key; did you mean 'heartbeat'?",
+        "tables.orders.replication: 3 copies need 3 nodes running 'replication', but only 2 do (s-0, s-1)",
+    ]
+    # A node refused for its name runs no role: the table check, which reads the nodes, says nothing.
+    text = BASE.replace('name = "s"', 'name = "s s"') + TABLE.format(r=1)
+    assert [p.split(":")[0] for p in problems(text)] == ["nodes[1].name"]
 
 
 def test_shipped_refuses_unknown_names() -> None:
