@@ -114,6 +114,30 @@ class _Context:
     held: dict[int, _Held] = field(default_factory=dict)  # request id -> its result
 
 
+def _tag(ctx: _Context, request_id: int) -> str:
+    """A request of a logical connection, as the gateway names it to the node's roles (the call's tag, an
+    SQL query's ``owner``)."""
+    return f"{ctx.connection_id}/{request_id}"
+
+
+def _owned(op: int, args: dict[str, Any], ctx: _Context, rid: int) -> dict[str, Any]:
+    """SQL runs as this request's (``owner``, whatever the client sent), and QUERY_CANCEL cancels an SQL
+    request of this connection only, by its ``request_id``: a call id (a counter of the node's) or a query id
+    (shown in error texts) would let any client cancel any other's query.
+
+    Raises:
+        ValueError: a QUERY_CANCEL without an int ``request_id``.
+    """
+    if op == Op.SQL:
+        return {**args, "owner": _tag(ctx, rid)}
+    if op == Op.QUERY_CANCEL:
+        target = args.get("request_id")
+        if type(target) is not int:
+            raise ValueError(f"takes request_id (int), an SQL request of this connection, got {target!r}")
+        return {"owner": _tag(ctx, target)}
+    return args
+
+
 def is_client(peer: str) -> bool:
     """Whether a bus peer name is a thin-client session."""
     return peer.startswith(CLIENT_PREFIX)
@@ -273,15 +297,15 @@ class Gateway:
         route = ROUTES.get(msg.op)
         if route is None:
             return self._complete(ctx, rid, msg.op, window, None, f"unknown operation {msg.op}")
-        args = dict(msg.args)
-        convert = ARGS.get(msg.op)
-        if convert is not None:
-            try:
+        try:
+            args = _owned(msg.op, dict(msg.args), ctx, rid)
+            convert = ARGS.get(msg.op)
+            if convert is not None:
                 args = convert(args)
-            except (DecodeError, ValueError, TypeError) as exc:
-                return self._complete(ctx, rid, msg.op, window, None, f"{Op(msg.op).name}: {exc}")
+        except (DecodeError, ValueError, TypeError) as exc:
+            return self._complete(ctx, rid, msg.op, window, None, f"{Op(msg.op).name}: {exc}")
         ctx.running[rid] = (msg.op, window)
-        return [c.Call(role=route[0], name=route[1], args=args, tag=f"{ctx.connection_id}/{rid}")]
+        return [c.Call(role=route[0], name=route[1], args=args, tag=_tag(ctx, rid))]
 
     def _on_ack(self, ctx: _Context, peer: str, msg: Ack) -> list[c.Action]:
         for rid in msg.release:

@@ -67,9 +67,12 @@ class QueryRole:
     Local calls:
         ``execute``: ``sql`` (str) or ``plan`` (a plain logical plan); optional ``parameters`` (list),
             ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool),
-            ``exchange`` (``push``, ``binx`` or ``http``; ``docs/QUERY.md``, section Exchanges). Replies
-            with the result as Arrow IPC stream bytes, or an error ``[code NAME] message (...)``.
-        ``cancel``: ``query_id`` (str) or ``call_id`` (the execute call); replies True if it cancelled.
+            ``exchange`` (``push``, ``binx`` or ``http``; ``docs/QUERY.md``, section Exchanges), ``owner``
+            (str: who may cancel it by name). Replies with the result as Arrow IPC stream bytes, or an error
+            ``[code NAME] message (...)``.
+        ``cancel``: ``query_id`` (str), ``call_id`` (the execute call) or ``owner`` (str, what the execute
+            call gave as its ``owner``, as the client gateway names a client's request); replies True if it
+            cancelled.
         ``load``: ``table`` (str), ``batches`` (list of Arrow IPC row batches), optional ``replace``;
             replies with the partition's row count.
 
@@ -248,6 +251,9 @@ class QueryRole:
         timeout = args.get("timeout", self.config.default_timeout)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")
+        owner = args.get("owner")
+        if owner is not None and not isinstance(owner, str):
+            raise QueryError(ErrorCode.PARSING, f"owner must be a str, got {type(owner).__name__}")
         parameters = args.get("parameters")
         if parameters is not None and not isinstance(parameters, list | tuple):
             raise QueryError(ErrorCode.PARSING, f"parameters must be a list, got {type(parameters).__name__}")
@@ -286,6 +292,7 @@ class QueryRole:
             initiator=True,
             start=start,  # before start goes out: whatever fails from here on cancels its participants
             call_id=call.call_id,
+            owner=owner,
             exchange=kind,
         )
         self.queries[qid] = q
@@ -302,7 +309,10 @@ class QueryRole:
 
     def _cancel_call(self, args: dict[str, Any], out: list[c.Action]) -> bool:
         qid: QueryId | None = None
-        if isinstance(args.get("call_id"), int):
+        if "owner" in args:  # a gateway's client: its own queries only, whatever else the call names
+            owner = args["owner"]
+            qid = next((q.id for q in self.queries.values() if q.initiator and q.owner == owner), None)
+        elif isinstance(args.get("call_id"), int):
             qid = self.calls.get(args["call_id"])
         elif isinstance(args.get("query_id"), str):
             try:

@@ -105,6 +105,7 @@ class QueryState:
     initiator: bool
     start: QueryStarted | None = None
     call_id: int | None = None
+    owner: str | None = None  # the execute call's owner: only a cancel naming it ends the query
     pending: list[c.BatchReceived] = field(default_factory=list)
     runs: dict[int, FragmentRun] = field(default_factory=dict)
     outboxes: dict[tuple[str, str], Outbox] = field(default_factory=dict)

@@ -1,0 +1,58 @@
+"""QUERY_CANCEL cancels only a request of the client's own connection, named by its request id: call ids are
+a counter of the node's and query ids show in error texts, so naming either let any client cancel any
+other's query."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from sparkbus.bus import BusConfig
+from sparkbus.roles.client import ClientConfig, Gateway, Op
+from sparkbus.roles.query import QueryRole, table_to_ipc
+from sparkbus.roles.query.errors import ErrorCode
+
+from .harness import ClientSim, SimClient, error_of
+
+SQL = {"sql": "SELECT count(*) AS n FROM t"}
+
+
+def cluster() -> tuple[ClientSim, SimClient, SimClient]:
+    sim = ClientSim(4, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("i", [QueryRole("i", incarnation="i0"), Gateway("i", ["query"])])
+    sim.add_node("p1", [QueryRole("p1", incarnation="p0")])
+    sim.start()
+    sim.run_until(sim.all_up)
+    part = pa.table({"x": pa.array(range(100), pa.int64())})
+    for node in ("i", "p1"):
+        sim.result(sim.call(node, "query", "load", {"table": "t", "batches": [table_to_ipc(part)]}))
+    alice = sim.add_client("alice", ["i:1"], ClientConfig(cluster_tag="sim"))
+    bob = sim.add_client("bob", ["i:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: alice.core.connected and bob.core.connected, limit=5)
+    sim.stall("p1", "i", 1.0)  # the query runs on while the clients act
+    return sim, alice, bob
+
+
+def test_a_client_cannot_cancel_another_clients_query() -> None:
+    sim, alice, bob = cluster()
+    query = alice.submit(sim, Op.SQL, SQL)
+    sim.run_for(0.01)
+    rid = alice.core.ops[query].request_id
+    tries = [{"request_id": rid}, *({"call_id": n} for n in range(1, 6)), {"query_id": "i@i0.1"}]
+    answers = [sim.wait(bob, bob.submit(sim, Op.QUERY_CANCEL, args), limit=0.5) for args in tries]
+    done = sim.wait(alice, query, limit=30)
+    assert done.error is None, f"alice's query was cancelled: {done.error}"
+    assert done.result.table().to_pylist() == [{"n": 200}]
+    assert answers[0].error is None and answers[0].result is False  # bob's own request rid: none running
+    for refused in answers[1:]:
+        assert refused.error is not None and "QUERY_CANCEL: takes request_id (int)" in str(refused.error)
+
+
+def test_a_client_cancels_its_own_query_by_its_request_id() -> None:
+    sim, alice, _ = cluster()
+    query = alice.submit(sim, Op.SQL, SQL)
+    sim.run_for(0.01)
+    rid = alice.core.ops[query].request_id
+    assert sim.outcome(alice, alice.submit(sim, Op.QUERY_CANCEL, {"request_id": rid})) is True
+    error = error_of(sim.wait(alice, query, limit=30))
+    assert error.code == ErrorCode.CANCELLED_BY_USER and "cancelled by the user" in str(error)
+    assert sim.outcome(alice, alice.submit(sim, Op.QUERY_CANCEL, {"request_id": rid})) is False  # over
