@@ -1,0 +1,29 @@
+"""docs/CLIENT.md says how SQL through the gateway finds its participants as the code does it: the query role
+leaves thin-client sessions out of its default participants, and the gateway adds no ``participants`` (its
+Known limits described a workaround of the gateway's that the code no longer has)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparkbus.bus import contract as c
+from sparkbus.roles.client import Gateway, Op
+from sparkbus.roles.client.messages import Request
+from sparkbus.roles.query import QueryRole
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "CLIENT.md"
+
+
+def test_sql_participants_are_documented_as_the_gateway_and_query_role_choose_them() -> None:
+    role = QueryRole("n1", incarnation="x")
+    role.handle(c.PeerUp(peer="client:ab", connection_id="cid"), 0.0)
+    role.handle(c.PeerUp(peer="n2"), 0.0)
+    assert role.peers_up == {"n2"}
+    gw = Gateway("n1", ["query"])
+    gw.handle(c.PeerUp(peer="client:ab", connection_id="cid"), 0.0)
+    sql = Request(request_id=1, op=Op.SQL, args={"sql": "SELECT x FROM t"})
+    (call,) = gw.handle(c.MessageReceived(peer="client:ab", message=sql), 0.0)
+    assert isinstance(call, c.Call) and "participants" not in call.args
+    text = " ".join(DOC.read_text().split())
+    assert "thin-client sessions are never participants" in text
+    assert "so the gateway sets `participants`" not in text
