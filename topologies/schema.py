@@ -185,21 +185,15 @@ def _name_check(value: str) -> str | None:
     return "must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 
-def _bus_host_check(value: str) -> str | None:
-    if not value.strip():
-        return "must not be empty"
-    if ":" in value:
-        # libzmq binds "tcp://::1:PORT" as an interface name and fails with "No such device".
-        return f"{value!r} is an IPv6 address; the bus binds IPv4 only: use an IPv4 address, '0.0.0.0' or '*'"
-    return None
+def _host_check(ipv6: str) -> Callable[[str], str | None]:
+    """A check of a host value, refusing IPv6 addresses with ``ipv6`` as the reason."""
 
+    def check(value: str) -> str | None:
+        if not value.strip():
+            return "must not be empty"
+        return f"{value!r} is an IPv6 address; {ipv6}" if ":" in value else None
 
-def _node_host_check(value: str) -> str | None:
-    if not value.strip():
-        return "must not be empty"
-    if ":" in value:
-        return f"{value!r} is an IPv6 address; peers reach nodes over IPv4 only: use the machine's IPv4 address or name"
-    return None
+    return check
 
 
 def _positive(value: float) -> str | None:
@@ -269,7 +263,15 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
         d.transport,
         check=lambda v: None if v in ("tcp", "ipc") else f"must be 'tcp' or 'ipc', got {v!r}",
     )
-    host = c.get(t, "host", "bus", str, d.host, check=_bus_host_check)
+    # libzmq takes "tcp://::1:PORT" for an interface name and fails with "No such device".
+    host = c.get(
+        t,
+        "host",
+        "bus",
+        str,
+        d.host,
+        check=_host_check("the bus binds IPv4 only: use an IPv4 address, '0.0.0.0' or '*'"),
+    )
     ports = c.get(t, "ports", "bus", str, None, convert=_port_range)
     ipc_dir = c.get(t, "ipc_dir", "bus", str, None)
     if transport == "ipc":
@@ -424,7 +426,14 @@ def _node(c: _Checker, t: Mapping[str, Any], path: str, spark: bool) -> NodeSpec
     count = c.get(
         t, "count", path, int, None, check=lambda v: None if v >= 1 else f"must be at least 1, got {v}"
     )
-    host = c.get(t, "host", path, str, None, check=_node_host_check)
+    host = c.get(
+        t,
+        "host",
+        path,
+        str,
+        None,
+        check=_host_check("peers reach nodes over IPv4 only: use the machine's IPv4 address or name"),
+    )
     if placement == "driver" and "count" in t:
         c.bad(f"{path}.count", "a driver-placed node is one node in the driver process; remove count")
     if placement == "host" and "host" not in t:

@@ -20,7 +20,7 @@ from sparkbus.topologies import shipped
 from sparkbus.topologies.partitioning import split
 
 from ..client.test_up import stop
-from .test_up import READY_TIMEOUT, Up
+from .test_up import READY_TIMEOUT, Up, cli
 
 pytestmark = pytest.mark.integration
 
@@ -29,14 +29,7 @@ TOPOLOGY = str(shipped("processes.toml"))
 
 def sparkbus(up: Up, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """One ``sparkbus`` command against the running cluster (its run directory), reaped on timeout."""
-    return subprocess.run(
-        [sys.executable, "-m", "sparkbus.topologies.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**up.env, "COLUMNS": "200"},
-        timeout=timeout,
-        check=False,
-    )
+    return cli({**up.env, "COLUMNS": "200"}, *args, timeout=timeout)
 
 
 def client(up: Up, *args: str) -> subprocess.CompletedProcess[str]:

@@ -45,6 +45,18 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """One ``sparkbus`` command, killed if it outlives ``timeout`` (a launcher's nodes stop with it)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sparkbus.topologies.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
 class Up:
     """A running ``sparkbus up`` (of ``processes.toml`` unless ``topology`` says) and its output, line by line."""
 
@@ -103,6 +115,15 @@ class Up:
             self.output.append(line)
         return code, "".join(self.output)
 
+    def kill(self) -> None:
+        """SIGKILL its process group if it still runs (its nodes stop when their stdin closes), reap it."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
     def node_pids(self) -> dict[str, int]:
         files = list(Path(self.env["XDG_RUNTIME_DIR"]).glob("sparkbus-*/up-processes-*.json"))
         assert len(files) == 1, files
@@ -117,12 +138,7 @@ def up(tmp_path: Path) -> Iterator[Up]:
     try:
         yield running
     finally:
-        if running.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(running.proc.pid, signal.SIGKILL)
-            running.proc.wait(timeout=10)
-        if running.proc.stdout is not None:
-            running.proc.stdout.close()
+        running.kill()
 
 
 def test_up_reaches_ready_answers_status_and_stops_on_sigterm(up: Up) -> None:

@@ -9,8 +9,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 from sparkbus.bus.security import generate
 from sparkbus.topologies.launcher import state_file
 
-from .test_up import READY_TIMEOUT, Up
+from .test_up import READY_TIMEOUT, Up, cli
 
 pytestmark = pytest.mark.integration
 
@@ -42,21 +40,6 @@ def topology(tmp_path: Path, bus: str = "") -> Path:
     return path
 
 
-def sparkbus(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """One ``sparkbus`` command in its own process group, killed (group and all) if it outlives ``timeout``."""
-    cmd = [sys.executable, "-m", "sparkbus.topologies.cli", *args]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n(still running after {timeout:g} s: killed)"
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 @contextlib.contextmanager
 def running(env: dict[str, str], path: Path) -> Iterator[Up]:
     up = Up(env, str(path))
@@ -64,12 +47,7 @@ def running(env: dict[str, str], path: Path) -> Iterator[Up]:
         up.wait_for("state:", READY_TIMEOUT + 10)
         yield up
     finally:
-        if up.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(up.proc.pid, signal.SIGKILL)
-            up.proc.wait(timeout=10)
-        if up.proc.stdout is not None:
-            up.proc.stdout.close()
+        up.kill()
 
 
 @pytest.fixture
@@ -82,18 +60,18 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_a_file_already_running_is_refused_and_keeps_its_state(tmp_path: Path, env: dict[str, str]) -> None:
     path = topology(tmp_path)
     with running(env, path) as first:
-        second = sparkbus(env, "up", str(path))
+        second = cli(env, "up", str(path))
         assert second.returncode == 1, second.stderr
         assert second.stderr.startswith(
             f"{path}: cannot start: another `sparkbus up` of this file is running"
         )
         assert len(second.stderr.splitlines()) == 1, second.stderr
-        status = sparkbus(env, "status", str(path), "--json")
+        status = cli(env, "status", str(path), "--json")
         assert status.returncode == 0, status.stderr
         first.proc.send_signal(signal.SIGINT)
         code, out = first.finish()
         assert code == 0, out
-    again = sparkbus(env, "status", str(path))
+    again = cli(env, "status", str(path))
     assert again.returncode == 1 and "no running cluster recorded" in again.stderr
 
 
@@ -102,7 +80,7 @@ def test_a_node_that_cannot_start_is_named_with_its_cause(tmp_path: Path, env: d
     generate(keys, ["cluster"])
     shutil.rmtree(keys / "public")  # the nodes bind with the secret pair, then find no key for their peers
     path = topology(tmp_path, f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"')
-    done = sparkbus(env, "up", str(path), "--timeout", "20")
+    done = cli(env, "up", str(path), "--timeout", "20")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert re.search(
@@ -117,7 +95,7 @@ def test_a_wildcard_bus_host_binds_everywhere_and_advertises_the_nodes_host(
 ) -> None:
     path = topology(tmp_path, f'[bus]\nhost = "{host}"')
     with running(env, path):
-        status = sparkbus(env, "status", str(path), "--json")
+        status = cli(env, "status", str(path), "--json")
         assert status.returncode == 0, status.stderr
         answers = json.loads(status.stdout)
         assert sorted(answers) == ["a-0", "a-1"]
@@ -130,7 +108,7 @@ def test_a_run_directory_that_cannot_be_used_is_one_line(tmp_path: Path, env: di
     path = topology(tmp_path)
     blocked = tmp_path / "not-a-directory"
     blocked.touch()
-    done = sparkbus({**env, "XDG_RUNTIME_DIR": str(blocked)}, "up", str(path))
+    done = cli({**env, "XDG_RUNTIME_DIR": str(blocked)}, "up", str(path))
     assert done.returncode == 1
     assert done.stderr.startswith(f"{path}: cannot start: the run directory {blocked}/sparkbus-"), done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stderr
@@ -139,7 +117,7 @@ def test_a_run_directory_that_cannot_be_used_is_one_line(tmp_path: Path, env: di
     state.mkdir()
     (state / "keys-two").touch()  # where up would make the nodes' keys
     curve = topology(tmp_path, '[bus.security]\nmode = "curve"\nkey_dir = "{run_dir}/keys-two"')
-    done = sparkbus(env, "up", str(curve))
+    done = cli(env, "up", str(curve))
     assert done.returncode == 1
     assert done.stdout.startswith("sparkbus up: cannot create the CURVE keys: [Errno 17] File exists"), (
         done.stdout
@@ -153,7 +131,7 @@ def test_a_state_file_that_cannot_be_written_stops_the_nodes_in_one_line(
     path = topology(tmp_path)
     monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
     state_file(path).mkdir(parents=True)  # a directory where the state file goes
-    done = sparkbus(env, "up", str(path))
+    done = cli(env, "up", str(path))
     assert done.returncode == 1
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1].startswith(
