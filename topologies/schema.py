@@ -12,12 +12,12 @@ import difflib
 import ipaddress
 import re
 import tomllib
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sparkbus.bus.contract import HTTP_BUFFERS
 from sparkbus.topologies.model import (
     LOCAL_MASTER,
     MAX_BATCH_SIZE,
@@ -555,15 +555,29 @@ def _check_ports(c: _Checker, topo: Topology) -> None:
     ports = topo.bus.ports
     if ports is None:
         return
-    floating = [nid for nid, _ in topo.placed("driver") + topo.placed("executor")]
-    per_host = Counter(spec.host for spec in topo.nodes if spec.placement == "host" for _ in spec.node_ids)
-    crowd = max(per_host.values(), default=0) + len(floating)
-    if PORTS_PER_NODE * crowd > ports.size:
+
+    def binds(spec: NodeSpec) -> int:  # control and data, and the HTTP exchange's port if it serves one
+        return PORTS_PER_NODE + (1 if HTTP_BUFFERS in spec.runs else 0)
+
+    floating = [spec for _, spec in topo.placed("driver") + topo.placed("executor")]
+    per_host: dict[str | None, list[NodeSpec]] = {}
+    for spec in topo.nodes:
+        if spec.placement == "host":
+            per_host.setdefault(spec.host, []).extend([spec] * len(spec.node_ids))
+    crowded = max(per_host.values(), key=lambda specs: sum(map(binds, specs)), default=[])
+    sharing = crowded + floating
+    need = sum(map(binds, sharing))
+    if need > ports.size:
+        http = (
+            " and one more for each that serves the HTTP exchange (binx.server)"
+            if any(HTTP_BUFFERS in spec.runs for spec in sharing)
+            else ""
+        )
         c.bad(
             "bus.ports",
-            f"{ports} holds {ports.size} ports, but up to {crowd} nodes may share one machine "
-            f"and each binds {PORTS_PER_NODE} (control and data); widen it to at least "
-            f"{PORTS_PER_NODE * crowd} ports or use 'ephemeral'",
+            f"{ports} holds {ports.size} ports, but up to {len(sharing)} nodes may share one machine "
+            f"and each binds {PORTS_PER_NODE} (control and data){http}; widen it to at least "
+            f"{need} ports or use 'ephemeral'",
         )
 
 

@@ -302,6 +302,16 @@ def test_port_range_must_fit_the_nodes_sharing_a_machine() -> None:
     assert loads(BASE + '\n[bus]\nports = "7100-7105"\n').bus.ports == PortRange(first=7100, last=7105)
 
 
+def test_port_range_counts_the_http_exchange_port_of_a_node_serving_it() -> None:
+    serving = BASE.replace('roles = ["replication"]', 'roles = ["replication", "binx.server"]')
+    assert only_problem(serving + '\n[bus]\nports = "7100-7106"\n') == (
+        "bus.ports: 7100-7106 holds 7 ports, but up to 3 nodes may share one machine and each binds 2 "
+        "(control and data) and one more for each that serves the HTTP exchange (binx.server); widen it "
+        "to at least 8 ports or use 'ephemeral'"
+    )
+    assert loads(serving + '\n[bus]\nports = "7100-7107"\n').bus.ports == PortRange(first=7100, last=7107)
+
+
 def test_ipc_needs_one_machine() -> None:
     text = (
         '[cluster]\nname = "p"\n[bus]\ntransport = "ipc"\n'
