@@ -686,6 +686,10 @@ class QueryRole:
                 self._abort_handed(msg.query_id, out)
             return
         if q.initiator:
+            if not self._has_say(q, peer):
+                raise c.RemoteProtocolError(
+                    f"cancel of query {msg.query_id} from {peer}, which is not one of its participants"
+                )
             self._fail(q, msg.code, msg.message, msg.origin, out, remote=True)
         elif peer == msg.query_id.member:
             self.counters["cancelled_remote"] += 1

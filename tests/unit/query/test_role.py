@@ -129,6 +129,20 @@ def test_participant_cancel_from_a_non_initiator_is_refused() -> None:
         role.handle(c.MessageReceived(peer="p2", message=cancel), 0.1)
 
 
+def test_initiator_cancel_from_a_member_outside_the_query_is_refused() -> None:
+    role = QueryRole("i", incarnation="x")
+    up(role, "p1", "p9")
+    args = {"sql": "SELECT x FROM t", "participants": ["p1"]}
+    role.handle(c.LocalCall(call_id=1, name="execute", args=args), 0.0)
+    (qid,) = role.queries
+    cancel = QueryCancelled(query_id=qid, code=ErrorCode.GENERIC, message="x", origin="p9")
+    with pytest.raises(c.RemoteProtocolError, match="p9, which is not one of its participants"):
+        role.handle(c.MessageReceived(peer="p9", message=cancel), 0.1)
+    assert qid in role.queries and role.calls == {1: qid}  # still running, its caller still waiting
+    acts = role.handle(c.MessageReceived(peer="p1", message=cancel), 0.2)  # a participant may end it
+    assert any(isinstance(a, c.Reply) and a.call_id == 1 and a.error for a in acts) and role.queries == {}
+
+
 def test_losing_the_initiator_releases_without_messages() -> None:
     role = QueryRole("p1", incarnation="x")
     up(role, "i", "p2")
