@@ -1,13 +1,13 @@
 """Scalar expressions as small trees, their msgpack-able form, and their vectorised evaluation.
 
 Plain form (msgpack arrays): ``["col", name]``, ``["lit", value]``, ``["param", index]``,
-``["call", op, [args...]]``. Evaluation maps each operator to one ``pyarrow.compute`` kernel over whole
-columns; nothing loops over rows.
+``["call", op, [args...]]``. Evaluation maps each operator to a ``pyarrow.compute`` kernel over whole
+columns (``%`` of doubles to NumPy's ``fmod``); nothing loops over rows.
 
 Semantics where SQL engines differ (chosen to match Spark SQL with ANSI mode, the engine sparkbus sits
-next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``AND``/``OR``
-use three-valued (Kleene) logic; comparisons with NULL are NULL; an untyped NULL takes its type from its
-context (``typed``).
+next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``%`` is Java's
+remainder; ``AND``/``OR`` use three-valued (Kleene) logic; comparisons with NULL are NULL; an untyped NULL
+takes its type from its context, and a BIGINT beside a DOUBLE is cast to DOUBLE (``_typed``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _in(x: Value, *items: Value) -> Value:
     values = pa.array([i.as_py() if isinstance(i, pa.Scalar) else i for i in items if _is_scalar(i)])
     if len(values) != len(items):
         raise ExecutionError("IN takes a list of constants")
-    x, values = typed([x, values])
+    x, values = _typed([x, values])
     found = pc.is_in(x, value_set=pc.drop_null(values)) if len(values) else pc.is_in(x, value_set=values)
     # SQL: x IN (...) is NULL when x is NULL, or when not found and the list holds a NULL.
     result = pc.if_else(pc.is_null(x), pa.scalar(None, pa.bool_()), found)
@@ -168,7 +168,7 @@ def _coalesce(*args: Value) -> Value:
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     """How an operator evaluates: an arity range, a kernel over evaluated arguments, and the type an untyped
-    NULL argument takes where no other argument has a type (``typed``; None: it stays untyped)."""
+    NULL argument takes where no other argument has a type (``_typed``; None: it stays untyped)."""
 
     arity: tuple[int, int]
     kernel: Callable[..., Value]
@@ -207,7 +207,7 @@ OPS: dict[str, OpSpec] = {
 }
 
 
-def typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Value]:
+def _typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Value]:
     """``args`` as an operator's kernel takes them, typed as Spark SQL types them.
 
     Each untyped NULL (Arrow's null type: the literal NULL, a ``?`` bound to None, a column loaded all
@@ -223,14 +223,14 @@ def typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Val
 
 
 def apply(op: str, args: Sequence[Value]) -> Value:
-    """``op``'s kernel over evaluated arguments, typed first (``typed``).
+    """``op``'s kernel over evaluated arguments, typed first (``_typed``).
 
     Raises:
         ExecutionError: a type mismatch, an overflow, a division by zero.
     """
     spec = OPS[op]
     try:
-        return spec.kernel(*typed(args, spec.null_as))
+        return spec.kernel(*_typed(args, spec.null_as))
     except ExecutionError:
         raise
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:

@@ -43,7 +43,7 @@ from sparkbus.roles.query.sql import parse_sql
         (
             "SELECT k, min(x, y) AS m FROM t GROUP BY k",
             "MIN of more than one argument is not supported",
-            "min",
+            "min(x, y)",
         ),
         ("SELECT x FROM t ORDER BY x WITH FILL", "ORDER BY ... WITH FILL is not supported", "x WITH FILL"),
         (
