@@ -42,7 +42,6 @@ import os
 import re
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,19 +53,17 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote, unquote
 
 from sparkbus.bus.contract import HTTP_BUFFERS, HttpFetch, HttpFetched
+from sparkbus.bus.http_wire import frame_pages, parse_data_size, parse_duration, unframe_pages
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
 
 PAGES_CONTENT_TYPE = "application/X-presto-pages"
-_LENGTH = struct.Struct("<I")
 _PATH = re.compile(r"^/v1/task/([^/]+)/results/(\d{1,20})(?:/(\d{1,20})(/acknowledge)?)?$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|MB|GB|TB|PB)\s*$")
-_SIZE_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)\s*$")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: HTTP status for each BinX error code (``sparkbus.roles.exchange.ErrorCode`` values).
 _ERROR_STATUS = {1: 404, 2: 500, 3: 410, 4: 400, 5: 400, 6: 503}
+#: Seconds ``HttpExchangeServer.close`` waits for its request threads to end (answering 503, cut off).
+CLOSE_WAIT = 5.0
 
 
 class BufferRead(Protocol):
@@ -191,59 +188,6 @@ class LoopBuffers:
 
 #: How long an HTTP request waits for the loop's answer beyond its long-poll before it is answered 503.
 _LOOP_ANSWER_TIMEOUT = 10.0
-
-
-def parse_data_size(text: str) -> int:
-    """Bytes in an airlift DataSize string such as ``1048576B`` or ``32MB``.
-
-    Raises:
-        ValueError: the text is not a data size.
-    """
-    m = _SIZE.match(text)
-    if m is None:
-        raise ValueError(f"not a data size: {text!r}")
-    size = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    if not math.isfinite(size):  # "9" * 400: infinity, which int() cannot take
-        raise ValueError(f"not a data size: {text[:40]!r}... is too large")
-    return int(size)
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in an airlift Duration string such as ``2s``, ``500ms`` or ``1.5m``.
-
-    Raises:
-        ValueError: the text is not a duration.
-    """
-    m = _DURATION.match(text)
-    if m is None:
-        raise ValueError(f"not a duration: {text!r}")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-
-
-def frame_pages(pages: Sequence[bytes]) -> bytes:
-    """The HTTP body for ``pages``: each page as a u32 little-endian length and the bytes."""
-    return b"".join(_LENGTH.pack(len(p)) + bytes(p) for p in pages)
-
-
-def unframe_pages(body: bytes) -> list[bytes]:
-    """Split a pages body back into pages.
-
-    Raises:
-        ValueError: the body is truncated or has trailing bytes.
-    """
-    pages: list[bytes] = []
-    view = memoryview(body)
-    at = 0
-    while at < len(view):
-        if at + 4 > len(view):
-            raise ValueError(f"pages body truncated in a length at byte {at}")
-        (n,) = _LENGTH.unpack_from(view, at)
-        at += 4
-        if at + n > len(view):
-            raise ValueError(f"pages body truncated: page of {n} bytes at byte {at}, body has {len(view)}")
-        pages.append(bytes(view[at : at + n]))
-        at += n
-    return pages
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -417,6 +361,7 @@ class HttpExchangeServer(ThreadingHTTPServer):
         self.closing = False
         self.counters: dict[str, int] = {"errors": 0}
         self._connections: set[socket.socket] = set()
+        self._handlers: set[threading.Thread] = set()  # request threads (daemons: socketserver keeps none)
         self._conn_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -463,11 +408,19 @@ class HttpExchangeServer(ThreadingHTTPServer):
                 with suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
         self.server_close()
+        deadline = time.monotonic() + CLOSE_WAIT  # woken and cut off above, each ends within moments
+        for thread in self._handlers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self.process_request_thread, args=(request, client_address), daemon=True
+        )
         with self._conn_lock:
             self._connections.add(request)
-        super().process_request(request, client_address)
+            self._handlers = {t for t in self._handlers if t.is_alive()}
+            self._handlers.add(thread)
+        thread.start()
 
     def shutdown_request(self, request: Any) -> None:
         with self._conn_lock:
