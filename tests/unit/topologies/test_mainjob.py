@@ -12,12 +12,11 @@ import pytest
 from rich.console import Console
 
 from sparkbus.roles.replication import PARTITION_COLUMN, split_by_partition
-from sparkbus.topologies import cli, mainjob
+from sparkbus.topologies import cli
 from sparkbus.topologies.mainjob import (
     QUERIES,
     JobError,
     KeyRouter,
-    check_keys,
     check_topology,
     client_keys,
     written_rows,
@@ -260,36 +259,3 @@ def test_the_job_speaks_curve_when_the_topology_does(tmp_path: Path) -> None:
     assert curve is not None  # no client pair in the directory: the coordinator's own
     assert curve.public == security.node_keys(keys, "coordinator").public
     assert curve.server_key("tcp://127.0.0.1:1") == security.server_key(keys, "coordinator")
-
-
-def test_run_names_a_missing_curve_key_in_one_line_before_spark_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from sparkbus.bus import security
-    from sparkbus.topologies import spark
-
-    def no_spark(*_: object, **__: object) -> None:
-        raise AssertionError("Spark started")
-
-    monkeypatch.setattr(spark, "embedded_session", no_spark)
-    monkeypatch.setattr(mainjob, "_check_java", lambda: None)
-    monkeypatch.chdir(tmp_path)
-    keys = tmp_path / "keys"
-    security.generate(keys, ["store-0", "store-1"])  # the driver node's pair is on another machine
-    text = (
-        shipped("local.toml")
-        .read_text()
-        .replace("[spark]\n", f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"\n\n[spark]\n', 1)
-    )
-    topo = tmp_path / "curve.toml"
-    topo.write_text(text)
-    assert cli.main(["run", str(topo), "--rows", "10"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"sparkbus run: {topo}: no secret key for node 'coordinator' in {keys}/private")
-    assert err.count("\n") == 1
-
-    security.generate(keys, ["coordinator"])
-    check_keys(loads(text))  # every pair the driver needs
-    (keys / "public" / "store-1.key").unlink()
-    with pytest.raises(JobError, match="no public key for peer 'store-1'"):
-        check_keys(loads(text))
