@@ -222,12 +222,11 @@ class NodeCore(LinkLayer, StreamLayer):
             f"{key!r}: give the process the node's own pair, or run it under another node id"
         )
         try:
-            code = self._read_header(frames)[0]
-            attempt = self.codec.decode(frames).message.attempt if code == _HELLO else None
-        except (DecodeError, AttributeError):
-            code, attempt = None, None
-        if attempt is not None:
-            self._refuse_rid(rid, ErrorCode.AUTHENTICATION, text, now, attempt)
+            hello = self.codec.decode(frames).message if self._read_header(frames)[0] == _HELLO else None
+        except DecodeError:
+            hello = None
+        if isinstance(hello, Hello):
+            self._refuse_rid(rid, ErrorCode.AUTHENTICATION, text, now, hello.attempt)
         else:
             self._refusal(ErrorCode.AUTHENTICATION)
         if self._counts["wrong_key_refused"] == 1:

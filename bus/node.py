@@ -220,9 +220,8 @@ class Node:
         # The ZAP handler must answer before the first client handshakes: libzmq admits any client that
         # knows the server key when no handler is bound.
         domain = f"sparkbus/{self.node_id}/{id(self):x}"
-        security.register(ctx, domain, curve, self._on_curve_denied)
+        names = security.register(ctx, domain, curve, self._on_curve_denied)
         self._zap_domain = domain
-        names = security.key_names(curve.key_dir)
         self._owned_ids = frozenset(n.encode() for n in names.values() if n != security.SHARED_NAME)
         for sock, name in ((router, "control"), (pull, "data")):
             security.apply_server(sock, self._keys, domain)

@@ -9,7 +9,9 @@ A node uses ``<node id>`` if it has its own pair and the shared ``cluster`` pair
 node finds the server's public key the same way. A node id whose public key is in the directory is that
 key's alone: the ZAP handler names each admitted connection by the file its key came from (ZeroMQ's
 ``User-Id`` of every message on it), and a node refuses a control message from routing id ``<node id>``
-on a connection of another name (``key_owner``; docs/PROTOCOL.md section 3). Server sockets (ROUTER, PULL) are CURVE servers with the
+on a connection of another name (``key_owner``; docs/PROTOCOL.md section 3).
+
+Server sockets (ROUTER, PULL) are CURVE servers with the
 node's secret key; outgoing DEALER and PUSH are CURVE clients with the node's pair and the server's public
 key.
 
@@ -211,10 +213,10 @@ _AUTH_LOCK = threading.Lock()
 
 def register(
     ctx: zmq.Context[zmq.Socket[bytes]], domain: str, settings: CurveSettings, on_refused: Refused
-) -> None:
+) -> dict[bytes, str]:
     """Admit, in ``domain``, clients whose public key is in the key directory (and whose address is allowed).
 
-    Starts the context's ZAP handler if it has none yet.
+    Starts the context's ZAP handler if it has none yet. Returns the admitted keys' names (``key_names``).
     """
     with _AUTH_LOCK:
         entry = _AUTH.get(id(ctx))
@@ -225,9 +227,10 @@ def register(
             _AUTH[id(ctx)] = entry
         auth = entry[1]
         auth.configure_curve(domain=domain, location=str(Path(settings.key_dir) / PUBLIC))
-        auth.names[domain] = key_names(settings.key_dir)
+        names = auth.names[domain] = key_names(settings.key_dir)
         auth.addresses[domain] = frozenset(settings.allow_addresses)
         auth.listeners[domain] = on_refused
+    return names
 
 
 def unregister(ctx: zmq.Context[zmq.Socket[bytes]], domain: str) -> None:

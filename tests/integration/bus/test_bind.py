@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -47,14 +46,6 @@ def _free_range(size: int) -> tuple[int, int]:
             for s in held:
                 s.close()
     raise AssertionError("no free range found")
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    made: list[Node] = []
-    yield made
-    for node in made:
-        node.stop()
 
 
 def test_a_node_binds_control_data_and_http_inside_its_port_range(nodes: list[Node]) -> None:

@@ -46,14 +46,6 @@ def _node(name: str, config: BusConfig) -> Node:
     return node
 
 
-@pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    made: list[Node] = []
-    yield made
-    for node in made:
-        node.stop()
-
-
 def _pair(nodes: list[Node], key_dir: Path | None, a_sees_b: Endpoints | None = None) -> tuple[Node, Node]:
     a, b = _node("a", _config(key_dir)), _node("b", _config(key_dir))
     nodes += [a, b]

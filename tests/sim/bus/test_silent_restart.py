@@ -55,8 +55,8 @@ def test_a_silent_restart_is_lost_and_up_and_the_first_message_after_arrives(see
     assert [type(e) for e in b2.events if isinstance(e, PeerLost | PeerUp)] == [PeerUp]
 
 
-def hello_from_b(core: NodeCore, now: float, extensions: dict[str, str]) -> None:
-    """A HELLO from node "b" (a new attempt) with ``extensions``, straight into ``core``'s ROUTER."""
+def hello_of_b(extensions: dict[str, str], attempt: int = 12345) -> list[bytes]:
+    """The frames of a HELLO from node "b" (a new attempt) with ``extensions``."""
     hello = Hello(
         magic=MAGIC,
         version=(1, 0, 0),
@@ -64,10 +64,15 @@ def hello_from_b(core: NodeCore, now: float, extensions: dict[str, str]) -> None
         cluster_tag="t",
         node_id="b",
         kind="node",
-        attempt=12345,
+        attempt=attempt,
         extensions=extensions,
     )
-    core.on_control(b"b", [bytes(f) for f in codec.encode(hello)], now)
+    return [bytes(f) for f in codec.encode(hello)]
+
+
+def hello_from_b(core: NodeCore, now: float, extensions: dict[str, str]) -> None:
+    """A HELLO from node "b" (a new attempt) with ``extensions``, straight into ``core``'s ROUTER."""
+    core.on_control(b"b", hello_of_b(extensions), now)
 
 
 @pytest.mark.parametrize("value", ["", "abc", "-5", "1" * 21, "٣", "007", "0", str(2**63), str(2**64)])
@@ -231,17 +236,7 @@ def test_a_hello_on_a_connection_with_another_nodes_key_is_refused_and_nothing_e
     core = sim.node("a").core
     core.take()
     session, owner = core._inbound["b"].session, core._peers["b"].owner
-    hello = Hello(
-        magic=MAGIC,
-        version=(1, 0, 0),
-        features=features_to_bits([0, 1, 2]),
-        cluster_tag="t",
-        node_id="b",
-        kind="node",
-        attempt=777,
-        extensions={INCARNATION: "5"},
-    )
-    core.on_wrong_key(b"b", [bytes(f) for f in codec.encode(hello)], "c", sim.now)
+    core.on_wrong_key(b"b", hello_of_b({INCARNATION: "5"}, attempt=777), "c", sim.now)
     [reject] = refusals_to_b(core)
     assert reject.code == ErrorCode.AUTHENTICATION and reject.attempt == 777
     assert reject.message.startswith("node id 'b' has a CURVE key of its own (public/b.key)")
