@@ -402,7 +402,9 @@ def _scan(
     project = above[0] if above and isinstance(above[0], Project) else None
     if wanted is None and project is not None:
         read = set().union(*(columns_of(e) for _, e in project.items))
-        wanted = tuple(c for c in table.column_names if c in read)
+        # In the table's order; a name the table lacks stays in, for the check below to name it.
+        unknown = sorted(read - {*table.column_names})
+        wanted = (*(c for c in table.column_names if c in read), *unknown)
     if wanted is not None:
         missing = [c for c in wanted if c not in table.column_names]
         if missing:

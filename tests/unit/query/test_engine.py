@@ -138,6 +138,13 @@ def test_errors_name_the_problem() -> None:
         )
 
 
+def test_an_unknown_column_in_a_select_list_names_the_table_columns() -> None:
+    store = stores([pa.table({"x": [1, 0], "y": [0.5, 1.5]})])[0]
+    plan = Project(input=Scan(table="t"), items=(("nope", Column(name="nope")), ("x", Column(name="x"))))
+    with pytest.raises(ExecutionError, match=r"no column 'nope'; columns are \['x', 'y'\]"):
+        engine.run(plan, store)
+
+
 def test_inbox_folds_to_bounded_state() -> None:
     plan = parse_sql("SELECT k, count(*) FROM t GROUP BY k")
     from sparkbus.roles.query.planner import plan_fragments
