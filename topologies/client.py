@@ -303,10 +303,13 @@ class Client:
         try:
             return fut.result(timeout=wait)
         except FutureTimeout:
-            self._submit(lambda: self._forget(fut))
+            self._abandon(fut)
             raise ClientError(
                 OPERATION_TIMEOUT, f"operation {Op(op).name} took more than {wait:g} s"
             ) from None
+        except BaseException:
+            self._abandon(fut)  # interrupted (Ctrl-C): nobody waits for the answer any more
+            raise
 
     def submit(self, op: int, args: dict[str, Any] | None = None) -> Future[Any]:
         """Start an operation; the future completes with its result or a ``ClientError``."""
@@ -486,14 +489,19 @@ class Client:
         return fut.result(timeout=5.0)
 
     def _forget_stream(self, handle: int) -> None:
-        self.core.cancel(handle)
+        self.core.cancel(handle, time.monotonic())
         self._streams.pop(handle, None)
 
     def _forget(self, fut: Future[Any]) -> None:
         handle = getattr(fut, "handle", None)
         if handle is not None:
-            self.core.cancel(handle)
+            self.core.cancel(handle, time.monotonic())
             self._futures.pop(handle, None)
+
+    def _abandon(self, fut: Future[Any]) -> None:
+        """The caller stopped waiting for ``fut`` (timed out, interrupted): forget it, and stop its query."""
+        if self._thread.is_alive():
+            self._submit(lambda: self._forget(fut))
 
     def _submit(self, fn: Callable[[], None]) -> None:
         if not self._thread.is_alive():
@@ -684,10 +692,13 @@ class AsyncClient:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), wait)
         except TimeoutError:
-            self.client._submit(lambda: self.client._forget(fut))
+            self.client._abandon(fut)
             raise ClientError(
                 OPERATION_TIMEOUT, f"operation {Op(op).name} took more than {wait:g} s"
             ) from None
+        except asyncio.CancelledError:
+            self.client._abandon(fut)  # the awaiting task was cancelled
+            raise
 
     async def sql(self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0) -> pa.Table:
         q = Query(sql=text, parameters=tuple(parameters), timeout=timeout)

@@ -317,14 +317,26 @@ class ClientCore:
         if link.state == "up":
             self._maybe_ack(link, op, now)
 
-    def cancel(self, handle: int) -> None:
+    def cancel(self, handle: int, now: float) -> None:
         """Forget an operation (its caller stopped waiting); a late result is dropped, and the gateway is
-        told (with the next message) to stop holding it."""
+        told (with the next message) to stop holding it. An SQL query that has not answered yet is
+        cancelled on its node at once (QUERY_CANCEL by its request id, whose own answer is dropped), so it
+        stops taking the cluster's time; over a connection that is not up it runs on to its end."""
         op = self.ops.pop(handle, None)
-        if op is not None and op.link is not None:
-            link = self.links[op.link]
-            if link.requests.pop(op.request_id, None) is not None and op.received:
-                link.acks.append(op.request_id)
+        if op is None:
+            return
+        if op.link is None:
+            self.queued = [h for h in self.queued if h != handle]  # never sent
+            return
+        link = self.links[op.link]
+        if link.requests.pop(op.request_id, None) is None:
+            return
+        if op.received:
+            link.acks.append(op.request_id)
+        elif op.op == Op.SQL and link.state == "up":
+            rid = self._next_request
+            self._next_request += 1
+            self._request(link, rid, Op.QUERY_CANCEL, {"request_id": op.request_id}, now)
 
     def on_connected(self, key: str, now: float) -> None:
         """The socket of ``key`` has a TCP connection (a socket monitor event)."""

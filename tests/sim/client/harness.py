@@ -47,6 +47,11 @@ class SimClient:
         sim.flush_client(self)
         return handle
 
+    def cancel(self, sim: ClientSim, handle: int) -> None:
+        """The caller stopped waiting for ``handle`` (timed out, interrupted)."""
+        self.core.cancel(handle, sim.now)
+        sim.flush_client(self)
+
     def consume(self, sim: ClientSim, handle: int, count: int) -> None:
         """The caller has consumed the first ``count`` chunks of ``handle``."""
         self.core.consumed(handle, count, sim.now)

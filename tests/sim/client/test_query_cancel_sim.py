@@ -16,9 +16,9 @@ from .harness import ClientSim, SimClient, error_of
 SQL = {"sql": "SELECT count(*) AS n FROM t"}
 
 
-def cluster() -> tuple[ClientSim, SimClient, SimClient]:
+def cluster(initiator: QueryRole | None = None) -> tuple[ClientSim, SimClient, SimClient]:
     sim = ClientSim(4, config=BusConfig(cluster_tag="sim"))
-    sim.add_node("i", [QueryRole("i", incarnation="i0"), Gateway("i", ["query"])])
+    sim.add_node("i", [initiator or QueryRole("i", incarnation="i0"), Gateway("i", ["query"])])
     sim.add_node("p1", [QueryRole("p1", incarnation="p0")])
     sim.start()
     sim.run_until(sim.all_up)
@@ -56,3 +56,33 @@ def test_a_client_cancels_its_own_query_by_its_request_id() -> None:
     error = error_of(sim.wait(alice, query, limit=30))
     assert error.code == ErrorCode.CANCELLED_BY_USER and "cancelled by the user" in str(error)
     assert sim.outcome(alice, alice.submit(sim, Op.QUERY_CANCEL, {"request_id": rid})) is False  # over
+
+
+def test_a_query_whose_caller_gave_up_is_cancelled_on_its_node() -> None:
+    role = QueryRole("i", incarnation="i0")
+    sim, alice, _ = cluster(role)
+    query = alice.submit(sim, Op.SQL, SQL)
+    sim.run_for(0.01)
+    assert len(role.queries) == 1
+    alice.cancel(sim, query)  # as ``Client.call`` does when its timeout passes
+    sim.run_for(0.1)  # well before the stalled participant answers
+    assert not role.queries and role.counters["failed"] == 1
+    assert query not in alice.done  # nobody waits for it: no answer is reported
+    assert sim.outcome(alice, alice.submit(sim, Op.SQL, SQL)).table().to_pylist() == [{"n": 200}]
+    assert not alice.core.links["i:1"].requests  # the cancel's own answer was taken and dropped
+
+
+def test_an_operation_given_up_before_any_connection_is_never_sent() -> None:
+    sim = ClientSim(5, config=BusConfig(cluster_tag="sim"))
+    role = QueryRole("i", incarnation="i0")
+    sim.add_node("i", [role, Gateway("i", ["query"])])
+    sim.start()
+    part = pa.table({"x": pa.array(range(100), pa.int64())})
+    sim.result(sim.call("i", "query", "load", {"table": "t", "batches": [table_to_ipc(part)]}))
+    alice = sim.add_client("alice", ["i:1"], ClientConfig(cluster_tag="sim"))
+    query = alice.submit(sim, Op.SQL, SQL)  # queued: the handshake has not finished
+    assert not alice.core.connected
+    alice.cancel(sim, query)
+    sim.run_until(lambda: alice.core.connected, limit=5)
+    assert sim.outcome(alice, alice.submit(sim, Op.SQL, SQL)).table().to_pylist() == [{"n": 100}]
+    assert role.counters["started"] == 1 and query not in alice.done

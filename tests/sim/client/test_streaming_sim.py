@@ -111,7 +111,7 @@ def test_an_abandoned_stream_is_released_on_the_gateway() -> None:
     handle = c.stream(sim, Op.SQL, {"sql": "select i"})
     sim.run_until(lambda: len(c.chunks[handle]) == 2, limit=10)
     rid = c.core.ops[handle].request_id
-    c.core.cancel(handle)
+    c.cancel(sim, handle)
     assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"  # the release rides on this request
     assert all(rid not in ctx.held for ctx in gateway.contexts.values())
 
