@@ -111,6 +111,21 @@ def _aliases(outputs: dict[str, Expr], then: Hook | None) -> Hook:
     return hook
 
 
+def _having(outputs: dict[str, Expr], keys: list[Expr], then: Hook) -> Hook:
+    """HAVING's name resolution, as Spark SQL's: an unqualified name that the select list outputs means
+    that output (``SELECT k, sum(x) AS x ... HAVING x > 2`` filters on ``sum(x)``), unless it names a
+    GROUP BY column, which it then means (``SELECT upper(k) AS k ... GROUP BY k HAVING k = 'a'``); inside
+    an aggregate, names are input columns. Other nodes go to ``then``."""
+
+    def hook(node: exp.Expr) -> Expr | None:
+        named = isinstance(node, exp.Column) and not node.table and node.name in outputs
+        if named and Column(name=node.name) not in keys:
+            return outputs[node.name]
+        return then(node)
+
+    return hook
+
+
 @dataclass
 class _Context:
     sql: str
@@ -488,7 +503,9 @@ class _Translator:
             (n, self.expr(self._item_expr(i), post))
             for n, i in zip(names, self.select.expressions, strict=True)
         ]
-        having_expr = self.expr(having.this, post) if having is not None else None
+        having_expr = (
+            self.expr(having.this, _having(dict(items), key_exprs, post)) if having is not None else None
+        )
         keys, hidden = self._order(names, _aliases(dict(items), post), star=False)
         pre_items = [(f"__k{i}", e) for i, e in enumerate(key_exprs)] + [
             (f"__a{i}", e) for i, e in enumerate(args)
