@@ -33,6 +33,7 @@ Choices where the spec is silent:
 from __future__ import annotations
 
 import enum
+import secrets
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,11 @@ class Waiter:
     max_bytes: int
     size_only: bool
     deadline: float
+
+
+def new_instance_id() -> str:
+    """A fresh incarnation for a node's output buffers: 16 random hex digits, new in every process."""
+    return secrets.token_hex(8)
 
 
 def _error(key: BufferKey, instance_id: str, token: int, code: ErrorCode, text: str) -> PageResult:
@@ -423,7 +429,10 @@ class OutputBuffers:
     """Every output buffer of a node, with a node-wide memory bound.
 
     Args:
-        instance_id: the node's incarnation, stamped on buffers created without their own.
+        instance_id: the node's incarnation, stamped on buffers created without their own; by default a
+            fresh random one (``new_instance_id``), so a restarted process never reuses its predecessor's
+            and a consumer resuming from an old token fails with "task instance changed" instead of
+            reading the new incarnation's pages under the old tokens.
         max_buffer_bytes: default per-buffer bound (Presto's ``sink.max-buffer-size`` is 32 MB).
         max_total_bytes: bound on the page bytes held by all buffers together.
         max_tombstones: how many ended buffers are remembered, the most recently ended first: deleted,
@@ -437,14 +446,14 @@ class OutputBuffers:
     def __init__(
         self,
         *,
-        instance_id: str = "0",
+        instance_id: str | None = None,
         max_buffer_bytes: int = 32 * MiB,
         max_total_bytes: int = 512 * MiB,
         max_tombstones: int = 4096,
     ) -> None:
         if max_total_bytes <= 0 or max_tombstones < 1:
             raise ValueError("max_total_bytes must be positive and max_tombstones >= 1")
-        self.instance_id = instance_id
+        self.instance_id = new_instance_id() if instance_id is None else instance_id
         self.max_buffer_bytes = max_buffer_bytes
         self.max_total_bytes = max_total_bytes
         self.max_tombstones = max_tombstones

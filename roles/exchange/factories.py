@@ -6,14 +6,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from sparkbus.roles.exchange.buffers import OutputBuffers, new_instance_id
 from sparkbus.roles.exchange.client import BinxClient
 from sparkbus.roles.exchange.http_client import HttpClient
 from sparkbus.roles.exchange.server import BinxServer
 
 
 def make_server(ctx: Any) -> BinxServer:
-    """A BinX server with empty output buffers (producers on the node fill them)."""
-    return BinxServer()
+    """A BinX server with empty output buffers (producers on the node fill them), stamped with a fresh
+    incarnation: a node built again (a restarted process) serves its buffers under another instance id, so
+    its consumers see the restart."""
+    return BinxServer(OutputBuffers(instance_id=new_instance_id()))
 
 
 def make_client(ctx: Any) -> BinxClient:

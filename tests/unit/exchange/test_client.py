@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from sparkbus.roles.exchange import (
     RetryState,
     SourceEvent,
     SourceState,
+    make_server,
     pack_sizes,
 )
 from sparkbus.roles.exchange.client import _TRANSITIONS
@@ -179,6 +181,30 @@ def test_server_restart_with_a_new_task_instance_fails_clearly() -> None:
     pair.advance(pair.now + 1.0)
     error = pair.error(fetch)
     assert "task instance changed" in error and T in error and "peer srv" in error
+
+
+def test_a_node_built_again_serves_a_new_instance_and_a_source_resuming_from_its_old_token_fails() -> None:
+    # The factory a topology's node runs: every build (a new process of the same node) is a new incarnation.
+    ctx = SimpleNamespace(node_id=SERVER)
+    pair = Pair(
+        client=BinxClient(rng=random.Random(1), max_wait=1.0, max_request_bytes=1), server=make_server(ctx)
+    )
+    pair.connect()
+    produce(pair, [b"a0", b"a1"], finish=False)
+    first = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.flush()
+    assert pair.result(first)["pages"] == [b"a0"]
+    pair.cut("node restarting")
+    before = pair.server.buffers.instance_id
+    pair.server = make_server(ctx)
+    assert pair.server.buffers.instance_id not in ("", before)
+    produce(pair, [b"b0", b"b1", b"b2"])  # the same task and buffer, from the new process
+    pair.connect()
+    pair.advance(pair.now + 1.0)
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(pair.now + 1.0)
+    error = pair.error(fetch)  # not b1 and b2 under the old tokens, with a1 and b0 lost
+    assert "task instance changed" in error and before in error
 
 
 def first_page_then_parked_fetch(pair: Pair) -> int:
