@@ -9,9 +9,10 @@ partition that is dropped applies: drop only when nothing needs replication. So:
   UNLOAD: to each split target's leader) every segment no current replica has acked during the drain,
   and deletes its files only once none is left (in UNLOAD, also only once a current replica of the
   partition has answered its finalize: it may be the only node that knows of the split);
-* a re-placed replica carries over: the segments no other current replica has acked are set aside
-  (``PartitionStore.mark_carry``) and merged, with their versions, into the new placement, which starts
-  with an empty segment list as the spec asks and replicates them like new writes.
+* a re-placed replica carries over: the segments of its chain (every live row, whoever acked them: an
+  ack may be of a store lost since, as for a drain) are set aside (``PartitionStore.mark_carry``) and
+  merged, with their versions, into the new placement, which starts with an empty segment list as the
+  spec asks and replicates them like new writes.
 
 Either way the files stay on disk until their rows are elsewhere: a node that stops first finds them
 when it comes back (under its old placement it serves them again; under a new one it carries them
@@ -39,7 +40,12 @@ from sparkbus.roles.replication.layout import (
 )
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import SplitFinalized
-from sparkbus.roles.replication.segments import SegmentCorrupt, SegmentEntry, UnsupportedSegmentFormat
+from sparkbus.roles.replication.segments import (
+    SegmentCorrupt,
+    SegmentEntry,
+    UnsupportedSegmentFormat,
+    chain,
+)
 from sparkbus.roles.replication.storage import Storage
 from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, StoreError, read_manifest
 
@@ -275,15 +281,18 @@ class Placement:
                 return
             old = PartitionStore.open(storage, spec.partition, placement, self.config.store, self._now)
         old.flush()  # the log is not carried: its rows go into a segment first
-        others = {r.placement for r in spec.replicas if r.node != self.node}
-        alone = [e.segment_id for e in old.entries if not e.acked & others]
-        old.mark_carry(alone)
+        # Every live row, whatever the acked lists say: an ack may be of a store lost since, whose new
+        # hello this node has not heard (it was down, or the link is cut), so no ack proves that the rows
+        # are elsewhere. The chain (latest major and the minors after it) holds every row; older
+        # segments hold only versions the major has folded in.
+        old.mark_carry([e.segment_id for e in chain(old.entries, old.root)])
 
     def _merge_carried(self, rep: LocalReplica) -> None:
         """Merge the segments an old placement carried over (``carry-<id>``), then delete them.
 
         Merged through the log, so each file may go once its rows are durable; a crash in between
-        merges it again, which changes nothing. The rows keep their versions.
+        merges it again, which changes nothing. The rows keep their versions. The memtable is flushed
+        whenever it is full: the carried files hold the whole partition.
         """
         store = rep.store
         carried = store.carried()
@@ -291,6 +300,8 @@ class Placement:
             store.merge_segment_file(name, self._now)
             store.storage.delete(name)
             self._count("carried_segments")
+            if store.should_flush(self._now):
+                self._flush(rep)
         if carried:
             self._flush(rep)
 

@@ -291,7 +291,8 @@ class PartitionStore:
     def mark_carry(self, segment_ids: Sequence[str]) -> None:
         """Mark segments to carry over into the next placement opened on this storage (saved at once).
 
-        For rows nobody else holds: the replica is re-placed, and a new placement starts empty.
+        The replica is re-placed, and a new placement starts empty: the caller marks its chain, every
+        live row (``Placement._set_aside``).
         """
         self.meta["carry"] = list(segment_ids)
         self.save_manifest()

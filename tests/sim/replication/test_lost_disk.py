@@ -270,6 +270,37 @@ def test_a_draining_replica_keeps_what_only_a_store_since_lost_held(seed: int) -
     c.assert_clean()
 
 
+@pytest.mark.parametrize("how", ["restarted", "assigned behind a cut"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_re_placed_replica_keeps_what_only_a_store_since_lost_held(seed: int, how: str) -> None:
+    """A re-placed replica cannot tell that a holder's acks are of a store lost since either: down, or
+    cut off, it never heard that store's new hello. It used to carry over only the segments no other
+    replica had acked and delete the rest, so the 20 keys b had acked were lost on both nodes. It now
+    carries every live row, as a drainer does."""
+    c, keys = _loaded(seed, ("a", "b"), ("a", "b"))
+    moved = PartitionSpec(
+        partition=P, replicas=(Replica(node="a", placement=11), Replica(node="b", placement=2))
+    )
+    if how == "restarted":  # b loses its disk while a is down; a restarts under a new placement
+        c.crash("a")
+        c.lose_disk("b")
+        c.settle(5)
+        c.specs = [moved]
+        c.restart("a")
+        c.call("b", "assign", spec=moved)
+    else:  # b loses its disk behind a cut; an assign re-places a before the link heals
+        c.cut("a", "b")
+        c.lose_disk("b")
+        c.settle(5)
+        for n in ("a", "b"):
+            c.call(n, "assign", spec=moved)
+        c.heal("a", "b")
+    c.settle(30)
+    assert c.status("a")["partitions"][P]["placement"] == 11
+    c.assert_identical(("a", "b"), keys)
+    c.assert_clean()
+
+
 def _damage(storage: MemoryStorage, what: str) -> None:
     """Flip a byte of the manifest, or of the first listed segment (bit rot the checksums catch)."""
     name = MANIFEST if what == "manifest" else next(n for n in storage.names() if n.startswith("seg-"))
