@@ -39,18 +39,27 @@ def decode_batch(data: Buffer | pa.Buffer, *, limits: Limits = DEFAULT_LIMITS) -
         raise DecodeError(_NAME, "<ipc>", "Arrow IPC stream does not end with its end-of-stream marker")
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data)
-        batches = list(reader)
+        # One batch, then the end: a stream of many batches is refused at its second, never read whole.
+        batch = _next_batch(reader)
+        more = batch is not None and _next_batch(reader) is not None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError, ValueError) as exc:
         raise DecodeError(_NAME, "<ipc>", f"not an Arrow IPC stream ({exc})") from None
-    if len(batches) != 1:
-        raise DecodeError(_NAME, "<ipc>", f"expected exactly one record batch, got {len(batches)}")
-    batch = batches[0]
+    if batch is None or more:
+        got = "more" if more else "none"
+        raise DecodeError(_NAME, "<ipc>", f"expected exactly one record batch, got {got}")
     try:
         # Arrow trusts IPC buffers it reads; a peer's bytes are validated before anyone computes on them.
         batch.validate(full=True)
     except pa.ArrowInvalid as exc:
         raise DecodeError(_NAME, "<ipc>", f"invalid record batch ({exc})") from None
     return batch
+
+
+def _next_batch(reader: pa.ipc.RecordBatchStreamReader) -> pa.RecordBatch | None:
+    try:
+        return reader.read_next_batch()
+    except StopIteration:
+        return None
 
 
 class BatchCodec:

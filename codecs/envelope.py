@@ -304,7 +304,7 @@ class EnvelopeCodec:
         if type(raw) is not list or len(raw) != _HEADER_LEN:
             raise DecodeError("?", "<header>", f"expected an array of {_HEADER_LEN}")
         version, code, session, seq, stream, zmask = raw
-        if version != ENVELOPE_VERSION:
+        if type(version) is not int or version != ENVELOPE_VERSION:
             raise DecodeError("?", "<header>.version", f"unsupported envelope version {version!r}")
         if not (
             type(code) is int

@@ -137,6 +137,8 @@ def test_wrong_header_shape_is_refused() -> None:
     for header in (
         [1, 2, 3],
         [2, 0x7002, 0, 0, None, 0],
+        [True, 0x7002, 0, 0, None, 0],
+        [1.0, 0x7002, 0, 0, None, 0],
         [1, 0x7002, -1, 0, None, 0],
         [1, 0x7002, 0, 0, 5, 0],
     ):
