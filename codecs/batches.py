@@ -10,13 +10,17 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from sparkbus.codecs.compression import Buffer
-from sparkbus.codecs.errors import DecodeError
+from sparkbus.codecs.errors import DecodeError, LimitExceeded
 from sparkbus.codecs.limits import DEFAULT_LIMITS, Limits, check_frames
 
 _NAME = "RowBatch"
 # An IPC stream ends with a continuation marker and a zero length; without the check, a stream cut just
 # before its end marker would still read as complete.
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+# What Arrow raises on bytes it cannot read: any of its errors (``ArrowException`` is their base; one is
+# ``ArrowKeyError``, a KeyError, for a dictionary id the schema does not declare), and OSError or ValueError
+# where pyarrow raises Python's own.
+_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError)
 
 
 def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:
@@ -42,7 +46,9 @@ def decode_batch(data: Buffer | pa.Buffer, *, limits: Limits = DEFAULT_LIMITS) -
         # One batch, then the end: a stream of many batches is refused at its second, never read whole.
         batch = _next_batch(reader)
         more = batch is not None and _next_batch(reader) is not None
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError, ValueError) as exc:
+    except pa.ArrowMemoryError as exc:
+        raise LimitExceeded(_NAME, "<ipc>", f"does not fit in memory ({exc})") from None
+    except _ARROW_ERRORS as exc:
         raise DecodeError(_NAME, "<ipc>", f"not an Arrow IPC stream ({exc})") from None
     if batch is None or more:
         got = "more" if more else "none"
@@ -50,7 +56,7 @@ def decode_batch(data: Buffer | pa.Buffer, *, limits: Limits = DEFAULT_LIMITS) -
     try:
         # Arrow trusts IPC buffers it reads; a peer's bytes are validated before anyone computes on them.
         batch.validate(full=True)
-    except pa.ArrowInvalid as exc:
+    except _ARROW_ERRORS as exc:
         raise DecodeError(_NAME, "<ipc>", f"invalid record batch ({exc})") from None
     return batch
 

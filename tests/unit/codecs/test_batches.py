@@ -52,3 +52,11 @@ def test_a_stream_is_refused_at_its_second_batch_whatever_follows() -> None:
     unreadable = b"\xff\xff\xff\xff" + struct.pack("<i", 8) + bytes(8)
     with pytest.raises(DecodeError, match="exactly one record batch, got more"):
         decode_batch(schema + first + second + unreadable + EOS)
+
+
+def test_a_dictionary_batch_the_schema_does_not_declare_is_a_decode_error() -> None:
+    """Arrow raises ArrowKeyError (a KeyError) for it: the decoder's one error stands in for it."""
+    plain = messages(bytes(encode_batch(pa.record_batch({"d": pa.array(["a", "b"])}))))
+    coded = messages(bytes(encode_batch(pa.record_batch({"d": pa.array(["a", "b"]).dictionary_encode()}))))
+    with pytest.raises(DecodeError, match="not an Arrow IPC stream"):
+        decode_batch(plain[0] + coded[1] + coded[2] + EOS)
