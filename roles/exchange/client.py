@@ -584,12 +584,19 @@ class BinxClient:
             # Every page arrived; only the clean-up DELETE failed. The caller's data is whole.
             src.state = SourceState.DONE
             self.counters["delete_failures"] = self.counters.get("delete_failures", 0) + 1
-            self._deliver(src, out)
+            self._deliver(src, out)  # a parked fetch gets the end now, and the source is dropped
+            if src.end_delivered:
+                self._drop(src)  # the caller had the end already: nobody asks about this source again
             return
+        had_close = bool(src.close_calls)
         for call_id in src.close_calls:
             out.append(Reply(call_id=call_id, error=src.error))
         src.close_calls.clear()
-        self._deliver(src, out)
+        self._deliver(src, out)  # a parked fetch gets the failure, and the source is dropped
+        if had_close:
+            # The closing caller has the failure. Dropped, it still answers a late "close" with it (``_ended``)
+            # and no longer counts against ``max_sources``.
+            self._drop(src)
 
     # ------------------------------------------------------------ timers
 

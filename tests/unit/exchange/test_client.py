@@ -82,6 +82,38 @@ def test_source_is_dropped_when_the_delete_ack_comes_after_the_end_was_fetched()
     assert pair.client.source(SERVER, T, B) is None
 
 
+def test_a_source_whose_delete_gives_up_after_the_end_was_fetched_is_dropped_and_frees_its_place() -> None:
+    pair = make_pair(max_sources=1, policy=BackoffPolicy(max_error_duration=5.0))
+    pair.connect()
+    produce(pair, [b"only"])
+    fetch = pair.call("fetch", task_id=T, buffer_id=B)
+    pair.step()  # DATA -> server
+    pair.step()  # reply (complete) -> client: the end is delivered, DELETE goes out
+    assert pair.result(fetch)["complete"]
+    pair.cut("producer died")  # the DELETE is lost and the peer stays away
+    pair.advance(pair.now + 60.0)
+    assert pair.client.counters["delete_failures"] == 1
+    # The caller never asks about a source again once it has the end: a source kept here would stay for
+    # the life of the node, and with max_sources=1 refuse every later fetch.
+    assert pair.client.source(SERVER, T, B) is None and not pair.client._sources
+    close = pair.call("close", task_id=T, buffer_id=B)
+    assert pair.result(close) is None  # every page arrived: the data was whole
+    pair.connect()
+    produce(pair, [b"next"], buffer_id=B + 1)
+    assert pair.fetch_all(T, B + 1) == [b"next"]
+
+
+def test_a_close_that_gives_up_drops_its_source_and_a_late_close_gets_the_failure() -> None:
+    pair = make_pair(policy=BackoffPolicy(max_error_duration=5.0))
+    close = pair.call("close", task_id=T, buffer_id=B)  # the peer never comes up: the DELETE waits for it
+    pair.advance(pair.now + 60.0)
+    failure = pair.error(close)
+    assert failure.startswith("ExchangeGaveUp")
+    assert pair.client.source(SERVER, T, B) is None and not pair.client._sources
+    again = pair.call("close", task_id=T, buffer_id=B)
+    assert pair.error(again) == failure and not pair.client._sources
+
+
 def test_long_poll_delivers_pages_produced_later() -> None:
     pair = make_pair()
     pair.connect()
