@@ -20,7 +20,9 @@ Choices where the spec is silent:
   saves the consumer one round trip before its DELETE.
 * Memory is bounded per buffer and per node. A producer that would exceed a bound gets ``BufferFullError``
   and should call ``room()`` and wait, as Presto's producers block on a full buffer. A single page larger
-  than the per-buffer bound is still admitted into an empty buffer, or the producer could never progress.
+  than a bound is still admitted into an empty buffer (or a node holding nothing), or the producer could
+  never progress. So is a producer's whole output added in one call (``whole``, what ``BinxServer.publish``
+  adds): its producer cannot wait for room, so the bounds stop it only where pages are already held.
 * A deleted buffer is remembered (a bounded tombstone list): producers may keep adding pages (dropped, as
   Presto does after a consumer has seen enough) and readers get an empty, complete answer.
 * An aborted buffer answers every read with ABORTED and frees its pages: the consumer learns of the
@@ -161,6 +163,13 @@ class Waiter:
     deadline: float
 
 
+def may_exceed(pages: Sequence[bytes], whole: bool) -> bool:
+    """Whether ``pages`` may pass a memory bound when they go where nothing is held (an empty buffer, or a
+    node whose buffers hold no page): a single page, or else the producer could never progress, or a whole
+    output (``whole``, ``BinxServer.publish``), whose producer cannot wait for room."""
+    return whole or len(pages) == 1
+
+
 def new_instance_id() -> str:
     """A fresh incarnation for a node's output buffers: 16 random hex digits, new in every process."""
     return secrets.token_hex(8)
@@ -254,15 +263,24 @@ class OutputBuffer:
             )
         self.state = target
 
-    def add_pages(self, pages: Sequence[bytes]) -> int:
+    def add_pages(self, pages: Sequence[bytes], *, whole: bool = False) -> int:
         """Append pages (producer). Returns the bytes accepted (0 when the buffer was deleted).
 
+        Args:
+            pages: the pages, in order.
+            whole: the producer's whole output at once (see ``may_exceed``).
+
         Raises:
-            BufferFullError: the pages would exceed ``max_bytes`` (nothing is added).
+            BufferFullError: the pages would exceed ``max_bytes`` (nothing is added), unless ``may_exceed``
+                admits them into the empty buffer.
             LocalProtocolError: after ``no_more_pages`` or ``abort``.
         """
         size = sum(len(p) for p in pages)
-        if self.state is BufferState.OPEN and self._pages and self._bytes + size > self.max_bytes:
+        if (
+            self.state is BufferState.OPEN
+            and self._bytes + size > self.max_bytes
+            and not (not self._pages and may_exceed(pages, whole))
+        ):
             raise BufferFullError(
                 f"task {self.key[0]} buffer {self.key[1]}: adding {size} bytes to {self._bytes} held "
                 f"exceeds the bound of {self.max_bytes}"
@@ -527,8 +545,13 @@ class OutputBuffers:
         buf = self._producer_target(task_id, buffer_id)
         return min(buf.room(), max(0, self.max_total_bytes - self._bytes))
 
-    def add_pages(self, task_id: str, buffer_id: int, pages: Sequence[bytes]) -> int:
+    def add_pages(self, task_id: str, buffer_id: int, pages: Sequence[bytes], *, whole: bool = False) -> int:
         """Append pages to a buffer. Returns the bytes accepted (0 after the consumer deleted it).
+
+        A producer that streams its output adds what ``room()`` allows and waits for more room; past a
+        bound only one page enters an empty buffer, or a node holding nothing. With ``whole`` the pages are
+        the producer's whole output (``BinxServer.publish``): they enter an empty buffer, or a node holding
+        nothing, whatever their size (``may_exceed``).
 
         Raises:
             BufferFullError: the buffer's or the node's bound would be exceeded (nothing is added).
@@ -536,12 +559,16 @@ class OutputBuffers:
         """
         buf = self._producer_target(task_id, buffer_id)
         size = sum(len(p) for p in pages)
-        if buf.state is BufferState.OPEN and self._bytes and self._bytes + size > self.max_total_bytes:
+        if (
+            buf.state is BufferState.OPEN
+            and self._bytes + size > self.max_total_bytes
+            and not (not self._bytes and may_exceed(pages, whole))
+        ):
             raise BufferFullError(
                 f"task {task_id} buffer {buffer_id}: adding {size} bytes exceeds the node bound of "
                 f"{self.max_total_bytes} ({self._bytes} held)"
             )
-        added = buf.add_pages(pages)
+        added = buf.add_pages(pages, whole=whole)
         self._bytes += added
         return added
 

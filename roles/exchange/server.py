@@ -185,12 +185,13 @@ class BinxServer:
         self, task_id: str, buffer_id: int, pages: Sequence[bytes], last: bool, now: float
     ) -> list[Action]:
         """Create the buffer if it is new, append ``pages`` and, with ``last``, finish it: one call for a
-        producer whose output is ready at once (a query fragment). Nothing is added if any page does not
-        fit (``BufferFullError``)."""
+        producer whose output is ready at once (a query fragment). The pages are that producer's whole
+        output, which cannot wait for room: they enter an empty buffer, or a node holding no page, whatever
+        the bounds; where pages are already held, nothing is added if they do not fit (``BufferFullError``)."""
         if self.buffers.get(task_id, buffer_id) is None:  # a deleted buffer stays deleted: pages dropped
             self.buffers.create(task_id, buffer_id)
         if pages:
-            self.buffers.add_pages(task_id, buffer_id, pages)
+            self.buffers.add_pages(task_id, buffer_id, pages, whole=True)
         if last:
             self.buffers.no_more_pages(task_id, buffer_id)
         return self._answer_ready((task_id, buffer_id), now)

@@ -118,6 +118,26 @@ def test_a_page_larger_than_the_bound_enters_an_empty_buffer() -> None:
     assert bufs.bytes_held == 10
 
 
+def test_a_batch_beyond_a_bound_is_refused_even_where_nothing_is_held_unless_it_is_a_whole_output() -> None:
+    # The per-buffer bound: a streaming producer's batch of small pages cannot pass it in one call.
+    bufs = filled(max_buffer_bytes=1000)
+    with pytest.raises(BufferFullError, match="bound of 1000"):
+        bufs.add_pages(T, B, [b"x" * 100] * 100)
+    assert bufs.bytes_held == 0 and bufs.room(T, B) == 1000
+    bufs.add_pages(T, B, [b"x" * 100] * 10)  # what room() allows enters
+    # The node's bound, with every buffer empty.
+    bufs = filled(max_buffer_bytes=10_000, max_total_bytes=2000)
+    with pytest.raises(BufferFullError, match="node bound of 2000"):
+        bufs.add_pages(T, B, [b"y" * 100] * 30)
+    assert bufs.bytes_held == 0
+    # A producer's whole output in one call (what publish adds) cannot wait for room: it enters an empty
+    # buffer on a node holding nothing, and only there.
+    assert bufs.add_pages(T, B, [b"y" * 100] * 300, whole=True) == 30_000
+    bufs.create(T, 1)
+    with pytest.raises(BufferFullError, match="node bound"):
+        bufs.add_pages(T, 1, [b"z"] * 2, whole=True)
+
+
 def test_producer_abort_frees_pages_and_answers_aborted() -> None:
     bufs = filled(b"a", b"b")
     bufs.abort(T, B, "division by zero")

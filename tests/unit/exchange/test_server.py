@@ -152,6 +152,22 @@ def test_delete_is_acknowledged_idempotent_and_answers_waiters() -> None:
     assert after.status == ReplyStatus.NODATA and after.bufferComplete
 
 
+def test_a_published_output_enters_an_empty_buffer_whatever_its_size_but_added_pages_keep_to_the_bound() -> (
+    None
+):
+    srv = BinxServer(OutputBuffers(instance_id="i7", max_buffer_bytes=1000, max_total_bytes=2000))
+    call = LocalCall(
+        call_id=1, name="add_pages", args={"task_id": T, "buffer_id": B, "pages": [b"x" * 100] * 20}
+    )
+    srv.create_buffer(T, B)
+    [refused] = srv.handle(call, 0.0)
+    assert isinstance(refused, Reply) and refused.error is not None and "BufferFullError" in refused.error
+    assert srv.buffers.bytes_held == 0
+    # The query role publishes a receiver's whole part in one call and never waits for room.
+    srv.publish(T, B + 1, [b"y" * 100] * 1000, last=True, now=0.0)
+    assert srv.buffers.bytes_held == 100_000
+
+
 def test_pages_published_after_a_delete_are_dropped() -> None:
     """The consumer's DELETE may land before the producer publishes (the query role creates, then
     publishes its fragment's pages): the buffer stays deleted and holds nothing, before and after create."""
