@@ -7,7 +7,7 @@ import struct
 import pyarrow as pa
 import pytest
 
-from sparkbus.codecs import DecodeError, decode_batch, encode_batch
+from sparkbus.codecs import DecodeError, LimitExceeded, Limits, batches, decode_batch, encode_batch
 
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -60,3 +60,47 @@ def test_a_dictionary_batch_the_schema_does_not_declare_is_a_decode_error() -> N
     coded = messages(bytes(encode_batch(pa.record_batch({"d": pa.array(["a", "b"]).dictionary_encode()}))))
     with pytest.raises(DecodeError, match="not an Arrow IPC stream"):
         decode_batch(plain[0] + coded[1] + coded[2] + EOS)
+
+
+MiB = 1 << 20
+
+
+def zeros(size: int) -> pa.RecordBatch:
+    """``size`` zero bytes as rows of 1 KiB: a column that compresses about a thousandfold."""
+    rows = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(1024), size // 1024, [None, pa.py_buffer(bytes(size))]
+    )
+    return pa.record_batch([rows], names=["x"])
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_compressed_buffers_are_refused_before_they_are_inflated(codec: str) -> None:
+    """sparkbus never compresses a batch's buffers, and Arrow inflates each to the length it declares: a
+    frame of a few KiB (what a stream's credit counts) could claim gigabytes."""
+    frame = ipc(zeros(8 * MiB), compression=codec)
+    assert len(frame) < 64 * 1024
+    with pytest.raises(DecodeError, match="record batch message with compressed buffers"):
+        decode_batch(frame, limits=Limits(max_frame_bytes=MiB, max_decompressed_bytes=MiB))
+    small = pa.record_batch({"k": pa.array([1, 2, 3])})
+    with pytest.raises(DecodeError, match="compressed buffers"):
+        decode_batch(ipc(small, compression=codec))
+
+
+def test_a_compressed_dictionary_is_refused_before_it_is_inflated() -> None:
+    batch = pa.record_batch({"d": pa.array(["a" * 1000, "b" * 1000] * 100).dictionary_encode()})
+    with pytest.raises(DecodeError, match="dictionary message with compressed buffers"):
+        decode_batch(ipc(batch, compression="zstd"))
+    assert decode_batch(ipc(batch)).equals(batch)
+
+
+def test_a_batch_whose_buffers_outgrow_its_frame_and_the_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second guard, were compressed buffers ever read: what the batch holds is bounded too."""
+    monkeypatch.setattr(batches, "_check_messages", lambda buf: None)
+    frame = ipc(zeros(4 * MiB), compression="zstd")
+    with pytest.raises(LimitExceeded, match="buffers take 4194304 bytes, limit is 1048576"):
+        decode_batch(frame, limits=Limits(max_decompressed_bytes=MiB))
+    assert decode_batch(frame, limits=Limits(max_decompressed_bytes=4 * MiB)).num_rows == 4096
+    plain = ipc(zeros(2 * MiB))
+    assert decode_batch(plain, limits=Limits(max_decompressed_bytes=MiB)).num_rows == 2048  # its own frame
