@@ -67,6 +67,19 @@ class RetryState:
         base: float = min(self.policy.max_delay, self.policy.min_delay * 2.0 ** min(self.failures - 2, 64))
         return base * (1 + self.policy.jitter * self.rng.uniform(-1.0, 1.0))
 
+    def retry_at(self, now: float) -> float | None:
+        """Record a failure at ``now``; returns when to try again, or None to give up.
+
+        The source gives up only once ``max_error_duration`` has passed since the first failure (``now``
+        at or past ``give_up_at``); the last delay is cut short to end at that deadline, so the last attempt
+        goes out then, and a failure of it gives up.
+        """
+        delay = self.failed(now)
+        give_up_at = self.give_up_at()
+        if give_up_at is None or now >= give_up_at:
+            return None
+        return min(now + delay, give_up_at)
+
     def start_error_period(self, now: float) -> None:
         """Start the error clock without counting a failure (waiting for a peer that is not up yet)."""
         if self.first_failure_at is None:

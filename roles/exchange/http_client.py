@@ -322,9 +322,8 @@ class HttpClient:
             self._request(src, now, out)
 
     def _back_off(self, src: HttpSource, now: float, out: list[Action]) -> None:
-        delay = src.retry.failed(now)
-        give_up_at = src.retry.give_up_at()
-        if give_up_at is not None and now + delay >= give_up_at:
+        at = src.retry.retry_at(now)
+        if at is None:
             start = src.retry.first_failure_at if src.retry.first_failure_at is not None else now
             text = (
                 f"ExchangeGaveUp: {src.label}: no successful answer for {now - start:.1f} s "
@@ -334,7 +333,7 @@ class HttpClient:
             return
         self.counters["retries"] += 1
         src.backing_off = True
-        out.append(SetTimer(key=f"retry/{src.sid}", at=now + delay))
+        out.append(SetTimer(key=f"retry/{src.sid}", at=at))
 
     def _on_timer(self, key: str, now: float, out: list[Action]) -> None:
         kind, _, num = key.partition("/")

@@ -106,6 +106,7 @@ class Driver:
         self.jobs_call = self.call("jobs", {})[1]
         self.jobs: list[HttpFetch] = []
         self.replies: dict[int, Reply] = {}
+        self.timers: dict[str, float] = {}
 
     def call(self, name: str, args: dict[str, Any], now: float = 0.0) -> tuple[list[Any], int]:
         self.next_call += 1
@@ -121,6 +122,17 @@ class Driver:
                 self.jobs_call = self.call("jobs", {})[1]
             elif isinstance(a, Reply):
                 self.replies[a.call_id] = a
+            elif isinstance(a, SetTimer):
+                self.timers[a.key] = a.at
+            elif isinstance(a, CancelTimer):
+                self.timers.pop(a.key, None)
+
+    def fire_next(self) -> float:
+        """Fire the earliest timer the role set; returns its time."""
+        at, key = min((at, key) for key, at in self.timers.items())
+        del self.timers[key]
+        self.take(list(self.client.handle(TimerFired(key=key), at)))
+        return at
 
     def answer(self, job: HttpFetch, now: float = 0.0, **fields: Any) -> None:
         self.jobs.remove(job)
@@ -181,6 +193,26 @@ def test_retryable_refusals_back_off_and_final_ones_fail_at_once() -> None:
         error.startswith("ExchangeFailed: http source task t buffer 0 at peer s") and "disk on fire" in error
     )
     assert d.client.source("s", "t", 0) is None
+
+
+def test_a_source_refused_until_its_give_up_time_retries_until_then_and_gives_up_only_then() -> None:
+    d = Driver(HttpClient(rng=random.Random(3), policy=BackoffPolicy(max_error_duration=180.0)))
+    _, fetch = d.call("fetch", KEY)
+    now, sent = 0.0, []
+    while fetch not in d.replies:
+        for job in list(d.jobs):  # the producer never creates its buffer
+            sent.append(now)
+            d.answer(job, now, error="HTTP 404: no such buffer", code=int(ErrorCode.UNKNOWN_BUFFER))
+        if fetch not in d.replies:
+            now = d.fire_next()
+    # The last delay is cut short to end at the deadline: the last request goes out then, not a whole
+    # back-off delay (about 10 s) before it, and its failure gives up.
+    assert sent[-1] == 180.0 and sent == sorted(sent) and len(sent) > 20
+    error = str(d.replies[fetch].error)
+    assert error.startswith(
+        "ExchangeGaveUp: http source task t buffer 0 at peer s: no successful answer for 180.0 s"
+    )
+    assert "(max error duration 180 s)" in error and error.endswith("HTTP 404: no such buffer")
 
 
 def test_stale_answers_and_answers_after_abandon_are_counted_not_delivered() -> None:
