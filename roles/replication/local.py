@@ -66,12 +66,14 @@ class LocalReplica:
     def split_finalized(
         self, targets: tuple[SplitTarget, ...] | None = None, async_split: bool | None = None
     ) -> SplitFinalized:
-        """SPLIT_FINALIZE of this replica's split (its spec's unless given), naming this store: a peer
-        that heard the store's hello takes it though its layout no longer places this node."""
+        """SPLIT_FINALIZE of this replica's split (its spec's unless given), naming this store (a peer
+        that heard the store's hello takes it though its layout no longer places this node) and its clock
+        (a source replica raised it to the leader's when it took the finalize)."""
         return SplitFinalized(
             partition=self.spec.partition,
             targets=self.spec.split_targets if targets is None else targets,
             async_split=self.spec.async_split if async_split is None else async_split,
             placement=self.me.placement,
             epoch=self.store.epoch,
+            lamport=self.store.lamport,
         )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from sparkbus.bus.contract import RemoteProtocolError
 from sparkbus.codecs import message
 from sparkbus.roles.replication.layout import SplitTarget
-from sparkbus.roles.replication.store import EPOCH_BYTES
+from sparkbus.roles.replication.store import EPOCH_BYTES, MAX_LSN
 
 _MAX_ID = 256
 #: Counts and versions travel as msgpack integers; everything above int64 is refused at decode.
@@ -187,6 +187,11 @@ class SplitFinalized:
     ``placement`` and ``epoch`` name the sender's store of ``partition`` (None and empty from a node that
     holds none): a node whose store heard that store's hello takes the finalize from it though its layout
     no longer places the sender (a leader an ``assign`` removed, finalizing an async split).
+
+    ``lamport`` is the sender's clock (the split leader's when it finalized: at least every version it
+    acknowledged, its memtable's included). A node that takes the finalize raises the clock of each of
+    its stores of the partition and of the targets to it, so a write a target takes after the split
+    gets a version above every row the split still brings it. 0 raises nothing.
     """
 
     partition: str
@@ -194,11 +199,14 @@ class SplitFinalized:
     async_split: bool = False
     placement: int | None = None
     epoch: bytes = b""
+    lamport: int = 0
 
     def __post_init__(self) -> None:
         _check_partition(self.partition)
         if not self.targets:
             raise ValueError("targets must not be empty")
+        if not 0 <= self.lamport <= MAX_LSN:
+            raise ValueError(f"lamport must be 0..{MAX_LSN}, got {self.lamport}")
         if (self.placement is None) != (not self.epoch):
             raise ValueError("placement and epoch come together, or neither")
         if self.epoch:

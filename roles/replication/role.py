@@ -435,6 +435,8 @@ class ReplicationRole(Receiving, Placement, Epochs):
         if spec is not None and spec.split_targets != msg.targets:
             self._set_spec(replace(spec, split_targets=msg.targets, async_split=msg.async_split))
         for source in (self.local.get(msg.partition), self.draining.get(msg.partition)):
+            if source is not None:
+                source.store.raise_clock(msg.lamport)  # the finalizes it re-sends carry it on
             if source is not None and source.lifecycle in (Lifecycle.LOAD, Lifecycle.SERVE):
                 # A draining replica pushes to the targets from now on (Placement._drain).
                 source.spec = replace(source.spec, split_targets=msg.targets, async_split=msg.async_split)
@@ -452,6 +454,9 @@ class ReplicationRole(Receiving, Placement, Epochs):
             drainer.split_known = True  # a replica of the partition knows of the split
         for t in msg.targets:
             target = self.local.get(t.partition)
+            if target is not None:
+                # Before it serves: a write it takes must outversion the rows the split still brings.
+                target.store.raise_clock(msg.lamport)
             if target is not None and target.lifecycle == Lifecycle.LOAD:
                 target.set_lifecycle(Lifecycle.SERVE)
 

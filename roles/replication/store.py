@@ -425,6 +425,13 @@ class PartitionStore:
             self.lamport = max(self.lamport, top)
         return self._log_and_apply(rows, now)
 
+    def raise_clock(self, at_least: int) -> None:
+        """Raise the clock to ``at_least`` if it is below (saved at once): the next write is versioned
+        above every row a split source acknowledged (``SplitFinalized.lamport``)."""
+        if at_least > self.lamport:
+            self.lamport = at_least
+            self.save_manifest()
+
     def merge_segment_file(self, name: str, now: float) -> int:
         """Merge every row of a stored segment file, one record batch at a time."""
         rows = 0

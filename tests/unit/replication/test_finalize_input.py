@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, TimerFired
+from sparkbus.codecs import encode_batch
 from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.messages import JoinFinalized, ReplicaHello, SplitFinalized
 from sparkbus.roles.replication.role import ReplicationRole
 from sparkbus.roles.replication.storage import MemoryStorage
-from sparkbus.roles.replication.store import EPOCH_BYTES
+from sparkbus.roles.replication.store import EPOCH_BYTES, LSN, read_manifest
 
 from .test_dropped_replica import CONFIG, SPEC, P, make, sent, write
 
@@ -143,3 +145,28 @@ def test_a_split_finalize_naming_a_store_the_node_heard_applies_though_the_layou
 def test_a_split_finalize_names_a_whole_store_or_none(fields: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"placement and epoch|epoch must be"):
         SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1"),), **fields)
+
+
+def test_a_split_finalize_raises_the_clocks_and_the_finalize_told_again_carries_it() -> None:
+    """A target serves from the finalize on, while the source's rows may still be on their way: its
+    writes are versioned above the source leader's clock, which is saved before it serves. A source
+    replica keeps that clock too, so the finalize it tells a node that comes back carries it."""
+    storages: dict[str, MemoryStorage] = {}
+    b = ReplicationRole(
+        "b", Layout.of([SPEC, TARGET]), lambda p: storages.setdefault(p, MemoryStorage()), CONFIG
+    )
+    list(b.handle(PeerUp(peer="a"), 0.0))
+    msg = SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1"),), lamport=40)
+    list(b.handle(MessageReceived(peer="a", message=msg), 1.0))
+    assert b.local["t/1"].lifecycle is Lifecycle.SERVE
+    assert read_manifest(storages["t/1"], "t/1")["lamport"] == 40
+    assert read_manifest(storages[P], P)["lamport"] == 40
+    told = sent(b.handle(PeerUp(peer="a"), 2.0))
+    assert [m.lamport for m in told if isinstance(m, SplitFinalized)] == [40]
+    batch = pa.RecordBatch.from_pydict({"key": [5], "v": ["new"]})
+    call = LocalCall(call_id=7, name="write", args={"partition": "t/1", "rows": bytes(encode_batch(batch))})
+    assert reply(list(b.handle(call, 2.1))).error is None
+    assert b.local["t/1"].store.versioned_rows().column(LSN).to_pylist() == [41]
+    older = SplitFinalized(partition=P, targets=(SplitTarget(partition="t/1"),), lamport=3)
+    list(b.handle(MessageReceived(peer="a", message=older), 2.2))
+    assert b.local["t/1"].store.lamport == 41, "a clock is never lowered"

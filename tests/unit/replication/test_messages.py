@@ -55,6 +55,7 @@ SAMPLES = [
         partition="t/0", targets=(SplitTarget(partition="t/1", high=10), SplitTarget(partition="t/2", low=10))
     ),
     SplitFinalized(partition="t/0", targets=(SplitTarget(partition="t/1"),), placement=4, epoch=b"\x07" * 8),
+    SplitFinalized(partition="t/0", targets=(SplitTarget(partition="t/1"),), lamport=2**62),
 ]
 
 
@@ -142,3 +143,13 @@ def test_a_decoded_hello_with_a_short_epoch_is_refused() -> None:
 def test_a_hello_names_a_state_it_knows() -> None:
     with pytest.raises(ValueError, match="state"):
         ReplicaHello(partition="t/0", placement=1, epoch=b"\x01" * 8, state="leader")
+
+
+@pytest.mark.parametrize("lamport", [-1, 2**62 + 1])
+def test_a_split_finalize_clock_beyond_the_versions_is_refused(lamport: int) -> None:
+    # Taken, it set a target's clock where no write could be versioned any more (MAX_LSN).
+    frames = CODEC.encode(SplitFinalized(partition="t/0", targets=(SplitTarget(partition="t/1"),)))
+    body = msgpack.unpackb(frames[1])
+    body["lamport"] = lamport
+    with pytest.raises(DecodeError, match="lamport"):
+        CODEC.decode([frames[0], msgpack.packb(body)])
