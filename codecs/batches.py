@@ -51,7 +51,7 @@ def decode_batch(data: Buffer | pa.Buffer, *, limits: Limits = DEFAULT_LIMITS) -
         raise DecodeError(_NAME, "<ipc>", "Arrow IPC stream does not end with its end-of-stream marker")
     buf = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
     try:
-        _check_messages(buf)
+        _check_messages(buf, 8 * limits.max_frame_bytes)
         reader = pa.ipc.open_stream(buf)
         # One batch, then the end: a stream of many batches is refused at its second, never read whole.
         batch = _next_batch(reader)
@@ -79,7 +79,7 @@ def _not_one_batch(got: str) -> DecodeError:
     return DecodeError(_NAME, "<ipc>", f"expected exactly one record batch, got {got}")
 
 
-def _check_messages(buf: pa.Buffer) -> None:
+def _check_messages(buf: pa.Buffer, max_rows: int) -> None:
     """Read the stream's messages up to its second record batch, checking each one's metadata only.
 
     The bodies are views of ``buf``: nothing is allocated for them, and nothing is decompressed.
@@ -87,14 +87,14 @@ def _check_messages(buf: pa.Buffer) -> None:
     Raises:
         DecodeError: at a record batch or dictionary message that declares compressed buffers, and at a
             second record batch.
+        LimitExceeded: at a record batch or dictionary message that declares more than ``max_rows`` rows
+            for itself or for any of its arrays, children included.
     """
     stream = pa.BufferReader(buf)
+    end = len(buf) - len(_EOS)  # where the end marker starts (decode_batch has checked it is there)
     batches = 0
-    while True:
-        try:
-            msg = pa.ipc.read_message(stream)
-        except EOFError:
-            return
+    while stream.tell() < end:
+        msg = pa.ipc.read_message(stream)
         kind = msg.type
         if kind not in ("record batch", "dictionary"):
             continue  # the schema; anything else the reader refuses
@@ -102,44 +102,21 @@ def _check_messages(buf: pa.Buffer) -> None:
             batches += 1
             if batches > 1:
                 raise _not_one_batch("more")
-        meta = msg.metadata
+        meta = msg.metadata.to_pybytes()
         # Message: version, header type, header (a RecordBatch, or a DictionaryBatch whose ``data`` is one).
-        table = _table_at(meta, _read(_U32, meta, 0), 2)
+        table = _target(meta, _fields(meta, _read(_U32, meta, 0), 3)[2])
         if kind == "dictionary":
-            table = _table_at(meta, table, 1)
-        # RecordBatch: length, nodes, buffers, compression.
-        if _field(meta, table, 3) is not None:
+            table = _target(meta, _fields(meta, table, 2)[1])
+        length, nodes, _, compression = _fields(meta, table, 4)  # a RecordBatch's first four fields
+        if compression:
             raise DecodeError(_NAME, "<ipc>", f"{kind} message with compressed buffers (not accepted)")
-
-
-# The few FlatBuffers reads the check needs (Arrow's Message.fbs); Arrow has verified the metadata when it
-# read the message, and every read is still bounds-checked.
-_U16, _I32, _U32 = struct.Struct("<H"), struct.Struct("<i"), struct.Struct("<I")
-
-
-def _read(fmt: struct.Struct, meta: pa.Buffer, at: int) -> int:
-    if at < 0 or at + fmt.size > len(meta):
-        raise DecodeError(_NAME, "<ipc>", "message metadata points outside itself")
-    value: int = fmt.unpack_from(meta, at)[0]
-    return value
-
-
-def _field(meta: pa.Buffer, table: int, slot: int) -> int | None:
-    """Where field ``slot`` of the table at ``table`` is stored, or None when it is absent."""
-    vtable = table - _read(_I32, meta, table)
-    entry = 4 + 2 * slot
-    if entry + 2 > _read(_U16, meta, vtable):
-        return None
-    offset = _read(_U16, meta, vtable + entry)
-    return table + offset if offset else None
-
-
-def _table_at(meta: pa.Buffer, table: int, slot: int) -> int:
-    """The table that field ``slot`` of the table at ``table`` refers to."""
-    at = _field(meta, table, slot)
-    if at is None:
-        raise DecodeError(_NAME, "<ipc>", "message metadata without a field it needs")
-    return at + _read(_U32, meta, at)
+        rows = max([_read(_I64, meta, length) if length else 0, *_node_lengths(meta, nodes)])
+        if rows > max_rows:
+            raise LimitExceeded(
+                _NAME,
+                "<ipc>",
+                f"{kind} message declares {rows} rows, limit is {max_rows} (8 x max_frame_bytes)",
+            )
 
 
 def _next_batch(reader: pa.ipc.RecordBatchStreamReader) -> pa.RecordBatch | None:
@@ -147,6 +124,52 @@ def _next_batch(reader: pa.ipc.RecordBatchStreamReader) -> pa.RecordBatch | None
         return reader.read_next_batch()
     except StopIteration:
         return None
+
+
+# The few FlatBuffers reads the check needs (Arrow's Message.fbs). Arrow has verified the metadata when it
+# read the message; every read is bounds-checked all the same.
+_U16, _I32, _U32, _I64 = struct.Struct("<H"), struct.Struct("<i"), struct.Struct("<I"), struct.Struct("<q")
+
+
+def _outside() -> DecodeError:
+    return DecodeError(_NAME, "<ipc>", "message metadata points outside itself")
+
+
+def _read(fmt: struct.Struct, meta: bytes, at: int) -> int:
+    if at < 0 or at + fmt.size > len(meta):
+        raise _outside()
+    value: int = fmt.unpack_from(meta, at)[0]
+    return value
+
+
+def _fields(meta: bytes, table: int, count: int) -> tuple[int, ...]:
+    """Where the first ``count`` fields of the table at ``table`` are stored (0 for a field it omits)."""
+    vtable = table - _read(_I32, meta, table)
+    present = min(count, max(0, _read(_U16, meta, vtable) - 4) // 2)
+    if vtable + 4 + 2 * present > len(meta):
+        raise _outside()
+    offsets = struct.unpack_from(f"<{present}H", meta, vtable + 4)
+    return (*(table + o if o else 0 for o in offsets), *(0,) * (count - present))
+
+
+def _target(meta: bytes, at: int) -> int:
+    """What the offset field stored at ``at`` refers to (a table or a vector)."""
+    if not at:
+        raise DecodeError(_NAME, "<ipc>", "message metadata without a field it needs")
+    return at + _read(_U32, meta, at)
+
+
+def _node_lengths(meta: bytes, at: int) -> tuple[int, ...]:
+    """The length of every array of a RecordBatch whose ``nodes`` field is stored at ``at``: one FieldNode
+    (two longs, length and null count) for every column and every child of one."""
+    if not at:
+        return ()
+    vector = _target(meta, at)
+    count = _read(_U32, meta, vector)
+    if vector + 4 + 16 * count > len(meta):
+        raise _outside()
+    lengths: tuple[int, ...] = struct.unpack_from(f"<{2 * count}q", meta, vector + 4)[::2]
+    return lengths
 
 
 class BatchCodec:

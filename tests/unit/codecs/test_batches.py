@@ -97,10 +97,49 @@ def test_a_batch_whose_buffers_outgrow_its_frame_and_the_limit_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The second guard, were compressed buffers ever read: what the batch holds is bounded too."""
-    monkeypatch.setattr(batches, "_check_messages", lambda buf: None)
+    monkeypatch.setattr(batches, "_check_messages", lambda *args: None)
     frame = ipc(zeros(4 * MiB), compression="zstd")
     with pytest.raises(LimitExceeded, match="buffers take 4194304 bytes, limit is 1048576"):
         decode_batch(frame, limits=Limits(max_decompressed_bytes=MiB))
     assert decode_batch(frame, limits=Limits(max_decompressed_bytes=4 * MiB)).num_rows == 4096
     plain = ipc(zeros(2 * MiB))
     assert decode_batch(plain, limits=Limits(max_decompressed_bytes=MiB)).num_rows == 2048  # its own frame
+
+
+def test_an_array_longer_than_its_frame_could_carry_is_refused() -> None:
+    """A null column has no buffers, so its length costs nothing to declare: 2**40 rows in 224 bytes."""
+    frame = bytes(encode_batch(pa.record_batch([pa.nulls(10)], names=["n"])))
+    hostile = frame.replace(struct.pack("<q", 10), struct.pack("<q", 1 << 40))
+    with pytest.raises(LimitExceeded, match=r"declares 1099511627776 rows, limit is 536870912"):
+        decode_batch(hostile)
+
+
+def test_the_row_limit_is_as_many_rows_as_the_largest_frame_has_bits() -> None:
+    """Any array with a buffer spends at least a bit a row, so no batch that fits a frame holds more rows
+    than that: the limit refuses only arrays without buffers past what a frame of data could hold, and
+    it bounds children (a list's values) as it bounds columns."""
+    limits = Limits(max_frame_bytes=2048)  # 16384 rows
+    bits = pa.record_batch({"b": pa.array([True] * 12000)})  # 1500 bytes of bits, and the schema
+    assert decode_batch(encode_batch(bits), limits=limits).num_rows == 12000
+    nulls = pa.record_batch({"n": pa.nulls(16384)})
+    assert decode_batch(encode_batch(nulls), limits=limits).num_rows == 16384
+    for batch in (
+        pa.record_batch({"n": pa.nulls(16385)}),
+        pa.record_batch({"n": pa.nulls(16385)}).select([]),  # no columns at all, 16385 rows
+        pa.record_batch({"l": pa.array([[None] * 16385], pa.list_(pa.null()))}),  # one row, 16385 values
+        pa.record_batch({"d": pa.DictionaryArray.from_arrays(pa.array([0], pa.int8()), pa.nulls(16385))}),
+    ):
+        with pytest.raises(LimitExceeded, match="declares 16385 rows, limit is 16384"):
+            decode_batch(encode_batch(batch), limits=limits)
+
+
+def test_batches_without_buffers_from_real_results_are_accepted() -> None:
+    """A batch of rows without columns (a scan that reads none) or of null columns (``SELECT NULL``)
+    has far more rows than its frame has bits; under the default limits it is decoded as it is."""
+    for batch in (
+        pa.record_batch({"n": pa.nulls(1 << 20)}),
+        pa.record_batch({"n": pa.nulls(1 << 20)}).select([]),
+    ):
+        frame = encode_batch(batch)
+        assert len(frame) < 512
+        assert decode_batch(frame).num_rows == 1 << 20
