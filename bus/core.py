@@ -93,6 +93,8 @@ class NodeCore(LinkLayer, StreamLayer):
         self._entropy = entropy
         self._incarnation = entropy(63) or 1  # this process, named in every HELLO (``INCARNATION``)
         self._features = features_to_bits(config.features)
+        # Where the driver dials each peer (its control endpoint), for messages that name it.
+        self.peer_addresses: dict[str, str] = {}
         self._outbound: dict[str, _Outbound] = {}
         self._inbound: dict[str, _Inbound] = {}
         self._by_rid: dict[bytes, _Inbound] = {}
@@ -457,6 +459,7 @@ class NodeCore(LinkLayer, StreamLayer):
                 for p, st in sorted(self._peers.items())
             },
             "refused": self.refused(),
+            "misdirected": {p: o.misdirected for p, o in self._outbound.items() if o.misdirected},
             "counters": dict(self.counters),
             "refusals": dict(self.refusals),
         }

@@ -239,6 +239,9 @@ class LinkLayer(NodeState):
             # open a direction the peer refuses, whose REJECT would then end the link again.
             self._counts["dropped_stale_welcome"] += 1
             return
+        if msg.node_id != out.peer:
+            self._welcomed_by_another(out, msg, now)
+            return
         if msg.cluster_tag != self.config.cluster_tag:
             self._refuse_outbound(
                 out, f"cluster mismatch: expected {self.config.cluster_tag!r}, got {msg.cluster_tag!r}", now
@@ -251,6 +254,7 @@ class LinkLayer(NodeState):
             return
         if msg.incarnation:
             self._learn_owner(out.peer, msg.incarnation, now)
+        out.misdirected = ""
         out.state = "established"
         out.session = msg.session
         out.seq = 0
@@ -263,6 +267,29 @@ class LinkLayer(NodeState):
         self._send_ctl(out, Heartbeat(), now)
         self._counts["heartbeats_out"] += 1
         self._maybe_up(out.peer, now)
+
+    def _welcomed_by_another(self, out: _Outbound, msg: Welcome, now: float) -> None:
+        """A WELCOME to our current HELLO from a node other than the peer: the peer's endpoint reaches
+        another node (a stale or swapped endpoint table, a port another node took after a restart).
+
+        Nothing of it is taken, neither its session (our messages for the peer would reach that node) nor
+        its incarnation as the owner of the peer's node id (the peer's own process would be refused
+        ``DUPLICATE_NODE``). The attempt ends and the next HELLO goes after ``handshake_timeout``: the
+        endpoint may be corrected meanwhile, and a DEALER dials again whenever its connection closes.
+        """
+        self._counts["welcomes_from_other_nodes"] += 1
+        where = self.peer_addresses.get(out.peer, "its endpoint")
+        text = f"the endpoint of {out.peer!r} ({where}) is answered by node {msg.node_id!r}"
+        (log.debug if text == out.misdirected else log.warning)(
+            "node %s: %s; its WELCOME is ignored and the handshake with %s retried (a stale or swapped "
+            "endpoint?)",
+            self.node_id,
+            text,
+            out.peer,
+        )
+        out.misdirected = text
+        out.state = "idle"
+        out.hello_at = now
 
     def _learn_owner(self, peer: str, owner: int, now: float) -> None:
         """A WELCOME on our current attempt named ``owner``: the process at the peer's endpoint.

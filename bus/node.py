@@ -284,6 +284,7 @@ class Node:
         self._dealers[peer] = dealer
         self._pushes[peer] = push
         self._peer_endpoints[peer] = ep
+        self.core.peer_addresses[peer] = ep.control
         self._monitors[monitor] = peer
 
     # ------------------------------------------------------------------ API (any thread)
@@ -301,7 +302,8 @@ class Node:
             if status["refused"]:
                 raise ConnectionRefusedError(f"node {self.node_id}: links refused: {status['refused']}")
             time.sleep(0.01)
-        raise TimeoutError(f"node {self.node_id}: peers not up after {timeout} s: {missing}")
+        wrong = f" ({'; '.join(status['misdirected'].values())})" if status["misdirected"] else ""
+        raise TimeoutError(f"node {self.node_id}: peers not up after {timeout} s: {missing}{wrong}")
 
     def call(self, role: str, name: str, args: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
         """A local call into a role; returns its result or raises ``RuntimeError`` with its error."""

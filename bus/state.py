@@ -57,6 +57,9 @@ class _Outbound:
     refused: str = ""
     features: bytes = b""
     peer_welcomed: int = 0  # the attempt of the peer's latest HELLO we welcomed (0: none yet)
+    # Set when the peer's endpoint answered as another node (its WELCOME named another node id), cleared by
+    # the peer's own WELCOME: what ``status()["misdirected"]`` shows.
+    misdirected: str = ""
 
 
 @dataclass(slots=True)
@@ -129,6 +132,7 @@ class NodeState:
     _entropy: Callable[[int], int]
     _incarnation: int
     _features: bytes
+    peer_addresses: dict[str, str]
     _outbound: dict[str, _Outbound]
     _inbound: dict[str, _Inbound]
     _by_rid: dict[bytes, _Inbound]
