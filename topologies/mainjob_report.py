@@ -14,7 +14,8 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-#: relative tolerance for floats: sums over a million doubles differ in the last bits between engines
+#: relative tolerance when either side is a float (integers compare exactly): sums over a million doubles
+#: differ in the last bits between engines
 REL_TOL = 1e-6
 ABS_TOL = 1e-9
 
@@ -50,6 +51,8 @@ def _same(a: Any, b: Any) -> bool:
         return a is None and b is None
     if isinstance(a, bool) or isinstance(b, bool):
         return bool(a == b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b  # counts, keys and sums of integers: exact (a tolerance hides a lost row)
     if isinstance(a, int | float) and isinstance(b, int | float):
         return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
     return bool(a == b)
@@ -67,8 +70,8 @@ def rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
 
 
 def compare(ours: pa.Table, theirs: pa.Table, *, ordered: bool) -> tuple[bool, str]:
-    """Whether two results agree: same columns by position, same rows (in order when ``ordered``), floats
-    within ``REL_TOL``. Returns (match, what differs)."""
+    """Whether two results agree: same columns by position, same rows (in order when ``ordered``), integers
+    exactly, a float and a number within ``REL_TOL``. Returns (match, what differs)."""
     if ours.num_columns != theirs.num_columns:
         return False, f"{ours.num_columns} columns, Spark SQL has {theirs.num_columns}"
     if ours.num_rows != theirs.num_rows:

@@ -59,6 +59,23 @@ def test_ints_and_floats_of_the_same_value_match() -> None:
     assert compare(t(n=[3]), t(n=[3.0]), ordered=True)[0]
 
 
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (1_999_999, 2_000_000),  # COUNT(*) of two million rows, one lost
+        (5_000_003, 5_000_000),  # another event_id
+        (1_000_000_000_001, 1_000_000_000_000),  # a key near 1e12
+    ],
+)
+def test_integers_compare_exactly(ours: int, theirs: int) -> None:
+    match, detail = compare(
+        t(n=pa.array([ours], pa.int64())), t(n=pa.array([theirs], pa.int64())), ordered=False
+    )
+    assert not match and detail == f"row 0: sparkbus ({ours},), Spark SQL ({theirs},)"
+    # A float on either side (a sum or an average of doubles) is compared within the tolerance.
+    assert compare(t(n=[float(ours)]), t(n=pa.array([theirs], pa.int64())), ordered=False) == (True, "")
+
+
 def result(name: str, ours: float, theirs: float, match: bool = True) -> QueryResult:
     return QueryResult(
         name=name,
