@@ -56,7 +56,7 @@ from sparkbus.topologies.keys import key_dir
 from sparkbus.topologies.mainjob_report import (
     QueryResult,
     build_report,
-    compare,
+    compare_runs,
     print_summary,
     write_chart,
     write_json,
@@ -383,16 +383,15 @@ def written_rows(first_id: int, count: int, users: int) -> pa.Table:
 # ---------------------------------------------------------------- timing
 
 
-def _timed(fn: Callable[[], Any], reps: int, warmup: int = 1) -> tuple[Any, list[float]]:
-    result = None
-    for _ in range(warmup):
-        result = fn()
+def _timed(fn: Callable[[], Any], reps: int, warmup: int = 1) -> tuple[list[Any], list[float]]:
+    """Every result of ``warmup`` untimed then ``reps`` timed calls of ``fn``, and the timed calls' ms."""
+    results = [fn() for _ in range(warmup)]
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        result = fn()
+        results.append(fn())
         samples.append((time.perf_counter() - t0) * 1e3)
-    return result, samples
+    return results, samples
 
 
 def _commit() -> str:
@@ -503,7 +502,8 @@ def _spark_queries(spark: Any, opts: Options, console: Console) -> dict[str, tup
         task = progress.add_task("Spark SQL")
         for q in QUERIES:
             progress.update(task, description=f"Spark SQL: {q.name}")
-            out[q.name] = _timed(partial(_spark_sql, spark, q.sql), opts.spark_reps, warmup=1)
+            results, ms = _timed(partial(_spark_sql, spark, q.sql), opts.spark_reps, warmup=1)
+            out[q.name] = results[-1], ms
     return out
 
 
@@ -515,9 +515,11 @@ def _sparkbus_queries(
         task = progress.add_task("sparkbus")
         for q in QUERIES:
             progress.update(task, description=f"sparkbus: {q.name}")
-            ours, ours_ms = _timed(partial(cluster.sql, q.sql), opts.sparkbus_reps, warmup=2)
+            runs, ours_ms = _timed(partial(cluster.sql, q.sql), opts.sparkbus_reps, warmup=2)
             spark_table, spark_ms = theirs[q.name]
-            match, detail = compare(ours, spark_table, ordered=q.ordered)
+            # Every run, warm-ups included: a wrong answer in any of them is a wrong answer.
+            match, detail = compare_runs(runs, spark_table, ordered=q.ordered)
+            ours = runs[-1]
             results.append(
                 QueryResult(
                     name=q.name,

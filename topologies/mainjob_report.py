@@ -85,6 +85,20 @@ def compare(ours: pa.Table, theirs: pa.Table, *, ordered: bool) -> tuple[bool, s
     return True, ""
 
 
+def compare_runs(runs: Sequence[pa.Table], theirs: pa.Table, *, ordered: bool) -> tuple[bool, str]:
+    """``compare`` for every run of a query (each distinct result once): (match, what differs in the first
+    run that differs, named by its number among ``len(runs)``)."""
+    checked: list[pa.Table] = []
+    for i, ours in enumerate(runs):
+        if any(ours.equals(seen) for seen in checked):
+            continue
+        checked.append(ours)
+        match, detail = compare(ours, theirs, ordered=ordered)
+        if not match:
+            return False, f"run {i + 1} of {len(runs)}: {detail}"
+    return bool(runs), "" if runs else "no run"
+
+
 def build_report(
     *,
     rows: int,

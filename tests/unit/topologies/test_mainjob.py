@@ -276,3 +276,27 @@ def test_the_job_speaks_curve_when_the_topology_does(tmp_path: Path) -> None:
     assert curve is not None  # no client pair in the directory: the coordinator's own
     assert curve.public == security.node_keys(keys, "coordinator").public
     assert curve.server_key("tcp://127.0.0.1:1") == security.server_key(keys, "coordinator")
+
+
+def test_every_run_of_a_query_is_compared_and_the_one_that_differs_is_named() -> None:
+    from sparkbus.topologies.mainjob import Options, _sparkbus_queries
+
+    right, wrong = t(n=pa.array([7], pa.int64())), t(n=pa.array([6], pa.int64()))
+
+    class OneWrongAnswer:
+        """Right every time but the fifth call (the third timed run, after two warm-ups)."""
+
+        calls = 0
+
+        def sql(self, text: str, **_: object) -> pa.Table:
+            self.calls += 1
+            return wrong if self.calls == 5 else right
+
+    theirs = {q.name: (right, [1.0]) for q in QUERIES}
+    opts = Options(topology=Path("unused.toml"), sparkbus_reps=20)
+    results = _sparkbus_queries(OneWrongAnswer(), theirs, opts, Console(file=io.StringIO()))  # type: ignore[arg-type]
+    assert [(r.match, r.detail) for r in results] == [
+        (False, "run 5 of 22: row 0: sparkbus (6,), Spark SQL (7,)"),
+        *[(True, "")] * (len(QUERIES) - 1),
+    ]
+    assert all(len(r.sparkbus_ms) == 20 for r in results)
