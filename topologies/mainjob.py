@@ -58,6 +58,7 @@ from sparkbus.topologies.mainjob_report import (
     build_report,
     compare_runs,
     print_summary,
+    same_value,
     write_chart,
     write_json,
 )
@@ -535,48 +536,38 @@ def _sparkbus_queries(
     return results
 
 
-def _expected_by_kind(table: pa.Table) -> dict[str, tuple[int, float]]:
-    grouped = table.group_by("kind").aggregate([("kind", "count"), ("value", "sum")])
+def _by_kind(table: pa.Table, count: str, total: str) -> dict[str | None, tuple[int, float | None]]:
     return {
-        k: (int(n), float(s))
+        k: (int(n), s)
         for k, n, s in zip(
-            grouped.column("kind").to_pylist(),
-            grouped.column("kind_count").to_pylist(),
-            grouped.column("value_sum").to_pylist(),
+            table.column("kind").to_pylist(),
+            table.column(count).to_pylist(),
+            table.column(total).to_pylist(),
             strict=True,
         )
     }
 
 
-def _view_matches(peeked: pa.Table, expected: dict[str, tuple[int, float]]) -> bool:
-    got = {
-        k: (int(n), float(s))
-        for k, n, s in zip(
-            peeked.column("kind").to_pylist(),
-            peeked.column("n").to_pylist(),
-            peeked.column("total").to_pylist(),
-            strict=True,
-        )
-    }
-    if set(got) != set(expected):
-        return False
-    return all(
-        got[k][0] == expected[k][0]
-        and abs(got[k][1] - expected[k][1]) <= 1e-6 * max(1.0, abs(expected[k][1]))
-        for k in got
+def _expected_by_kind(table: pa.Table) -> dict[str | None, tuple[int, float | None]]:
+    """What the view must hold for ``table``, as Spark SQL would: COUNT(*) of every group (a null ``kind``
+    is a group, its rows counted), and SUM(value) null in a group whose values are all null."""
+    grouped = table.group_by("kind").aggregate([([], "count_all"), ("value", "sum")])
+    return _by_kind(grouped, "count_all", "value_sum")
+
+
+def _view_matches(peeked: pa.Table, expected: dict[str | None, tuple[int, float | None]]) -> bool:
+    got = _by_kind(peeked, "n", "total")
+    return set(got) == set(expected) and all(
+        got[k][0] == expected[k][0] and same_value(got[k][1], expected[k][1]) for k in got
     )
 
 
-def _view(cluster: Cluster, events: pa.Table, rows: int) -> dict[str, Any]:
-    """Events into the compute controller, a view, more writes, and a peek after each."""
+def events_view() -> Any:
+    """The view the job creates: ``SELECT kind, COUNT(*) AS n, SUM(value) AS total FROM events GROUP BY
+    kind`` (a ``ViewDef``)."""
     from sparkbus.roles.compute import Aggregate, ViewDef  # noqa: PLC0415
 
-    t0 = time.perf_counter()
-    cluster.create_table(TABLE, events.schema)
-    for batch in events.to_batches(max_chunksize=131_072):
-        cluster.write(TABLE, pa.Table.from_batches([batch]))
-    fed_s = time.perf_counter() - t0
-    view = ViewDef(
+    return ViewDef(
         source=TABLE,
         group_by=("kind",),
         aggregates=(
@@ -584,8 +575,17 @@ def _view(cluster: Cluster, events: pa.Table, rows: int) -> dict[str, Any]:
             Aggregate(func="sum", column="value", name="total"),
         ),
     )
+
+
+def _view(cluster: Cluster, events: pa.Table, rows: int) -> dict[str, Any]:
+    """Events into the compute controller, a view, more writes, and a peek after each."""
     t0 = time.perf_counter()
-    cluster.create_view(VIEW, view)
+    cluster.create_table(TABLE, events.schema)
+    for batch in events.to_batches(max_chunksize=131_072):
+        cluster.write(TABLE, pa.Table.from_batches([batch]))
+    fed_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cluster.create_view(VIEW, events_view())
     first = cluster.peek(VIEW)
     create_s = time.perf_counter() - t0
     fresh = _view_matches(first, _expected_by_kind(events))

@@ -46,7 +46,9 @@ class QueryResult:
         return self.spark_p50 / self.sparkbus_p50 if self.sparkbus_p50 > 0 else math.inf
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two values of a result agree: nulls with nulls, integers exactly, a float and a number within
+    ``REL_TOL``, anything else by ``==``."""
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, bool) or isinstance(b, bool):
@@ -80,7 +82,7 @@ def compare(ours: pa.Table, theirs: pa.Table, *, ordered: bool) -> tuple[bool, s
     if not ordered:
         a, b = sorted(a, key=_sort_key), sorted(b, key=_sort_key)
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if len(x) != len(y) or not all(_same(u, v) for u, v in zip(x, y, strict=True)):
+        if len(x) != len(y) or not all(same_value(u, v) for u, v in zip(x, y, strict=True)):
             return False, f"row {i}: sparkbus {x!r}, Spark SQL {y!r}"
     return True, ""
 

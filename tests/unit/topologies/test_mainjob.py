@@ -300,3 +300,25 @@ def test_every_run_of_a_query_is_compared_and_the_one_that_differs_is_named() ->
         *[(True, "")] * (len(QUERIES) - 1),
     ]
     assert all(len(r.sparkbus_ms) == 20 for r in results)
+
+
+def test_the_view_check_counts_null_kinds_and_keeps_null_sums_as_spark_sql_does() -> None:
+    from sparkbus.roles.compute.arrangement import DIFF, TIME
+    from sparkbus.roles.compute.dataflow import Dataflow
+    from sparkbus.topologies.mainjob import _expected_by_kind, _view_matches, events_view
+
+    # --data with two events of no kind, and a kind whose values are all null (its SUM is NULL).
+    events = t(
+        kind=pa.array(["click", None, None, "view", "share"], pa.string()),
+        value=pa.array([1.0, 2.0, 3.0, 4.0, None], pa.float64()),
+    )
+    updates = events.append_column(TIME, pa.array([0] * 5, pa.int64())).append_column(
+        DIFF, pa.array([1] * 5, pa.int64())
+    )
+    peeked = Dataflow(events_view(), events.schema, 0, "test").feed(updates).drop_columns([TIME, DIFF])
+    expected = _expected_by_kind(events)
+    assert expected == {"click": (1, 1.0), None: (2, 5.0), "view": (1, 4.0), "share": (1, None)}
+    assert _view_matches(peeked, expected)
+    # A view that lost a row of the null group, or summed nothing to 0, is not fresh.
+    assert not _view_matches(peeked, {**expected, None: (1, 5.0)})
+    assert not _view_matches(peeked, {**expected, "share": (1, 0.0)})
