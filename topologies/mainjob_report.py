@@ -47,8 +47,8 @@ class QueryResult:
 
 
 def same_value(a: Any, b: Any) -> bool:
-    """Whether two values of a result agree: nulls with nulls, integers exactly, a float and a number within
-    ``REL_TOL``, anything else by ``==``."""
+    """Whether two values of a result agree: nulls with nulls, integers exactly, NaN with NaN (as in Spark
+    SQL), a float and a number within ``REL_TOL``, anything else by ``==``."""
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, bool) or isinstance(b, bool):
@@ -56,13 +56,25 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b  # counts, keys and sums of integers: exact (a tolerance hides a lost row)
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        x, y = float(a), float(b)
+        if math.isnan(x) or math.isnan(y):
+            return math.isnan(x) and math.isnan(y)  # Spark SQL: NaN = NaN
+        return math.isclose(x, y, rel_tol=REL_TOL, abs_tol=ABS_TOL)
     return bool(a == b)
 
 
+def _value_key(v: Any) -> tuple[int, Any]:
+    # Nulls last, NaN after every number (as Spark SQL orders them); floats rounded so that last-bit
+    # differences between engines do not reorder rows.
+    if v is None:
+        return 2, 0
+    if isinstance(v, float):
+        return (1, 0) if math.isnan(v) else (0, round(v, 6))
+    return 0, v
+
+
 def _sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    # Floats rounded so that last-bit differences between engines do not reorder rows.
-    return tuple((v is None, "" if v is None else (round(v, 6) if isinstance(v, float) else v)) for v in row)
+    return tuple(_value_key(v) for v in row)
 
 
 def rows_of(table: pa.Table) -> list[tuple[Any, ...]]:
