@@ -149,8 +149,7 @@ def _converter(tp: Any) -> Converter:
     if origin is dict:
         return _dict_converter(_converter(args[0]), _converter(args[1]))
     if origin is typing.Literal:
-        allowed = frozenset(args)
-        return lambda v, m, f: v if v in allowed else _fail(m, f, f"one of {sorted(map(repr, allowed))}", v)
+        return _literal_converter(args)
     raise TypeError(f"unsupported field type {tp!r}")
 
 
@@ -199,6 +198,21 @@ def _enum_converter(tp: type[enum.IntEnum]) -> Converter:
             return tp(value)
         except ValueError:
             raise DecodeError(message_type, field, f"{value} is not a valid {tp.__name__}") from None
+
+    return check
+
+
+def _literal_converter(args: tuple[Any, ...]) -> Converter:
+    # The type first: an array or a map is not hashable (a set lookup would raise TypeError), and True or
+    # 1.0 equal a literal 1 without being it.
+    kinds = frozenset(type(a) for a in args)
+    allowed = frozenset(args)
+    expected = f"one of {sorted(map(repr, allowed))}"
+
+    def check(value: Any, message_type: str, field: str) -> Any:
+        if type(value) not in kinds or value not in allowed:
+            _fail(message_type, field, expected, value)
+        return value
 
     return check
 

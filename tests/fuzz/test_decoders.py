@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pyarrow as pa
@@ -42,6 +44,31 @@ def test_each_registered_message_round_trips_and_damage_is_refused(cls: type, da
 @given(frames=st.lists(st.binary(max_size=80), max_size=6))
 def test_noise_is_refused(frames: list[bytes]) -> None:
     _decode(CODEC, frames)
+
+
+def _wrapped(plain: Any) -> Iterator[Any]:
+    """``plain`` with one of its values, at any depth, put in an array or in a map: each way in turn."""
+    yield [plain]
+    yield {"k": plain}
+    if isinstance(plain, dict):
+        for key, value in plain.items():
+            for inner in _wrapped(value):
+                yield {**plain, key: inner}
+    elif isinstance(plain, list):
+        for i, value in enumerate(plain):
+            for inner in _wrapped(value):
+                yield [*plain[:i], inner, *plain[i + 1 :]]
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: f"{REGISTRY.code_of(c):#06x}-{c.__name__}")
+@settings(FUZZ, max_examples=5)
+@given(data=st.data())
+def test_any_value_of_a_body_put_in_an_array_or_a_map_is_refused(cls: type, data: st.DataObject) -> None:
+    """A container where a field wants a scalar (a Literal's values are looked up in a set: an array or a
+    map is not hashable) is a DecodeError, at every depth of the body."""
+    frames = [bytes(f) for f in CODEC.encode(data.draw(instances(cls)))]
+    for body in _wrapped(msgpack.unpackb(frames[1], strict_map_key=False)):
+        _decode(CODEC, [frames[0], msgpack.packb(body, use_bin_type=True), *frames[2:]])
 
 
 header_values = st.one_of(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sparkbus.codecs import Registry, blob
 
@@ -88,3 +88,12 @@ class Tagged:
             raise ValueError(f"weight must be >= 0, got {self.weight}")
         object.__setattr__(self, "name", self.name.lower())
         object.__setattr__(self, "_key", (self.name, self.weight))
+
+
+@TEST_REGISTRY.register(0x7006)
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """Literal fields, alone and in a union (the shape of plan operators and replication decisions)."""
+
+    op: Literal["eq", "ne"]
+    level: Literal[1, 2] | None

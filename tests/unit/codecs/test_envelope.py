@@ -9,7 +9,7 @@ import pytest
 
 from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
 
-from .messages import TEST_REGISTRY, Chunk, Color, Everything, Inner, Ping, Plain, Tagged
+from .messages import TEST_REGISTRY, Choice, Chunk, Color, Everything, Inner, Ping, Plain, Tagged
 
 codec = EnvelopeCodec(TEST_REGISTRY)
 
@@ -108,6 +108,30 @@ def test_a_message_of_plain_fields_is_checked_like_any_other(mutate: object, fie
         codec.decode(with_body(frames, body))
     assert (err.value.message_type, err.value.field) == ("Plain", field)
     assert reason in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"op": ["eq"], "level": 1}, "op"),
+        ({"op": {"eq": 1}, "level": 1}, "op"),
+        ({"op": "lt", "level": 1}, "op"),
+        ({"op": b"eq", "level": 1}, "op"),
+        ({"op": "eq", "level": [1]}, "level"),
+        ({"op": "eq", "level": {1: 1}}, "level"),
+        ({"op": "eq", "level": True}, "level"),
+        ({"op": "eq", "level": 1.0}, "level"),
+        ({"op": "eq", "level": 3}, "level"),
+    ],
+)
+def test_a_literal_field_takes_only_its_values_with_their_types(body: dict[str, object], field: str) -> None:
+    """An array or a map is not hashable, and True or 1.0 equal 1: each is refused, naming the field."""
+    frames = codec.encode(Choice(op="ne", level=None))
+    assert codec.decode(frames).message == Choice(op="ne", level=None)
+    assert codec.decode(with_body(frames, {"op": "eq", "level": 2})).message == Choice(op="eq", level=2)
+    with pytest.raises(DecodeError) as err:
+        codec.decode(with_body(frames, body))
+    assert (err.value.message_type, err.value.field) == ("Choice", field)
 
 
 def test_constructor_validation_applies_to_decoded_messages() -> None:
