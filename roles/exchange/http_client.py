@@ -12,7 +12,13 @@ Per source, as Presto's HTTP exchange client and ``binx.client``:
 
 * one GET outstanding; its ``X-Presto-Page-End-Sequence-Id`` is the next token, so every request
   acknowledges the pages before it; an expired long-poll (204, not complete) is simply asked again;
-* on ``X-Presto-Buffer-Complete`` the source sends DELETE (its answer is not waited for);
+* on ``X-Presto-Buffer-Complete`` the source sends DELETE (the caller does not wait for its answer). A
+  DELETE that fails (503 overloaded or busy, 404, a request timeout or a broken connection) is sent again
+  with the same back-off until ``max_error_duration`` has passed, as Presto does, while the peer's bus
+  link is up (``PeerUp``, until ``PeerLost``): the server holds the buffer's last pages until it comes.
+  Past that, or once the bus lost the peer (its node is gone, or it lost this node too, and the query
+  role aborts the buffers it published for a consumer it lost), the DELETE is given up and counted in
+  ``delete_failures``;
 * a server's retryable refusal (404 unknown buffer: the producer may not have created it yet; 503
   overloaded) backs off with jitter and gives up after ``max_error_duration`` without a success; a final
   one (500 aborted, 410 token gone, 400) or a server that cannot be reached fails the source at once with
@@ -48,6 +54,8 @@ from sparkbus.bus.contract import (
     HttpFetch,
     HttpFetched,
     LocalCall,
+    PeerLost,
+    PeerUp,
     Reply,
     SetTimer,
     TimerFired,
@@ -59,6 +67,23 @@ from sparkbus.roles.exchange.messages import ErrorCode
 
 #: Name of the role on a node.
 HTTP_CLIENT_ROLE = HTTP_CLIENT
+
+#: ``HttpFetched.code`` of a failed DELETE worth sending again: the server could not be reached or did not
+#: answer in time (0), did not know the buffer (404), or was busy (503).
+_DELETE_AGAIN = frozenset({0, int(ErrorCode.UNKNOWN_BUFFER), int(ErrorCode.OVERLOADED)})
+
+
+@dataclass(kw_only=True)
+class _Delete:
+    """A DELETE of one buffer, sent again after a failure until ``max_error_duration`` has passed. Its one
+    timer, ``delete/{did}``, is the attempt's answer timeout while ``job`` is set, else its retry."""
+
+    did: int
+    peer: str
+    task_id: str
+    buffer_id: int
+    retry: RetryState
+    job: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -130,10 +155,12 @@ class HttpClient:
         self.max_wait = max_wait
         self.max_queued_bytes = max_queued_bytes
         self.max_sources = max_sources
+        self.up: set[str] = set()  # peers whose bus link is up: a failed DELETE to them is sent again
         self._sources: dict[SourceKey, HttpSource] = {}
         self._by_sid: dict[int, HttpSource] = {}
         self._jobs: dict[int, int] = {}  # job id -> source id (DATA requests in flight)
-        self._deletes: dict[int, str] = {}  # DELETE jobs in flight -> their timer's key
+        self._deletes: dict[int, _Delete] = {}  # DELETEs not yet answered, by id: in flight or to retry
+        self._delete_jobs: dict[int, int] = {}  # job id of a DELETE in flight -> its DELETE's id
         self._pending: list[HttpFetch] = []  # not yet handed to the driver
         self._driver_call: int | None = None  # the driver's open "jobs" call
         self._next_sid = 0
@@ -144,6 +171,7 @@ class HttpClient:
             "retries": 0,
             "stale_answers": 0,
             "delete_failures": 0,
+            "delete_retries": 0,
         }
 
     def source(self, peer: str, task_id: str, buffer_id: int) -> HttpSource | None:
@@ -152,7 +180,8 @@ class HttpClient:
 
     @property
     def in_flight(self) -> int:
-        """Requests handed out (or waiting to be) whose answer has not come back."""
+        """Requests handed out (or waiting to be) whose answer has not come back, and DELETEs waiting to be
+        sent again."""
         return len(self._jobs) + len(self._deletes)
 
     # ------------------------------------------------------------ role interface
@@ -164,6 +193,11 @@ class HttpClient:
             self._on_call(event, now, out)
         elif isinstance(event, TimerFired):
             self._on_timer(event.key, now, out)
+        elif isinstance(event, PeerUp):
+            self.up.add(event.peer)
+        elif isinstance(event, PeerLost):
+            self.up.discard(event.peer)
+            self._drop_deletes_to(event.peer, out)
         if self._pending and self._driver_call is not None:
             out.append(Reply(call_id=self._driver_call, result=tuple(self._pending)))
             self._pending = []
@@ -262,22 +296,68 @@ class HttpClient:
 
     def _delete(self, src: HttpSource, now: float, out: list[Action]) -> None:
         self._next_job += 1
-        timer = f"delete/{self._next_job}"
-        self._deletes[self._next_job] = timer
-        out.append(SetTimer(key=timer, at=now + self.answer_timeout))
+        did = self._next_job  # the first attempt's job id
+        delete = _Delete(
+            did=did,
+            peer=src.peer,
+            task_id=src.task_id,
+            buffer_id=src.buffer_id,
+            retry=RetryState(self.policy, self.rng),
+        )
+        self._deletes[did] = delete
+        self._send_delete(delete, did, now, out)
+
+    def _send_delete(self, delete: _Delete, job: int, now: float, out: list[Action]) -> None:
+        delete.job = job
+        self._delete_jobs[job] = delete.did
+        out.append(SetTimer(key=f"delete/{delete.did}", at=now + self.answer_timeout))
         self.counters["deletes"] += 1
         self._pending.append(
             HttpFetch(
-                job=self._next_job, peer=src.peer, task_id=src.task_id, buffer_id=src.buffer_id, delete=True
+                job=job, peer=delete.peer, task_id=delete.task_id, buffer_id=delete.buffer_id, delete=True
             )
         )
 
-    def _on_answer(self, answer: HttpFetched, now: float, out: list[Action]) -> None:
-        timer = self._deletes.pop(answer.job, None)
-        if timer is not None:
-            out.append(CancelTimer(key=timer))
-            if answer.error is not None:
+    def _on_delete_answer(self, delete: _Delete, answer: HttpFetched, now: float, out: list[Action]) -> None:
+        delete.job = None
+        at = None
+        if answer.error is not None and answer.code in _DELETE_AGAIN and delete.peer in self.up:
+            at = delete.retry.retry_at(now)
+        if at is not None:
+            self.counters["delete_retries"] += 1
+            out.append(SetTimer(key=f"delete/{delete.did}", at=at))
+            return
+        del self._deletes[delete.did]
+        out.append(CancelTimer(key=f"delete/{delete.did}"))
+        if answer.error is not None:
+            self.counters["delete_failures"] += 1
+
+    def _drop_deletes_to(self, peer: str, out: list[Action]) -> None:
+        """The bus lost ``peer``: its DELETEs waiting to be sent again are given up. Its node is gone, or
+        it lost this node too, and the query role aborts the buffers it published for a consumer it lost."""
+        for did, delete in list(self._deletes.items()):
+            if delete.peer == peer and delete.job is None:
+                del self._deletes[did]
+                out.append(CancelTimer(key=f"delete/{did}"))
                 self.counters["delete_failures"] += 1
+
+    def _on_delete_timer(self, did: int, now: float, out: list[Action]) -> None:
+        delete = self._deletes.get(did)
+        if delete is None:
+            return
+        if delete.job is None:  # its retry is due
+            self._next_job += 1
+            self._send_delete(delete, self._next_job, now, out)
+            return
+        # No answer from the driver for that long: forgotten (a late answer is then stale).
+        del self._deletes[did]
+        self._delete_jobs.pop(delete.job, None)
+        self.counters["delete_failures"] += 1
+
+    def _on_answer(self, answer: HttpFetched, now: float, out: list[Action]) -> None:
+        did = self._delete_jobs.pop(answer.job, None)
+        if did is not None:
+            self._on_delete_answer(self._deletes[did], answer, now, out)
             return
         sid = self._jobs.pop(answer.job, None)
         src = self._by_sid.get(sid) if sid is not None else None
@@ -340,8 +420,7 @@ class HttpClient:
         if not num.isdigit():
             return
         if kind == "delete":
-            if self._deletes.pop(int(num), None) is not None:
-                self.counters["delete_failures"] += 1  # a late answer is then stale
+            self._on_delete_timer(int(num), now, out)
             return
         src = self._by_sid.get(int(num))
         if src is None:

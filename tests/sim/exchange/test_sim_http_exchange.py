@@ -229,6 +229,23 @@ def test_a_delete_to_a_silently_stopped_server_ends_after_the_request_timeout_al
     assert p.sim.now == pytest.approx(start + HTTP_TIMEOUT)
 
 
+def test_a_delete_that_times_out_is_sent_again_and_frees_the_last_pages() -> None:
+    """Only the DELETE frees the last answer's pages: one lost DELETE must not keep them for the life of
+    the producer's node."""
+    p = Pair(14, give_up=60.0, answer_timeout=2 * HTTP_TIMEOUT)
+    p.on_server("publish", {**BUF, "pages": [b"x" * 1000], "last": True})
+    assert p.outcome(p.fetch()) == ({"pages": [b"x" * 1000], "token": 0, "complete": True}, None)
+    assert p.client.counters["deletes"] == 1 and p.server.buffers.bytes_held == 1000
+    p.sim.cut("c", "s", notify=False)  # the DELETE in flight is lost, and ends at its request timeout
+    p.sim.run_for(1.0)
+    p.sim.heal("c", "s")
+    p.sim.run_until(lambda: p.client.in_flight == 0, limit=3 * HTTP_TIMEOUT)
+    assert p.client.counters["deletes"] == 2 and p.client.counters["delete_retries"] == 1
+    assert p.client.counters["delete_failures"] == 0
+    buf = p.server.buffers.get("t1", 0)
+    assert p.server.buffers.bytes_held == 0 and buf is not None and buf.state is BufferState.DESTROYED
+
+
 def test_a_peer_that_serves_no_buffers_fails_the_fetch_clearly() -> None:
     p = Pair(8)
     result, error = p.outcome(p.fetch({**KEY, "peer": "bare"}))

@@ -12,10 +12,13 @@ from sparkbus.bus.contract import (
     HttpFetch,
     HttpFetched,
     LocalCall,
+    PeerLost,
+    PeerUp,
     Reply,
     SetTimer,
     TimerFired,
 )
+from sparkbus.bus.http_exchange import answer_of
 from sparkbus.roles.exchange import (
     BackoffPolicy,
     BinxServer,
@@ -298,3 +301,80 @@ def test_a_delete_the_driver_never_answers_is_forgotten_after_the_give_up_time()
     assert d.client.in_flight == 0 and d.client.counters["delete_failures"] == 1
     d.answer(delete, complete=True)  # late: counted once, not twice
     assert d.client.counters["delete_failures"] == 1
+
+
+def serve(d: Driver, server: BinxServer, job: HttpFetch, now: float) -> None:
+    """Run a job against the server's buffers and hand its answer back, as the node driver does."""
+    if job.delete:
+        server.buffers.delete(job.task_id, job.buffer_id)
+        d.answer(job, now, complete=True)
+        return
+    d.jobs.remove(job)
+    result = server.buffers.read(job.task_id, job.buffer_id, job.token, job.max_bytes)
+    d.call("fetched", {"result": answer_of(job, result, "127.0.0.1:1")}, now)
+
+
+def test_a_failed_clean_up_delete_is_sent_again_until_the_server_frees_the_last_pages() -> None:
+    server = BinxServer(OutputBuffers(instance_id="i0"))
+    server.publish("t", 0, [b"a" * 1000, b"b" * 1000], True, 0.0)
+    policy = BackoffPolicy(max_error_duration=60.0)
+    d = Driver(HttpClient(rng=random.Random(1), policy=policy, max_request_bytes=1000))
+    d.take(list(d.client.handle(PeerUp(peer="s"), 0.0)))
+    _, fetch = d.call("fetch", KEY)
+    serve(d, server, d.jobs[0], 0.0)  # page a
+    serve(d, server, d.jobs[0], 0.1)  # page b and the end; acknowledges a, and b waits for the DELETE
+    _, fetch = d.call("fetch", KEY, now=0.1)
+    assert d.replies[fetch].result == {"pages": [b"b" * 1000], "token": 1, "complete": True}
+    [delete] = d.jobs
+    assert delete.delete and server.buffers.bytes_held == 1000
+    # The node's loop was busy: its HTTP server answered 503. Nothing else would ever free page b.
+    d.answer(
+        delete, 0.2, error="http://127.0.0.1:1: HTTP 503: node p1 is busy", code=int(ErrorCode.OVERLOADED)
+    )
+    assert not d.jobs and d.client.in_flight == 1
+    now = d.fire_next()  # the retry (the first one at once)
+    [again] = d.jobs
+    assert again.delete and again.job != delete.job
+    serve(d, server, again, now)
+    assert server.buffers.bytes_held == 0 and not server.buffers.keys()
+    assert d.client.in_flight == 0 and not d.timers
+    assert (d.client.counters["delete_retries"], d.client.counters["delete_failures"]) == (1, 0)
+
+
+def test_a_delete_that_keeps_failing_is_retried_until_the_give_up_time_and_a_final_refusal_is_not() -> None:
+    d = Driver(HttpClient(rng=random.Random(2), policy=BackoffPolicy(max_error_duration=30.0)))
+    d.take(list(d.client.handle(PeerUp(peer="s"), 0.0)))
+    d.call("fetch", KEY)
+    d.call("abandon", KEY, now=5.0)
+    sent, now = [], 5.0
+    while d.client.in_flight:
+        for job in [j for j in d.jobs if j.delete]:  # the server never answers in time
+            sent.append(now)
+            d.answer(job, now, error="http://127.0.0.1:1: DELETE ...: no complete answer within 20 s")
+        if d.client.in_flight:
+            now = d.fire_next()
+    assert sent[0] == 5.0 and sent[-1] == 35.0 and len(sent) > 5  # the last one at the give-up time
+    assert d.client.counters["delete_failures"] == 1 and not d.timers
+    d.call("fetch", {**KEY, "buffer_id": 1})
+    d.call("abandon", {**KEY, "buffer_id": 1}, now=40.0)
+    [delete] = [j for j in d.jobs if j.delete and j.buffer_id == 1]
+    d.answer(delete, 40.0, error="http://127.0.0.1:1: HTTP 400: bad request", code=int(ErrorCode.BAD_REQUEST))
+    assert d.client.in_flight == 0 and d.client.counters["delete_failures"] == 2 and not d.timers
+
+
+def test_delete_retries_to_a_peer_the_bus_lost_are_given_up() -> None:
+    """Its node is gone, or it lost this node too and aborts what it published for it: nothing to free."""
+    d = Driver(HttpClient(rng=random.Random(3), policy=BackoffPolicy(max_error_duration=30.0)))
+    d.take(list(d.client.handle(PeerUp(peer="s"), 0.0)))
+    d.call("fetch", KEY)
+    d.call("abandon", KEY, now=1.0)
+    [delete] = [j for j in d.jobs if j.delete]
+    d.answer(delete, 1.0, error="http://127.0.0.1:1: cannot reach the HTTP exchange: ConnectionRefusedError")
+    assert d.client.in_flight == 1 and d.client.counters["delete_retries"] == 1  # waits for its retry
+    d.take(list(d.client.handle(PeerLost(peer="s", reason="heartbeat silence"), 1.0)))
+    assert d.client.in_flight == 0 and d.client.counters["delete_failures"] == 1 and not d.timers
+    d.call("fetch", {**KEY, "buffer_id": 1})
+    d.call("abandon", {**KEY, "buffer_id": 1}, now=2.0)  # after the loss: a failure is not sent again
+    [delete] = [j for j in d.jobs if j.delete and j.buffer_id == 1]
+    d.answer(delete, 2.0, error="http://127.0.0.1:1: cannot reach the HTTP exchange: ConnectionRefusedError")
+    assert d.client.in_flight == 0 and d.client.counters["delete_failures"] == 2 and not d.timers
