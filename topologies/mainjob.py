@@ -252,6 +252,23 @@ def check_keys(topo: Topology) -> None:
         raise JobError(f"{topo.source}: {exc}") from None
 
 
+def check_outputs(opts: Options) -> None:
+    """JobError when the report or the chart cannot be written where ``opts`` says: found before Spark
+    starts, not after the whole job has run."""
+    for what, target in (("report", opts.report), ("chart", opts.chart)):
+        if not target.parent.is_dir():
+            raise JobError(f"--report {opts.report}: directory {target.parent} does not exist")
+        if target.is_dir():
+            raise JobError(f"--report {opts.report}: the {what} {target} is a directory")
+        if not os.access(target.parent, os.W_OK):
+            raise JobError(f"--report {opts.report}: directory {target.parent} is not writable")
+    if opts.report.resolve() == opts.chart.resolve():
+        raise JobError(
+            f"--report {opts.report}: the PNG chart would overwrite the report; give the report another "
+            "name (such as report.json)"
+        )
+
+
 #: what the driver node the job connects to runs: the thin client's gateway and the roles it routes to
 _COORDINATOR_ROLES = frozenset({"client.gateway", "query", "compute.controller"})
 #: what a query's participants run to exchange rows with BinX and HTTP (docs/QUERY.md, Exchanges)
@@ -626,9 +643,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     check_keys(topo)
     if opts.data is not None and not opts.data.exists():
         raise JobError(f"--data {opts.data}: no such file or directory")
-    for target in (opts.report, opts.chart):
-        if not target.parent.is_dir():
-            raise JobError(f"--report {target}: directory {target.parent} does not exist")
+    check_outputs(opts)
     _check_java()
 
     from sparkbus.roles.client import ClientError  # noqa: PLC0415

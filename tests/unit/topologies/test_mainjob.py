@@ -335,3 +335,26 @@ def test_the_view_check_counts_null_kinds_and_keeps_null_sums_as_spark_sql_does(
     # A view that lost a row of the null group, or summed nothing to 0, is not fresh.
     assert not _view_matches(peeked, {**expected, None: (1, 5.0)})
     assert not _view_matches(peeked, {**expected, "share": (1, 0.0)})
+
+
+def test_a_report_that_cannot_be_written_is_refused_in_one_line_before_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparkbus.topologies import mainjob
+
+    def spark_would_start() -> None:  # the step right before Spark starts
+        raise AssertionError("the job went on to start Spark")
+
+    monkeypatch.setattr(mainjob, "_check_java", spark_would_start)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "r.png").mkdir()
+    refused = {
+        "out": f"--report {tmp_path}/out: the report {tmp_path}/out is a directory",
+        "r.json": f"--report {tmp_path}/r.json: the chart {tmp_path}/r.png is a directory",
+        "chart.png": f"--report {tmp_path}/chart.png: the PNG chart would overwrite the report; give the "
+        "report another name (such as report.json)",
+        "no/r.json": f"--report {tmp_path}/no/r.json: directory {tmp_path}/no does not exist",
+    }
+    for report_name, error in refused.items():
+        assert cli.main(["run", "--rows", "10", "--report", str(tmp_path / report_name)]) == 1
+        assert capsys.readouterr().err == f"sparkbus run: {error}\n"
