@@ -437,8 +437,17 @@ def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _check_java() -> None:
+    """JobError unless Spark's launcher will find Java: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set (it
+    then ignores PATH, as ``spark-class`` does), else ``java`` on PATH."""
     home = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (home and (Path(home) / "bin" / "java").exists()):
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not (java.is_file() and os.access(java, os.X_OK)):
+            raise JobError(
+                f"JAVA_HOME is {home}, which has no bin/java; Spark runs $JAVA_HOME/bin/java when JAVA_HOME is "
+                "set: point it at a Java 17 installation, or unset it to use java on PATH"
+            )
+    elif shutil.which("java") is None:
         raise JobError("Java not found: Spark needs Java 17 (install it, or set JAVA_HOME)")
 
 

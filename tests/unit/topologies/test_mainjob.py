@@ -358,3 +358,33 @@ def test_a_report_that_cannot_be_written_is_refused_in_one_line_before_spark(
     for report_name, error in refused.items():
         assert cli.main(["run", "--rows", "10", "--report", str(tmp_path / report_name)]) == 1
         assert capsys.readouterr().err == f"sparkbus run: {error}\n"
+
+
+def test_the_java_check_follows_java_home_as_sparks_launcher_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkbus.topologies.mainjob import _check_java
+
+    jdk = tmp_path / "jdk"
+    (jdk / "bin").mkdir(parents=True)
+    (jdk / "bin" / "java").write_text("#!/bin/sh\n")
+    (jdk / "bin" / "java").chmod(0o755)
+    on_path = tmp_path / "path"
+    on_path.mkdir()
+    (on_path / "java").symlink_to(jdk / "bin" / "java")
+    # JAVA_HOME set: Spark runs $JAVA_HOME/bin/java, whatever PATH holds.
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
+    with pytest.raises(JobError) as refused:
+        _check_java()
+    assert str(refused.value).startswith(f"JAVA_HOME is {tmp_path}/no-such-jdk, which has no bin/java;")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("JAVA_HOME", str(jdk))
+    _check_java()
+    # Without it (or with it empty), java on PATH.
+    monkeypatch.setenv("JAVA_HOME", "")
+    with pytest.raises(JobError, match="Java not found"):
+        _check_java()
+    monkeypatch.delenv("JAVA_HOME")
+    monkeypatch.setenv("PATH", str(on_path))
+    _check_java()
