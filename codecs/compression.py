@@ -19,7 +19,8 @@ class Compression:
     Attributes:
         level: zstd level (1 is the fast default; 3 is zstd's own default).
         min_size: frames smaller than this are sent as they are.
-        max_decompressed: a compressed frame that would inflate past this is refused, never allocated.
+        max_decompressed: a compressed frame that would inflate past this is refused, never allocated (an
+            ``EnvelopeCodec`` holds its frames to this or its limits' ``max_decompressed_bytes``, the smaller).
         enabled: when false, ``compress`` never compresses (``decompress`` still works).
     """
 

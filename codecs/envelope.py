@@ -209,8 +209,9 @@ class EnvelopeCodec:
     Args:
         registry: where message types are looked up.
         limits: bounds applied before anything is allocated.
-        compression: how payload frames are compressed; None sends them raw (decoding still honours
-            the zmask, bounded by ``limits.max_decompressed_bytes``).
+        compression: how payload frames are compressed; None sends them raw. Decoding honours the zmask
+            either way, and a compressed frame inflates to at most ``limits.max_decompressed_bytes`` (and
+            to no more than ``compression.max_decompressed`` when that is smaller).
     """
 
     name = "envelope"
@@ -225,9 +226,11 @@ class EnvelopeCodec:
         self.registry = registry
         self.limits = limits
         self.compression = compression
-        self._inflate = compression or Compression(
-            enabled=False, max_decompressed=limits.max_decompressed_bytes
-        )
+        # A compressed frame inflates to no more than the limits allow, nor than the compression settings do.
+        bound = limits.max_decompressed_bytes
+        if compression is not None:
+            bound = min(bound, compression.max_decompressed)
+        self._inflate = Compression(enabled=False, max_decompressed=bound)
         # One Packer per codec, reused: ``msgpack.packb`` builds (and allocates a buffer for) a new one
         # per call. ``pack`` runs without releasing the GIL on the plain values it is given here.
         self._pack = msgpack.Packer(use_bin_type=True).pack

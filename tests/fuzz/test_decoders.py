@@ -13,7 +13,15 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkbus.codecs import Compression, DecodeError, EnvelopeCodec, Limits, decode_batch, encode_batch
+from sparkbus.codecs import (
+    Compression,
+    DecodeError,
+    EnvelopeCodec,
+    LimitExceeded,
+    Limits,
+    decode_batch,
+    encode_batch,
+)
 from sparkbus.codecs.compression import decompress_bounded
 
 from .conftest import count
@@ -91,15 +99,48 @@ def test_well_formed_msgpack_with_wrong_contents_is_refused(
     _decode(CODEC, frames)
 
 
+#: Below the size some messages' compressed frames inflate to.
+INFLATE_LIMIT = 128
+
+
 @FUZZ
 @given(data=st.data(), cls=st.sampled_from(CLASSES))
-def test_compressed_frames_damaged_are_refused(data: st.DataObject, cls: type) -> None:
+def test_compressed_frames_are_held_to_the_limit_and_damaged_ones_refused(
+    data: st.DataObject, cls: type
+) -> None:
+    """Both sides compress, and the receiver's Compression would allow 64 MiB: its limits'
+    ``max_decompressed_bytes`` holds all the same. A frame that inflates past it is refused (the sender's
+    own, or one replaced by a zstd frame of a drawn size), any other decodes, and damage is refused."""
+    compression = Compression(level=1, min_size=0, enabled=True)
+    sender = EnvelopeCodec(REGISTRY, compression=compression)
     codec = EnvelopeCodec(
-        REGISTRY,
-        compression=Compression(level=1, min_size=0, enabled=True),
-        limits=Limits(max_decompressed_bytes=1 << 20),
+        REGISTRY, compression=compression, limits=Limits(max_decompressed_bytes=INFLATE_LIMIT)
     )
-    frames = [bytes(f) for f in codec.encode(data.draw(instances(cls)))]
+    msg = data.draw(instances(cls))
+    frames = [bytes(f) for f in sender.encode(msg)]
+    raw = CODEC.encode(msg)
+    header = msgpack.unpackb(frames[0])
+    if any(header[5] >> i & 1 and len(raw[i + 1]) > INFLATE_LIMIT for i in range(len(raw) - 1)):
+        with pytest.raises(LimitExceeded, match=f"limit is {INFLATE_LIMIT}"):
+            codec.decode(frames)
+    else:
+        assert codec.decode(frames).message == msg
+    count("envelope")
+    # One payload frame replaced by a zstd frame of any size around the limit.
+    i = data.draw(st.integers(min_value=0, max_value=len(frames) - 2))
+    size = data.draw(st.integers(min_value=0, max_value=4 * INFLATE_LIMIT))
+    header[5] |= 1 << i
+    inflating = list(frames)
+    inflating[0] = msgpack.packb(header)
+    inflating[i + 1] = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(size))
+    if size > INFLATE_LIMIT:
+        count("envelope")
+        with pytest.raises(
+            LimitExceeded, match=f"declares {size} bytes decompressed, limit is {INFLATE_LIMIT}"
+        ):
+            codec.decode(inflating)
+    else:
+        _decode(codec, inflating)
     _decode(codec, data.draw(mutated_frames(st.just(frames))))
 
 

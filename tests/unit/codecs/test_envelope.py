@@ -7,7 +7,16 @@ from dataclasses import dataclass
 import msgpack
 import pytest
 
-from sparkbus.codecs import Compression, DecodeError, EncodeError, EnvelopeCodec, Header, Limits, Registry
+from sparkbus.codecs import (
+    Compression,
+    DecodeError,
+    EncodeError,
+    EnvelopeCodec,
+    Header,
+    LimitExceeded,
+    Limits,
+    Registry,
+)
 
 from .messages import TEST_REGISTRY, Choice, Chunk, Color, Everything, Inner, Ping, Plain, Tagged
 
@@ -207,6 +216,28 @@ def test_decompression_bomb_is_refused_before_allocation() -> None:
     strict = EnvelopeCodec(TEST_REGISTRY, limits=Limits(max_decompressed_bytes=1 << 20))
     with pytest.raises(DecodeError, match="limit"):
         strict.decode(frames)
+
+
+@pytest.mark.parametrize(
+    ("limit", "setting", "bound"),
+    [(1 << 20, 64 << 20, 1 << 20), (64 << 20, 1 << 20, 1 << 20), (1 << 20, 1 << 20, 1 << 20)],
+    ids=["limits-smaller", "compression-smaller", "equal"],
+)
+def test_a_codec_that_compresses_holds_frames_to_the_smaller_bound(
+    limit: int, setting: int, bound: int
+) -> None:
+    """A node's limits hold whether or not it compresses what it sends (its Compression defaults to 64 MiB)."""
+    frames = EnvelopeCodec(TEST_REGISTRY, compression=Compression()).encode(sample(data=b"\x00" * (8 << 20)))
+    assert sum(map(len, frames)) < 4096
+    codec = EnvelopeCodec(
+        TEST_REGISTRY,
+        limits=Limits(max_decompressed_bytes=limit),
+        compression=Compression(max_decompressed=setting),
+    )
+    with pytest.raises(LimitExceeded, match=f"declares {8 << 20} bytes decompressed, limit is {bound}"):
+        codec.decode(frames)
+    fits = EnvelopeCodec(TEST_REGISTRY, compression=Compression()).encode(sample(data=b"\x00" * bound))
+    assert codec.decode(fits).message.data == b"\x00" * bound
 
 
 def test_registering_twice_or_non_frozen_is_an_error() -> None:
