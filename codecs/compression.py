@@ -57,7 +57,7 @@ class Compression:
 def decompress_bounded(
     dctx: zstandard.ZstdDecompressor, frame: Buffer, bound: int, message_type: str, part: str
 ) -> bytes:
-    """Decompress a single zstd frame whose output must not exceed ``bound`` bytes."""
+    """Decompress exactly one zstd frame whose output must not exceed ``bound`` bytes."""
     try:
         params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as exc:
@@ -70,7 +70,9 @@ def decompress_bounded(
     if declared > bound:
         raise LimitExceeded(message_type, part, f"declares {declared} bytes decompressed, limit is {bound}")
     try:
-        out = dctx.decompress(frame, max_output_size=bound)
+        # One frame and nothing after it: bytes zstd would otherwise skip could carry anything past every
+        # check, and make two different frames decode to the same message.
+        out = dctx.decompress(frame, max_output_size=bound, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise DecodeError(message_type, part, f"corrupt zstd frame ({exc})") from None
     if len(out) != declared:

@@ -43,6 +43,16 @@ def test_bound_declared_size_lie_and_garbage() -> None:
         c.decompress(truncated)
 
 
+def test_bytes_after_the_zstd_frame_are_refused() -> None:
+    """A compressed frame is one zstd frame: trailing bytes, or a second frame, are not silently dropped."""
+    c = Compression(min_size=0)
+    frame, compressed = c.compress(b"payload " * 100)
+    assert compressed and c.decompress(frame) == b"payload " * 100
+    for extra in (b"hidden", frame, zstandard.ZstdCompressor().compress(b"")):
+        with pytest.raises(DecodeError, match="corrupt zstd frame"):
+            c.decompress(frame + extra)
+
+
 @pytest.mark.parametrize("kwargs", [{"level": 0}, {"level": 23}, {"min_size": -1}, {"max_decompressed": 0}])
 def test_bad_settings_are_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):

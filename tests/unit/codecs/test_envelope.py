@@ -209,6 +209,16 @@ def test_compression_sets_the_mask_and_round_trips() -> None:
     assert EnvelopeCodec(TEST_REGISTRY).decode(frames).message.data == b"a" * 50_000
 
 
+def test_a_compressed_frame_with_bytes_after_its_zstd_frame_is_refused() -> None:
+    """As a raw frame holds exactly one msgpack value, a compressed one holds exactly one zstd frame."""
+    zc = EnvelopeCodec(TEST_REGISTRY, compression=Compression(level=3, min_size=1024))
+    frames = zc.encode(sample(data=b"a" * 50_000))
+    assert zc.decode_header(frames).zmask == 0b10
+    with pytest.raises(DecodeError) as err:
+        zc.decode([*frames[:2], bytes(frames[2]) + b"hidden payload"])
+    assert (err.value.message_type, err.value.field) == ("Everything", "<frame 2>")
+
+
 def test_decompression_bomb_is_refused_before_allocation() -> None:
     zc = EnvelopeCodec(TEST_REGISTRY, compression=Compression(min_size=0))
     frames = zc.encode(sample(data=b"\x00" * (8 << 20)))
