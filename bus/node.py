@@ -137,7 +137,8 @@ class Node:
         self._failed_addresses: set[str] = set()
         self._wake_rx: zmq.Socket[bytes] | None = None
         self._wake_tx: zmq.Socket[bytes] | None = None
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Work for the loop from other threads, each with the future it answers (None: nobody waits on it).
+        self._commands: queue.SimpleQueue[tuple[Callable[[], None], Future[Any] | None]] = queue.SimpleQueue()
         self._calls_run = 0  # commands the loop ran for other threads (calls, status): input, for idle_spin
         self._calls: dict[int, Future[Any]] = {}
         self._thread: threading.Thread | None = None
@@ -317,7 +318,7 @@ class Node:
             self._calls[cid] = fut
             self._flush()
 
-        self._submit(run)
+        self._submit(run, fut)
         return fut
 
     def status(self, *, timeout: float = 5.0) -> dict[str, Any]:
@@ -336,11 +337,15 @@ class Node:
             st["allocator"] = allocator.state()
             fut.set_result(st)
 
-        self._submit(run)
+        self._submit(run, fut)
         return fut.result(timeout=timeout)
 
     def stop(self, *, timeout: float = 5.0) -> None:
-        """Say goodbye to the peers, stop the loop, close every socket; stop the HTTP exchange."""
+        """Say goodbye to the peers, stop the loop, close every socket; stop the HTTP exchange.
+
+        Every call (``call``, ``call_async``, ``status``) the loop has not answered by then, in progress or
+        still queued for it, fails with ``RuntimeError("node <id> stopped")``.
+        """
         if self._http_source is not None:
             self._http_source.close()  # HTTP requests waiting for the loop are answered 503
         try:
@@ -377,14 +382,14 @@ class Node:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _submit(self, fn: Callable[[], None]) -> None:
+    def _submit(self, fn: Callable[[], None], fut: Future[Any] | None = None) -> None:
         # The inproc PUSH is only written by callers, never by the loop; ZeroMQ sockets are not thread-safe,
         # so callers serialise on a lock, and the loop closes the socket under the same lock (a caller that
         # checked it open must not send on it closed).
         with _WAKE_LOCK:
             if self._thread is None or self._wake_tx is None:
                 raise RuntimeError(f"node {self.node_id} is not running")
-            self._commands.put(fn)
+            self._commands.put((fn, fut))
             with contextlib.suppress(zmq.Again):  # the loop has wake-ups queued already
                 self._wake_tx.send(b"", zmq.NOBLOCK)
 
@@ -494,10 +499,20 @@ class Node:
         finally:
             with _LOOPS_LOCK:
                 _LOOPS[0] -= spinner
-            for fut in self._calls.values():
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
-            self._close()
+            try:
+                self._close()  # from now on nothing can be queued for the loop (_submit raises)
+            finally:
+                self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        """Fail the calls the loop ended without answering: those it started, and those still queued."""
+        pending: list[Future[Any] | None] = list(self._calls.values())
+        self._calls.clear()
+        while not self._commands.empty():
+            pending.append(self._commands.get_nowait()[1])
+        for fut in pending:
+            if fut is not None and not fut.done():
+                fut.set_exception(RuntimeError(f"node {self.node_id} stopped"))
 
     @staticmethod
     def _serve(
@@ -547,7 +562,7 @@ class Node:
             except zmq.Again:
                 break
         while not self._commands.empty():
-            self._commands.get_nowait()()
+            self._commands.get_nowait()[0]()
             self._calls_run += 1
         return False
 
@@ -570,7 +585,7 @@ class Node:
             except zmq.Again:
                 return False
             rid = frame.bytes
-            key = _user_id(frame) if rid in owned else ""
+            key = security.user_id(frame) if rid in owned else ""
             parts: list[Any] = []
             while frame.more:
                 frame = sock.recv(_NOBLOCK, copy=False)
@@ -596,7 +611,7 @@ class Node:
         # once per loop turn (``_flush``), not once per message.
         for i in range(_DRAIN_BUDGET):
             try:
-                parts = _recv_message(sock, zero_copy=not copy)
+                parts = sockets.recv_message(sock, zero_copy=not copy)
             except zmq.Again:
                 return False
             try:
@@ -860,30 +875,6 @@ def _spin(
         if events or clock() >= until:
             return events
         os.sched_yield()
-
-
-def _user_id(frame: zmq.Frame) -> str:
-    """The name the ZAP handler gave the connection ``frame`` came on (its CURVE key's file)."""
-    try:
-        return str(frame.get("User-Id"))
-    except zmq.ZMQError:  # no ZAP handler named it: a name that owns no node id
-        return "?"
-
-
-def _recv_message(sock: zmq.Socket[bytes], *, zero_copy: bool) -> list[Any]:
-    """One whole message from ``sock`` (raises ``zmq.Again`` when there is none).
-
-    Frames are taken as ``zmq.Frame``s, whose ``more`` flag ends the message: asking the socket for
-    ZMQ_RCVMORE costs pyzmq more than the frame object (it converts the option to an enum on every call).
-    With ``zero_copy``, frames after the first two (the envelope's header and body, small) are kept as
-    memoryviews on ZeroMQ's buffers; the others are copied out as bytes.
-    """
-    frame = sock.recv(_NOBLOCK, copy=False)
-    parts: list[Any] = [frame.bytes]
-    while frame.more:
-        frame = sock.recv(_NOBLOCK, copy=False)
-        parts.append(frame.buffer if zero_copy and len(parts) >= 2 else frame.bytes)
-    return parts
 
 
 _MAX_TRACKED = 1024

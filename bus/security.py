@@ -162,6 +162,14 @@ def key_owner(rid: bytes, user_id: str, owned: frozenset[bytes]) -> bool:
     return rid not in owned or user_id.encode() == rid
 
 
+def user_id(frame: zmq.Frame) -> str:
+    """The name the ZAP handler gave the connection ``frame`` came on (its CURVE key's file)."""
+    try:
+        return str(frame.get("User-Id"))
+    except zmq.ZMQError:  # no ZAP handler named it: a name that owns no node id
+        return "?"
+
+
 class _Authenticator(ThreadAuthenticator):
     """pyzmq's ZAP handler with an address allow-list and a refusal callback per domain, naming each
     admitted CURVE connection by its key's file (``User-Id``)."""

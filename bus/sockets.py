@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import zmq
 
@@ -149,3 +149,22 @@ def peer_address(fd: int) -> str:
     finally:
         sock.detach()
     return str(peer[0]) if isinstance(peer, tuple) else (peer or "a local socket")
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+def recv_message(sock: Socket, *, zero_copy: bool) -> list[Any]:
+    """One whole message from ``sock`` (raises ``zmq.Again`` when there is none).
+
+    Frames are taken as ``zmq.Frame``s, whose ``more`` flag ends the message: asking the socket for
+    ZMQ_RCVMORE costs pyzmq more than the frame object (it converts the option to an enum on every call).
+    With ``zero_copy``, frames after the first two (the envelope's header and body, small) are kept as
+    memoryviews on ZeroMQ's buffers; the others are copied out as bytes.
+    """
+    frame = sock.recv(_NOBLOCK, copy=False)
+    parts: list[Any] = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        parts.append(frame.buffer if zero_copy and len(parts) >= 2 else frame.bytes)
+    return parts

@@ -1,8 +1,8 @@
 """Roles in the simulator get blobs and stream batches as the node's sockets hand them over.
 
 A real node keeps a control blob of at least ``zero_copy_threshold`` bytes, and every stream batch, as a
-memoryview on ZeroMQ's buffer (``Node._drain_control``, ``_recv_message``); the simulator does the same, so
-a role that needs ``bytes`` fails here, not first on real sockets.
+memoryview on ZeroMQ's buffer (``Node._drain_control``, ``sockets.recv_message``); the simulator does the
+same, so a role that needs ``bytes`` fails here, not first on real sockets.
 """
 
 from __future__ import annotations
