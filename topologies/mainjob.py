@@ -3,9 +3,9 @@
 Phases, in order (``phases_s`` of the report; docs/MAIN_JOB.md explains each figure):
 
 1. ``spark_start``: the embedded SparkSession of the topology.
-2. ``data``: the events table, generated (``event_id, user_id, kind, value, ts``) or read from Parquet/CSV;
-   cached in Spark and counted (which fills the cache), then ``toArrow()`` of the cached DataFrame is
-   timed as the load baseline.
+2. ``data``: the events table, generated (``event_id, user_id, kind, value, ts``) or read from Parquet/CSV
+   and checked (``mainjob_data``); cached in Spark and counted (which fills the cache), then ``toArrow()``
+   of the cached DataFrame is timed as the load baseline.
 3. ``spark_queries``: the reference queries on Spark SQL (before the nodes take every task slot).
 4. ``python_workers``: one Python task per executor node starts Spark's Python workers and imports what
    the nodes run (``SparkRuntime.warm_workers``); Spark keeps them (``spark.python.worker.reuse``) for
@@ -277,58 +277,6 @@ _EXCHANGE_ROLES = frozenset({"binx.server", "binx.client", "http.client"})
 
 def _coordinator(topo: Topology) -> str:
     return next(nid for nid, spec in topo.placed("driver") if set(spec.roles) >= _COORDINATOR_ROLES)
-
-
-def generated_events(spark: Any, rows: int) -> Any:
-    """``rows`` events, the same on every evaluation (hashes of the row number, no randomness)."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
-    users = max(1, rows // 100)
-    kinds = F.array(*[F.lit(k) for k in KINDS])
-    return spark.range(rows).select(
-        F.col("id").alias(KEY),
-        F.pmod(F.hash(F.col("id"), F.lit(7)), F.lit(users)).cast("long").alias("user_id"),
-        F.element_at(
-            kinds, (F.pmod(F.hash(F.col("id"), F.lit(11)), F.lit(len(KINDS))) + 1).cast("int")
-        ).alias("kind"),
-        (F.pmod(F.hash(F.col("id"), F.lit(13)), F.lit(100_000)) / F.lit(100.0)).alias("value"),
-        F.timestamp_seconds(F.lit(1_700_000_000) + F.col("id")).alias("ts"),
-    )
-
-
-def read_events(spark: Any, path: Path) -> Any:
-    """A Parquet file or directory, or a CSV file with a header, as the events table."""
-    from pyspark.sql import functions as F  # noqa: PLC0415
-
-    if not path.exists():
-        raise JobError(f"--data {path}: no such file or directory")
-    is_csv = path.suffix.lower() == ".csv" or (path.is_dir() and any(path.glob("*.csv")))
-    try:
-        reader = spark.read.option("header", True).option("inferSchema", True)
-        df = reader.csv(str(path)) if is_csv else spark.read.parquet(str(path))
-        columns = df.columns
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise JobError(
-            f"--data {path}: Spark cannot read it as {'CSV' if is_csv else 'Parquet'}: {first}"
-        ) from None
-    missing = [c for c in REQUIRED if c not in columns]
-    if missing:
-        raise JobError(
-            f"--data {path}: missing column(s) {', '.join(missing)}; the events table needs "
-            f"{', '.join(REQUIRED)} (and optionally {KEY})"
-        )
-    if KEY not in columns:
-        df = df.withColumn(KEY, F.monotonically_increasing_id())
-    df = df.select(
-        F.col(KEY).cast("long"),
-        F.col("user_id").cast("long"),
-        F.col("kind").cast("string"),
-        F.col("value").cast("double"),
-        F.col("ts").cast("timestamp"),
-    )
-    # Materialised once, so the generated keys and both engines see the same rows.
-    return df.cache()
 
 
 class RoutedFrame:
@@ -656,6 +604,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     _check_java()
 
     from sparkbus.roles.client import ClientError  # noqa: PLC0415
+    from sparkbus.topologies.mainjob_data import events as events_frame  # noqa: PLC0415
     from sparkbus.topologies.mainjob_exchange import compare_exchanges, query_per_exchange  # noqa: PLC0415
     from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, embedded_session  # noqa: PLC0415
 
@@ -677,13 +626,8 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                 raise JobError(f"Spark did not start: {str(exc).strip().splitlines()[0]}") from None
             spark.sparkContext.setLogLevel("ERROR")
         with _phase(phases, "data"):
-            frame = (
-                read_events(spark, opts.data) if opts.data is not None else generated_events(spark, opts.rows)
-            )
-            frame = frame.cache()  # both engines, and the toArrow() baseline, read the same cached rows
-            rows = frame.count()
-            if rows == 0:
-                raise JobError(f"--data {opts.data}: no rows")
+            # Both engines, and the toArrow() baseline, read the same cached rows.
+            frame, rows = events_frame(spark, opts)
             frame.createOrReplaceTempView(TABLE)
             t0 = time.perf_counter()
             events = frame.toArrow()
