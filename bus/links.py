@@ -29,6 +29,9 @@ from sparkbus.codecs import Buffer, DecodeError
 
 log = logging.getLogger("sparkbus.bus")
 
+#: REJECT codes that end our link for good, when they answer our current HELLO.
+_FOR_GOOD = FINAL_CODES | {ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION}
+
 
 class LinkLayer(NodeState):
     """Handshakes and link loss; mixed into ``NodeCore``."""
@@ -70,7 +73,8 @@ class LinkLayer(NodeState):
                 self._refuse_version(rid, offered, attempt, now)
                 return
             code = ErrorCode.HANDSHAKE_HEADER if exc.field in ("magic", "<body>") else ErrorCode.MALFORMED
-            self._refuse_rid(rid, code, f"bad HELLO: {exc}", now)
+            # Echoing its attempt: the sender takes a final code only as the answer to its current HELLO.
+            self._refuse_rid(rid, code, f"bad HELLO: {exc}", now, attempt)
             return
         assert isinstance(hello, Hello)
         if hello.magic != MAGIC:
@@ -324,19 +328,13 @@ class LinkLayer(NodeState):
 
     def _on_reject(self, out: _Outbound, msg: Reject, session: int, now: float) -> None:
         self._counts[f"rejected_{msg.code.name.lower()}"] += 1
-        if msg.code in FINAL_CODES and msg.attempt in (0, out.attempt):
-            self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
-            return
-        if msg.code in FINAL_CODES:
-            # It refuses a HELLO that is not our current one: with ZeroMQ's handover, maybe another
-            # process's under our node id. Our own current HELLO gets its answer.
-            self._counts["dropped_stale_reject"] += 1
-            return
-        if msg.code in (ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION):
-            # Our node id belongs to another process, the one at our endpoint, or (AUTHENTICATION) to
-            # another CURVE key than ours. Only for our own HELLO: with ZeroMQ's handover the reply meant
-            # for one process holding our routing id may reach the other, which must not give up its
-            # link over it (attempts start at random numbers).
+        if msg.code in _FOR_GOOD:
+            # A final code, or (DUPLICATE_NODE) our node id belongs to another process, the one at our
+            # endpoint, or (AUTHENTICATION) to another CURVE key than ours. Only as the answer to the HELLO
+            # we are waiting on: with ZeroMQ's handover the reply meant for another process holding our
+            # routing id (a stranger, a process under our node id) may reach us, and an open link must
+            # not be given up over it. Attempts start at random numbers, and ours are never 0 (the attempt
+            # of a REJECT of anything but a HELLO, or of one whose attempt could not be read).
             if out.state == "hello_sent" and msg.attempt == out.attempt:
                 self._refuse_outbound(out, f"{msg.code.name}: {msg.message}", now)
             else:
@@ -446,8 +444,8 @@ class LinkLayer(NodeState):
 
 
 def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | None, int]:
-    """The ``version`` and ``attempt`` of a HELLO that does not decode as ours, read from its body if that
-    is a map holding them ((None, 0) if not; attempt 0 if it has none that is valid)."""
+    """The ``version`` and ``attempt`` of a HELLO that does not decode as ours, each read from its body if
+    that is a map holding a valid one (None for no version, 0 for no attempt)."""
     if len(frames) < 2:
         return None, 0
     try:
@@ -457,14 +455,15 @@ def _offered_version(frames: Sequence[Buffer]) -> tuple[tuple[int, int, int] | N
     if not isinstance(body, dict):
         return None, 0
     version, attempt = body.get("version"), body.get("attempt")
+    attempt = attempt if type(attempt) is int and 0 <= attempt < 2**63 else 0
     if not (isinstance(version, list) and len(version) == 3 and all(type(x) is int for x in version)):
-        return None, 0
+        return None, attempt
     offered = (version[0], version[1], version[2])
     try:
         check_version(offered)
     except ValueError:
-        return None, 0
-    return offered, attempt if type(attempt) is int and 0 <= attempt < 2**63 else 0
+        return None, attempt
+    return offered, attempt
 
 
 def _dropped_attempt(hello: Hello) -> int:

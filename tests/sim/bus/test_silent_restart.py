@@ -204,23 +204,31 @@ def reject_to_a(core: NodeCore, code: ErrorCode, attempt: int, now: float) -> No
     core.on_reply("b", [bytes(f) for f in codec.encode(reject)], now)
 
 
-@pytest.mark.parametrize("code", [ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION])
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.DUPLICATE_NODE,
+        ErrorCode.AUTHENTICATION,
+        ErrorCode.HANDSHAKE_HEADER,
+        ErrorCode.CLUSTER_ID_MISMATCH,
+    ],
+)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_duplicate_node_ends_the_link_for_good_only_for_the_hello_it_answers(
-    seed: int, code: ErrorCode
-) -> None:
+def test_a_refusal_for_good_ends_the_link_only_for_the_hello_it_answers(seed: int, code: ErrorCode) -> None:
     """With ZeroMQ's handover the REJECT meant for the process that held the routing id may reach the
-    other one: a DUPLICATE_NODE (or an AUTHENTICATION: another process's key) for an attempt that is not
-    ours, or for an open link, is dropped."""
+    other one: a DUPLICATE_NODE (or an AUTHENTICATION: another process's key; or a final code) for an
+    attempt that is not ours (0 included: no attempt at all), or for an open link, is dropped."""
     sim, a, _b = pair(seed)
     core = sim.node("a").core
     out = core._outbound["b"]
-    reject_to_a(core, code, out.attempt, sim.now)  # established: not a refusal of a HELLO we are waiting on
+    for attempt in (out.attempt, 0):  # established: not a refusal of a HELLO we are waiting on
+        reject_to_a(core, code, attempt, sim.now)
     assert core.is_up("b") and core.refused() == {}
     sim.crash("b")
     sim.run_until(lambda: out.state == "hello_sent", limit=3.0)
-    reject_to_a(core, code, out.attempt + 1, sim.now)
-    assert out.state == "hello_sent" and core.counters["dropped_stale_reject"] == 2
+    for attempt in (out.attempt + 1, 0):
+        reject_to_a(core, code, attempt, sim.now)
+    assert out.state == "hello_sent" and core.counters["dropped_stale_reject"] == 4
     reject_to_a(core, code, out.attempt, sim.now)
     assert core.refused()["b"] == f"{code.name}: replaced" and core.is_refused("b")
     sim.restart("b", [Recorder()])

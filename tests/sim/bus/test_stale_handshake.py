@@ -9,6 +9,9 @@ The rules under test (docs/PROTOCOL.md section 4):
   naming the session, and the link restarts on both sides: loud, never a silent hole.
 * A link lost while our HELLO is unanswered ends that attempt: its WELCOME, when it comes, is ignored.
 * A REJECT ends only the session named in its header, not a newer one.
+* A final REJECT (``HANDSHAKE_HEADER``, ``CLUSTER_ID_MISMATCH``) ends the link for good only as the answer
+  to the HELLO the node is waiting on: with ZeroMQ's routing-id handover, the answer to a stranger holding
+  the node's routing id at the peer may reach the node itself.
 * A HELLO names the peer's attempt whose session its sender has dropped (``dropped_attempt``): the peer
   handshakes again if that is its current attempt (its WELCOME is stale), and keeps its direction
   otherwise, so two sides do not go on replacing each other's sessions.
@@ -16,12 +19,14 @@ The rules under test (docs/PROTOCOL.md section 4):
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from sparkbus.bus import ErrorCode, PeerLost, PeerUp, SimBus
 from sparkbus.bus import contract as c
 from sparkbus.bus.core import NodeCore
-from sparkbus.bus.messages import Reject, StreamBatch
+from sparkbus.bus.messages import MAGIC, Hello, Reject, StreamBatch
+from sparkbus.bus.state import Transmit
 from sparkbus.codecs import REGISTRY, EnvelopeCodec
 
 from .roles import Note, Recorder, pair
@@ -149,6 +154,64 @@ def test_a_reject_ends_only_the_session_it_names() -> None:
     sim._flush("b")
     assert b.of(PeerLost) and "yours" in b.of(PeerLost)[0].reason  # type: ignore[attr-defined]
     settled(sim, a, b)
+
+
+_HELLO_HEADER = bytes([0x96, 0x01, 0x01, 0x00, 0x00, 0xC0, 0x00])  # HELLO, session 0, seq 0
+
+
+def _hello_of_a(**kw: object) -> list[bytes]:
+    fields: dict[str, object] = dict(
+        magic=MAGIC, version=(1, 0, 0), features=b"", cluster_tag="t", node_id="a", kind="node", attempt=5
+    )
+    fields.update(kw)
+    return [bytes(f) for f in codec.encode(Hello(**fields))]  # type: ignore[arg-type]
+
+
+#: What a stranger holding routing id "a" at b's ROUTER sends, whether b has lost a's session first, and the
+#: REJECT (code, attempt) b answers with.
+STRANGERS = {
+    "undecodable HELLO": (
+        [_HELLO_HEADER, msgpack.packb({"magic": 1, "version": [1, 0, 0], "attempt": 5})],
+        False,
+        (ErrorCode.HANDSHAKE_HEADER, 5),
+    ),
+    "undecodable HELLO, no attempt": (
+        [_HELLO_HEADER, b"\x81\xa5magic\x01"],
+        False,
+        (ErrorCode.HANDSHAKE_HEADER, 0),
+    ),
+    "wrong magic": (_hello_of_a(magic=b"IGNI"), False, (ErrorCode.HANDSHAKE_HEADER, 5)),
+    "another cluster": (_hello_of_a(cluster_tag="other"), False, (ErrorCode.CLUSTER_ID_MISMATCH, 5)),
+    "not a HELLO, a's session lost at b": (
+        [bytes(f) for f in codec.encode(Note(text="hi"), session=0, seq=0)],
+        True,
+        (ErrorCode.HANDSHAKE_HEADER, 0),
+    ),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS[:4])
+@pytest.mark.parametrize("stranger", list(STRANGERS))
+def test_a_final_reject_for_a_stranger_under_the_nodes_routing_id_leaves_its_link(
+    seed: int, stranger: str
+) -> None:
+    """b refuses what a stranger holding routing id "a" sent, echoing the attempt it could read; the
+    REJECT reaches the real a (the handover). a is not waiting on a HELLO of that attempt: it drops the
+    REJECT. It used to take any final REJECT of attempt 0 and give its link to b up for good."""
+    sim, a, b = pair(seed)
+    ca, cb = sim.node("a").core, sim.node("b").core
+    frames, forget, answer = STRANGERS[stranger]
+    if forget:  # b answers a message on session 0 from a routing id it holds no session for
+        cb._link_lost("a", "test: forgot the session", sim.now)
+        sim._flush("b")
+    cb.on_control(b"a", frames, sim.now)
+    [reply] = cb.take()
+    assert isinstance(reply, Transmit)
+    reject = codec.decode(reply.frames).message
+    assert isinstance(reject, Reject) and (reject.code, reject.attempt) == answer
+    sim.send_raw("b", "a", "reply", reply.frames)
+    settled(sim, a, b)
+    assert ca.refused() == {} and ca.counters["dropped_stale_reject"] == 1
 
 
 def _send_regardless(sim: SimBus, src: str, dst: str, channel: str) -> None:
