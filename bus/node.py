@@ -634,10 +634,15 @@ class Node:
                 return False
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.on_transport_down(peer, self.clock(), "socket disconnected")
-            elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED and peer in self._ctl_refused:
-                # Connected now: a HELLO it refused before is sent again at once, not after a timeout.
-                self._ctl_refused.discard(peer)
-                self.core.on_transport_ready(peer, self.clock())
+            elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if peer in self._refused_by_peer:  # it admits our key now (the refusal stays counted)
+                    with self._security_lock:
+                        del self._refused_by_peer[peer]
+                    log.info("node %s: CURVE: %s admits our key now", self.node_id, peer)
+                if peer in self._ctl_refused:
+                    # Connected now: a HELLO it refused before is sent again at once, not after a timeout.
+                    self._ctl_refused.discard(peer)
+                    self.core.on_transport_ready(peer, self.clock())
             elif msg["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self._on_curve_refused(peer, msg["event"], msg["value"])
 
