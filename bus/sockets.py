@@ -128,9 +128,15 @@ def keepalive(sock: Socket, config: BusConfig, timeout: float) -> None:
     took (``ZMQ_ROUTER_HANDOVER``). The PULL receives the long data batches and segment chunks:
     ``DATA_SILENCE``. The link itself is lost earlier, after ``peer_timeout``, by the core's own
     heartbeats (docs/PROTOCOL.md section 3).
+
+    ZeroMQ's handshake (greeting, mechanism) gets as long (HANDSHAKE_IVL; libzmq's default is 30 s):
+    heartbeats start only after it, and a DEALER that dialled a listener which never answers (the socket
+    file of a stopped process, bound again since by its new one) waits that long before it dials again.
     """
+    ms = max(1, round(timeout * 1000))
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(config.heartbeat_interval * 1000)))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(timeout * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, ms)
 
 
 UNKNOWN = "an unknown address"
