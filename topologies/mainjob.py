@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -610,8 +609,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
 
     phases: dict[str, float] = {}
     wall = time.perf_counter()
-    data_dir = tempfile.mkdtemp(prefix="sparkbus-run-")
-    os.environ["SPARKBUS_DATA_DIR"] = data_dir  # before the JVM starts: Python workers inherit it
+    # The nodes keep their replicas in SparkRuntime's data directory of this start, which it removes.
     spark = None
     try:
         with _phase(phases, "spark_start"):
@@ -703,7 +701,6 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     finally:
         if spark is not None:
             spark.catalog.clearCache()
-        shutil.rmtree(data_dir, ignore_errors=True)
     phases["total"] = time.perf_counter() - wall
     load_info = {
         "seconds": round(load_s, 3),

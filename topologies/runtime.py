@@ -64,12 +64,16 @@ class NodeRequest:
         local_data: Arrow record batches this node loads, when they are all known before it is built
             (the Spark runtime instead builds and starts the node first and hands it its task's input
             with ``NodeHandle.feed`` as it arrives).
+        data_dir: where the node keeps its data on disk (its replicas in ``<data_dir>/<cluster>/<node>``),
+            in place of ``$SPARKBUS_DATA_DIR``; None: what that variable says. The Spark runtime gives each
+            node a directory of its own that it removes, whatever the workers' environment holds.
     """
 
     node_id: str
     topology: Topology
     advertise_host: str
     local_data: tuple[Any, ...] = field(default=())
+    data_dir: str | None = None
 
     def role_context(self) -> RoleContext:
         return RoleContext(

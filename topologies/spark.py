@@ -21,6 +21,9 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
 A task that raises, or whose Python worker dies, fails the barrier stage; Spark then kills the other
 tasks. The driver turns the job failure into a ``SparkRuntimeError`` naming the node, its barrier task and
 the cause. A task waits for the driver at most ``ready_timeout``.
+
+Every node keeps its data in ``<SparkFiles root>/<job group>/<node>`` (``NodeRequest.data_dir``), which its
+task removes when the node stops, and the driver on its machine at the end (``_abort``).
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ import importlib
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,7 +48,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.ipc
 import zmq
-from pyspark import BarrierTaskContext
+from pyspark import BarrierTaskContext, SparkFiles
 from pyspark.sql import SparkSession
 
 from sparkbus.topologies.model import Topology
@@ -58,6 +63,8 @@ _POLL_MS = 100
 FEED_ROWS = 65_536
 #: when this module was imported: in a Python worker, when the first barrier task unpickled its plan
 _IMPORTED_AT = time.time()
+#: seconds the driver waits for the tasks to stop their nodes after ``abort``, before it cancels the stage
+ABORT_WAIT = 5.0
 
 
 class SparkRuntimeError(RuntimeError):
@@ -166,8 +173,23 @@ class _TaskPlan:
     factory: NodeFactory
     ready_timeout: float
     with_data: bool
+    #: the directory of this start under the SparkFiles root of each machine (``_data_root``)
+    data_dir: str
     #: what each task does to its input batches (and whether it hands rows to other tasks), or None
     router: RowRouter | None = None
+
+
+def _data_root(name: str) -> Path:
+    """``name`` under Spark's SparkFiles root of this process: in local mode a temporary directory Spark
+    deletes when it stops, on a cluster the executor's (or driver's) own directory."""
+    return Path(SparkFiles.getRootDirectory()).resolve() / name
+
+
+def _remove_data(node_dir: Path) -> None:
+    """A node's data directory, and its start's directory once it is empty."""
+    shutil.rmtree(node_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        node_dir.parent.rmdir()
 
 
 def _tagged(node_id: str, task: int, cause: str) -> str:
@@ -214,6 +236,7 @@ class _Task:
         self.task = self.ctx.partitionId()
         self.node_id = plan.node_ids[self.task]
         self.node: NodeHandle | None = None
+        self.data_dir = _data_root(plan.data_dir) / self.node_id
         #: the address this task's node and row exchange advertise (set by ``_build``)
         self.host = ""
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -252,6 +275,9 @@ class _Task:
                 if self.node is not None:
                     self.node.stop()
             finally:
+                _remove_data(self.data_dir)
+                with contextlib.suppress(zmq.ZMQError):
+                    self._tell("ended", {})  # the driver waits for it before it cancels a stage
                 self.channel.close()
                 self.zctx.term()
         return {
@@ -265,7 +291,12 @@ class _Task:
         """The task's node, built (without rows: ``_feed`` hands them over once it runs) and bound."""
         machine = self.ctx.getTaskInfos()[self.task].address.rsplit(":", 1)[0]
         self.host = advertise_host(self.plan.topology.bus.host, machine)
-        request = NodeRequest(node_id=self.node_id, topology=self.plan.topology, advertise_host=self.host)
+        request = NodeRequest(
+            node_id=self.node_id,
+            topology=self.plan.topology,
+            advertise_host=self.host,
+            data_dir=str(self.data_dir),
+        )
         self.node = self.plan.factory(request)
         self.marks["node_built"] = time.time()
         endpoints = self.node.bind()
@@ -325,6 +356,8 @@ class _Task:
                 frames = self.channel.recv_multipart()
                 if frames[:1] == [b"stop"]:
                     return
+                if frames[:1] == [b"abort"]:
+                    raise _Abort(json.loads(frames[1])["cause"])
             failure = self.node.failure()
             if failure is not None:
                 raise RuntimeError(f"node died: {failure}")
@@ -515,6 +548,9 @@ class _Progress:
     rows: dict[str, str] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
     ready: set[str] = field(default_factory=set)
+    #: the tasks that have spoken to the driver, and those that have said their node stopped
+    seen: set[str] = field(default_factory=set)
+    ended: set[str] = field(default_factory=set)
 
 
 class SparkRuntime:
@@ -571,6 +607,8 @@ class SparkRuntime:
         self._rows: list[dict[str, Any]] | None = None
         self._error: BaseException | None = None
         self._progress = _Progress()
+        #: this start's data directory on the driver's machine (``_data_root``), set by ``start``
+        self._data_dir: Path | None = None
 
     def __enter__(self) -> SparkRuntime:
         self.start()
@@ -625,6 +663,7 @@ class SparkRuntime:
         started = time.monotonic()
         self._t0 = time.time()
         try:
+            self._data_dir = _data_root(self._group)
             self._open_channel()
             self._launch()
             self._mark("driver:stage_launched")
@@ -666,6 +705,7 @@ class SparkRuntime:
                 node_id=nid,
                 topology=self.topology,
                 advertise_host=advertise_host(self.topology.bus.host, host),
+                data_dir=str(self._data_dir / nid) if self._data_dir is not None else None,
             )
             node = self.factory(request)
             self._driver_nodes[nid] = node
@@ -687,6 +727,7 @@ class SparkRuntime:
             factory=self.factory,
             ready_timeout=self.ready_timeout,
             with_data=self.data is not None,
+            data_dir=self._group,
             router=getattr(self.data, "router", None),
         )
         sc = self.session.sparkContext
@@ -727,7 +768,10 @@ class SparkRuntime:
                 self._on_task_event(who.decode(), event.decode(), json.loads(body))
 
     def _on_task_event(self, node_id: str, event: str, body: dict[str, Any]) -> None:
-        if event == "rows":
+        self._progress.seen.add(node_id)
+        if event == "ended":
+            self._progress.ended.add(node_id)
+        elif event == "rows":
             self._progress.rows[node_id] = body["endpoint"]
             if len(self._progress.rows) == len(self.executor_ids):
                 self._mark("driver:rows_rendezvous")
@@ -812,8 +856,21 @@ class SparkRuntime:
         return results
 
     def _abort(self) -> list[str]:
-        """Cancel the stage if it still runs, stop the driver nodes, close the channel; returns the
-        driver nodes' stop errors. Idempotent."""
+        """Cancel the stage if it still runs, stop the driver nodes, close the channel, remove the data
+        directory on this machine; returns the driver nodes' stop errors. Idempotent.
+
+        A stage that did not return its rows (it failed, or is still running) may have tasks left: Spark
+        kills a failed stage's other tasks, and ``cancelJobGroup`` all of them, without their ``finally``
+        (which stops the node and removes its data). So they are told to abort first, and given up to
+        ``ABORT_WAIT`` seconds to say they have ended."""
+        if self._rows is None and self._channel is not None:
+            self._send_all("abort", {"cause": "the driver is stopping"})
+            deadline = time.monotonic() + ABORT_WAIT
+            while self._progress.seen - self._progress.ended and time.monotonic() < deadline:
+                if self._channel.poll(_POLL_MS):
+                    who, event, _ = self._channel.recv_multipart()
+                    if event == b"ended":
+                        self._progress.ended.add(who.decode())
         if self._thread is not None and self._thread.is_alive():
             self.session.sparkContext.cancelJobGroup(self._group)
             self._thread.join(30)
@@ -830,4 +887,6 @@ class SparkRuntime:
         if self._zctx is not None:
             self._zctx.term()
             self._zctx = None
+        if self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)  # in local mode, the tasks' too
         return errors

@@ -1,11 +1,13 @@
-"""Probe nodes that fail on purpose, pickled by value into the Spark tasks (see test_runtime.py)."""
+"""Nodes that fail on purpose, pickled by value into the Spark tasks (see test_runtime.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
+from sparkbus.topologies.busnode import BusNodeFactory, BusNodeHandle
 from sparkbus.topologies.probe import ProbeFactory, ProbeNode
 from sparkbus.topologies.runtime import NodeHandle, NodeRequest
 
@@ -41,3 +43,36 @@ class FailingFactory(ProbeFactory):
         if request.node_id == self.victim:
             return _FailingNode(request, self.mode)
         return ProbeNode(request)
+
+
+class _RecordedBusNode(BusNodeHandle):
+    def __init__(self, request: NodeRequest, record: Path, *, fail: bool) -> None:
+        super().__init__(request)
+        self.record = record
+        self.fail = fail
+        roots = [
+            str(r.storage_for.root) for r in self.roles if hasattr(getattr(r, "storage_for", None), "root")
+        ]
+        (record / f"{self.node_id}.roots").write_text("".join(f"{root}\n" for root in roots))
+
+    def wait_ready(self, timeout: float) -> None:
+        super().wait_ready(timeout)
+        if self.fail:
+            raise ValueError("disk on fire")
+
+    def stop(self) -> None:
+        super().stop()
+        (self.record / f"{self.node_id}.stopped").touch()
+
+
+@dataclass(frozen=True)
+class RecordingBusFactory(BusNodeFactory):
+    """Real bus nodes, each writing where its replicas live (one directory a line) to
+    ``<record>/<node>.roots`` when it is built, and ``<record>/<node>.stopped`` once it has stopped;
+    ``victim`` fails once its links are up."""
+
+    record: str = ""
+    victim: str = ""
+
+    def __call__(self, request: NodeRequest) -> NodeHandle:
+        return _RecordedBusNode(request, Path(self.record), fail=request.node_id == self.victim)

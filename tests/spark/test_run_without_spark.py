@@ -1,5 +1,5 @@
 """``sparkbus run`` with Spark's start replaced: stopped by a signal, the cleanup of every phase still runs
-(the nodes' data directory is removed) and the command ends with one line and the signal's exit status;
+(nothing is left in the temporary directory) and the command ends with one line and the signal's exit status;
 a CURVE key the driver's nodes need is named before Spark starts. No JVM starts, but
 ``sparkbus.topologies.spark`` imports pyspark, so these run where it is installed."""
 
@@ -19,7 +19,7 @@ from sparkbus.topologies.schema import loads, shipped
 
 pytestmark = pytest.mark.spark
 
-# ``sparkbus run`` with Spark's start replaced by SIGNAL, after run_job has made the nodes' data directory.
+# ``sparkbus run`` with Spark's start replaced by SIGNAL.
 SCRIPT = """
 import os, signal, sys, time
 from sparkbus.topologies import mainjob, spark
@@ -56,7 +56,7 @@ def test_sigterm_stops_the_job_through_its_cleanup(tmp_path: Path) -> None:
     done, tmp = stopped_run(tmp_path, "SIGTERM")
     assert done.returncode == 143, done.stderr
     assert done.stderr == "sparkbus run: stopped by SIGTERM; nodes stopped, temporary data removed\n"
-    assert [p.name for p in tmp.iterdir()] == []  # no sparkbus-run-* left behind
+    assert [p.name for p in tmp.iterdir()] == []  # nothing left behind
 
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:

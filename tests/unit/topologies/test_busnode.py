@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from sparkbus.bus import BusConfig
@@ -87,5 +90,26 @@ def test_echo_nodes_bind_and_stop_without_starting() -> None:
         ep = handle.bind()
         assert ep.control.startswith("tcp://127.0.0.1:")
         assert handle.failure() is None
+    finally:
+        handle.stop()
+
+
+def test_a_requests_data_dir_is_where_the_replicas_live_whatever_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Spark worker's environment is the JVM's at its start: maybe another job's directory, since removed.
+    inherited = tmp_path / "inherited"
+    monkeypatch.setenv("SPARKBUS_DATA_DIR", str(inherited))
+    request = NodeRequest(
+        node_id="store-0",
+        topology=load(shipped("local.toml")),
+        advertise_host="127.0.0.1",
+        data_dir=str(tmp_path / "this-start"),
+    )
+    handle = BusNodeFactory()(request)
+    try:
+        assert sorted(p.name for p in (tmp_path / "this-start" / "local" / "store-0").iterdir()) == ["LOCK"]
+        assert not inherited.exists()
+        assert os.environ["SPARKBUS_DATA_DIR"] == str(inherited)  # as it was
     finally:
         handle.stop()

@@ -1,0 +1,82 @@
+"""Where the Spark runtime's nodes keep their data, and that none of it outlives the runtime: after a clean
+stop, after a node fails (Spark kills the other tasks), and whatever ``$SPARKBUS_DATA_DIR`` the Python
+workers inherited."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from sparkbus.topologies.schema import load, shipped
+from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError
+
+from . import faults
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(faults)
+
+
+def recorded(record: Path) -> list[Path]:
+    """Every replica directory the nodes wrote down (``faults.RecordingBusFactory``)."""
+    return [Path(line) for f in sorted(record.glob("*.roots")) for line in f.read_text().splitlines()]
+
+
+@pytest.mark.timeout(120)
+def test_a_node_that_fails_leaves_no_node_data_behind(spark: Any, tmp_path: Path) -> None:
+    topo = load(shipped("local.toml"))
+    factory = faults.RecordingBusFactory(record=str(tmp_path), victim="store-1")
+    with pytest.raises(SparkRuntimeError, match="store-1"):
+        SparkRuntime(topo, spark, factory, ready_timeout=30).start()
+    roots = recorded(tmp_path)
+    assert len(roots) == 2  # store-0's and store-1's
+    # store-0 was serving when store-1 failed: the stage's failure would have Spark kill its task.
+    assert [p for p in roots if p.exists()] == []
+
+
+@pytest.mark.timeout(120)
+def test_nodes_keep_their_data_in_the_runtimes_directory_not_the_inherited_one(
+    spark: Any, tmp_path: Path
+) -> None:
+    topo = load(shipped("local.toml"))
+    record = tmp_path / "record"
+    record.mkdir()
+    inherited = tmp_path / "inherited"
+    # Python workers Spark starts from now on get this variable, as those of a JVM that an earlier job
+    # started with its own (since removed) directory.
+    environment = spark.sparkContext.environment
+    environment["SPARKBUS_DATA_DIR"] = str(inherited)
+    try:
+        with SparkRuntime(
+            topo, spark, faults.RecordingBusFactory(record=str(record)), ready_timeout=30
+        ) as rt:
+            roots = recorded(record)
+            assert len(roots) == 2 and all(p.is_dir() for p in roots)
+            assert not any(p.is_relative_to(inherited) for p in roots), roots
+            rt.stop()
+    finally:
+        del environment["SPARKBUS_DATA_DIR"]
+    assert [p for p in roots if p.exists()] == []
+    assert not inherited.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_start_the_driver_calls_off_stops_every_task_node_before_the_stage_is_cancelled(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The driver's own node fails once every task node is serving: the tasks are still running, and a
+    # cancelled task is killed without its finally (which stops the node and removes its data).
+    topo = load(shipped("local.toml"))
+    factory = faults.RecordingBusFactory(record=str(tmp_path), victim="coordinator")
+    with pytest.raises(ValueError, match="disk on fire"):
+        SparkRuntime(topo, spark, factory, ready_timeout=30).start()
+    assert sorted(p.name for p in tmp_path.glob("*.stopped")) == [
+        "coordinator.stopped",
+        "store-0.stopped",
+        "store-1.stopped",
+    ]
+    roots = recorded(tmp_path)
+    assert len(roots) == 2 and [p for p in roots if p.exists()] == []
