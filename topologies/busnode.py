@@ -10,11 +10,8 @@ naming the node and every such role, unless ``skip_unavailable`` asks to run onl
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,35 +88,10 @@ def build_roles(
     from sparkbus.roles.query.catalog import TableCatalog  # noqa: PLC0415 (building a node loads families)
 
     ctx = replace(request.role_context(), catalog=TableCatalog())
-    with _data_dir(request.data_dir):
-        roles = [registry.build(n, ctx) for n in (*spec.roles, *spec.services) if n not in missing]
+    roles = [registry.build(n, ctx) for n in (*spec.roles, *spec.services) if n not in missing]
     if not roles:
         raise RoleUnavailable(f"node {request.node_id}: none of its roles or services can be built")
     return roles
-
-
-_DATA_DIR_LOCK = threading.Lock()
-
-
-@contextmanager
-def _data_dir(path: str | None) -> Iterator[None]:
-    """``$SPARKBUS_DATA_DIR`` is ``path`` while the roles are built (the replication role reads it then),
-    and as before afterwards; unchanged when ``path`` is None."""
-    if path is None:
-        yield
-        return
-    from sparkbus.roles.replication.factory import DATA_DIR_ENV  # noqa: PLC0415
-
-    with _DATA_DIR_LOCK:
-        before = os.environ.get(DATA_DIR_ENV)
-        os.environ[DATA_DIR_ENV] = path
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ[DATA_DIR_ENV]
-            else:
-                os.environ[DATA_DIR_ENV] = before
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ class RoleContext:
         catalog: the node's table catalog (``sparkbus.roles.query.catalog.TableCatalog``), one object
             shared by every role of the node, so rows a role owns (replication) are what the query role
             scans; None when the node is built without one.
+        data_dir: the directory under which the node keeps its data (a Spark task's, which the runtime
+            removes); None: ``$SPARKBUS_DATA_DIR``, or a temporary directory.
     """
 
     node_id: str
@@ -43,6 +45,7 @@ class RoleContext:
     topology: Topology
     local_data: tuple[Any, ...] = field(default=())
     catalog: Any = None
+    data_dir: str | None = None
 
 
 RoleFactory = Callable[[RoleContext], Role]

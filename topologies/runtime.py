@@ -81,6 +81,7 @@ class NodeRequest:
             spec=self.topology.spec_of(self.node_id),
             topology=self.topology,
             local_data=self.local_data,
+            data_dir=self.data_dir,
         )
 
 

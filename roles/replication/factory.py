@@ -443,7 +443,9 @@ def make_role(ctx: Any) -> ServingReplication:
         ctx.node_id,
         layout_for(topology),
         {t.name: tuple(t.key) for t in tables},
-        NodeData(ctx.node_id, topology.cluster.name, os.environ.get(DATA_DIR_ENV)),
+        NodeData(
+            ctx.node_id, topology.cluster.name, getattr(ctx, "data_dir", None) or os.environ.get(DATA_DIR_ENV)
+        ),
         local_data=tuple(getattr(ctx, "local_data", ())),
         catalog=getattr(ctx, "catalog", None),
         config=ReplicationConfig(store=StoreConfig(key=tuple(tables[0].key) if tables else ("key",))),
