@@ -124,7 +124,11 @@ def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
             node_id=node, batch_size=config.batch_size, credit=config.initial_credit, timeout=timeout
         )
 
-    server = Node(_SERVER, config, [BinxServer(), echo(_SERVER)])
+    # The whole output goes in with one call, so the node's bound must hold it, as the HTTP side's does.
+    held = OutputBuffers(
+        instance_id="mainjob-binx", max_buffer_bytes=total + MiB, max_total_bytes=4 * total + 4 * MiB
+    )
+    server = Node(_SERVER, config, [BinxServer(held), echo(_SERVER)])
     client = Node(_CLIENT, config, [BinxClient(rng=random.Random(0), max_wait=0.0), echo(_CLIENT)])
     buffers = OutputBuffers(
         instance_id="mainjob", max_buffer_bytes=total + MiB, max_total_bytes=4 * total + 4 * MiB
