@@ -4,8 +4,9 @@ replication over the bus against a raw bus stream, and checks that replicas end 
 Stores live on disk (DiskStorage, real fsyncs) in a temporary directory. ``replication_vs_bus_ratio``: two
 real bus ``Node``s, the leader in this process and the follower in a spawned one (the layout of
 benchmarks/bus.py), run a ``replication`` role and a plain stream role side by side. Alternately, the
-follower is given a fresh placement, so the leader offers it a large segment again (timed from the
-``assign`` call on the leader to the SEGMENT_ACK there: transit, checksum, fsync, manifest), and
+follower is given a fresh placement (after leaving the partition and draining, so its store starts
+empty), so the leader offers it a large segment again (timed from the ``assign`` call on the leader to
+the SEGMENT_ACK there: transit, checksum, fsync, manifest), and
 the plain role streams the same number of bytes in batches of the same size under the same credit (timed
 to the last batch at the receiver; CLOCK_MONOTONIC is one clock for both processes). The ratio is of the
 medians. Each round also times the disk alone: as many bytes written in chunks of the same size to a new
@@ -329,6 +330,8 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
             return int(conn.recv())
 
         for i in range(repeats):
+            if i:
+                _unplace_follower(node, conn, alone)
             # A new placement of b: its store starts empty and the leader offers the segment again.
             spec = replace(alone, replicas=(*alone.replicas, Replica(node="b", placement=100 + i)))
             conn.send(("replication.assign", {"spec": spec}))
@@ -381,6 +384,25 @@ def replication_vs_bus(tmp: Path, n: int, repeats: int) -> dict[str, Any]:
         conn.send(None)
         proc.join(30)
         node.stop()
+
+
+def _unplace_follower(node: Node, conn: Any, alone: PartitionSpec) -> None:
+    """Take the follower off the partition and wait until its drain has ended and its files are gone
+    (untimed). A replica re-placed where it stands carries its rows over into the new placement, which
+    then pushes them to the leader: the next round would time that merge, not a segment offered to an
+    empty store."""
+    node.call("replication", "assign", {"spec": alone}, timeout=600)
+    conn.send(("replication.assign", {"spec": alone}))
+    conn.recv()
+    deadline = time.monotonic() + 120
+    while True:
+        conn.send(("replication.status", {}))
+        status = conn.recv()
+        if P not in status["partitions"] and P not in status["draining"]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the follower never finished draining {P}: {status['draining']}")
+        time.sleep(0.01)
 
 
 def size_chunks(vs_bus: dict[str, Any]) -> int:
