@@ -13,7 +13,8 @@ address is not allowed never gets past the ZeroMQ handshake, so it cannot even s
 refusal is logged with its address and counted (``refusals["curve_denied"]`` in ``status()``). A peer
 whose handshake fails before ZAP is asked (a plain client, another mechanism, a broken handshake) is seen
 by the server sockets' monitors and counted as ``refusals["curve_handshake_failed"]``, and logged once
-per address where the address can still be read (see ``Node._on_server_monitor``).
+per address where the address can still be read; a peer that refused our key is dialled again, backing
+off, until it admits it (``sparkbus.bus.refusals``).
 
 The HTTP exchange (docs/EXCHANGE.md section 5): a node that runs ``binx.server`` also serves that role's
 output buffers over HTTP (``HttpExchangeServer`` bound on the node's host, an ephemeral port, advertised
@@ -52,6 +53,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.http_exchange import HttpExchangeServer, HttpFetcher, LoopBuffers
+from sparkbus.bus.refusals import CurveRefusals
 from sparkbus.bus.sockets import context
 from sparkbus.bus.state import Completed, Transmit
 
@@ -128,13 +130,8 @@ class Node:
         self._monitors: dict[zmq.Socket[bytes], str] = {}
         self._peer_endpoints: dict[str, Endpoints] = {}
         self._hung_up: set[str] = set()  # peers refused for good: no longer dialled
-        # CURVE only: monitors of our ROUTER and PULL (name "control" / "data"), the peer address of each
-        # connection they accepted (by file descriptor), and a handshake failure waiting for the
-        # DISCONNECTED that names its connection.
+        # CURVE only: monitors of our ROUTER and PULL (name "control" / "data").
         self._server_monitors: dict[zmq.Socket[bytes], str] = {}
-        self._accepted: dict[tuple[str, int], str] = {}
-        self._failed_handshake: dict[str, str] = {}
-        self._failed_addresses: set[str] = set()
         self._wake_rx: zmq.Socket[bytes] | None = None
         self._wake_tx: zmq.Socket[bytes] | None = None
         # Work for the loop from other threads, each with the future it answers (None: nobody waits on it).
@@ -158,11 +155,8 @@ class Node:
         # CURVE only: node ids (routing ids) with a public key of their own, which no other key speaks for.
         self._owned_ids: frozenset[bytes] = frozenset()
         self._zap_domain: str | None = None
-        # Written by the ZAP thread and the loop, read by status(): guarded by a lock.
-        self._security_lock = threading.Lock()
-        self._security_refusals: dict[str, int] = {}
-        self._refused_by_peer: dict[str, str] = {}
-        self._denied_addresses: set[str] = set()
+        # What CURVE refused, both ways (written by the ZAP thread and the loop, read by status()).
+        self._refusals = CurveRefusals(node_id)
         # The HTTP exchange (module docstring): server and its source, fetcher, the peers' addresses.
         self._http_workers = http_workers
         self._http_server: HttpExchangeServer | None = None
@@ -221,24 +215,12 @@ class Node:
         # The ZAP handler must answer before the first client handshakes: libzmq admits any client that
         # knows the server key when no handler is bound.
         domain = f"sparkbus/{self.node_id}/{id(self):x}"
-        names = security.register(ctx, domain, curve, self._on_curve_denied)
+        names = security.register(ctx, domain, curve, self._refusals.denied)
         self._zap_domain = domain
         self._owned_ids = frozenset(n.encode() for n in names.values() if n != security.SHARED_NAME)
         for sock, name in ((router, "control"), (pull, "data")):
             security.apply_server(sock, self._keys, domain)
             self._server_monitors[sock.get_monitor_socket(_SERVER_EVENTS)] = name
-
-    def _on_curve_denied(self, address: str, reason: str) -> None:
-        """A client failed ZAP (runs on the authenticator's thread)."""
-        with self._security_lock:
-            self._security_refusals["curve_denied"] = self._security_refusals.get("curve_denied", 0) + 1
-            first = address not in self._denied_addresses
-            if first and len(self._denied_addresses) < 1024:  # bounded: one warning per address
-                self._denied_addresses.add(address)
-        if first:
-            log.warning("node %s: refused a CURVE client from %s: %s", self.node_id, address, reason)
-        else:
-            log.debug("node %s: refused a CURVE client from %s: %s", self.node_id, address, reason)
 
     def start(self, peers: dict[str, Endpoints]) -> None:
         """Connect to ``peers`` and start the loop thread (which owns every socket from now on)."""
@@ -328,10 +310,10 @@ class Node:
         def run() -> None:
             st = self.core.status()
             st["drops"] = dict(self.drops)
-            with self._security_lock:
-                for what, n in self._security_refusals.items():
-                    st["refusals"][what] = st["refusals"].get(what, 0) + n
-                st["refused"].update(self._refused_by_peer)
+            counts, refused = self._refusals.snapshot()
+            for what, n in counts.items():
+                st["refusals"][what] = st["refusals"].get(what, 0) + n
+            st["refused"].update(refused)
             st["endpoints"] = self.endpoints.to_json() if self.endpoints else None
             st["hung_up"] = sorted(self._hung_up)
             st["allocator"] = allocator.state()
@@ -486,6 +468,8 @@ class Node:
                 if deadline is not None and deadline <= now:
                     core.tick(now)
                     deadline = core.next_deadline()
+                for peer in self._refusals.due(now):
+                    self._redial(peer)
                 wait_ms = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000) + 1))
                 # Everything this turn produced leaves together, and last: what follows a send up to the
                 # next poll competes for the CPU with the peer that is answering it.
@@ -635,80 +619,33 @@ class Node:
             if msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.core.on_transport_down(peer, self.clock(), "socket disconnected")
             elif msg["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                if peer in self._refused_by_peer:  # it admits our key now (the refusal stays counted)
-                    with self._security_lock:
-                        del self._refused_by_peer[peer]
-                    log.info("node %s: CURVE: %s admits our key now", self.node_id, peer)
+                self._refusals.admitted(peer)
                 if peer in self._ctl_refused:
                     # Connected now: a HELLO it refused before is sent again at once, not after a timeout.
                     self._ctl_refused.discard(peer)
                     self.core.on_transport_ready(peer, self.clock())
             elif msg["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
-                self._on_curve_refused(peer, msg["event"], msg["value"])
+                self._refusals.refused_by(peer, msg["event"], int(msg["value"]), self.clock())
 
-    def _on_curve_refused(self, peer: str, event: int, value: int) -> None:
-        """The peer's ZAP handler turned our key down, or the CURVE handshake failed."""
-        what = (
-            f"CURVE: {peer} refused our key (ZAP status {value})"
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            else f"CURVE handshake with {peer} failed (protocol error {value:#x})"
-        )
-        with self._security_lock:
-            key = "curve_refused_by_peer"
-            self._security_refusals[key] = self._security_refusals.get(key, 0) + 1
-            first = peer not in self._refused_by_peer
-            self._refused_by_peer[peer] = what
-        if first:
-            log.warning("node %s: %s", self.node_id, what)
+    def _redial(self, peer: str) -> None:
+        """Dial a peer that refused our CURVE handshake again: libzmq itself never does."""
+        ep = self._peer_endpoints.get(peer)
+        if ep is None or peer in self._hung_up:
+            return
+        log.debug("node %s: dialling %s again after a CURVE refusal", self.node_id, peer)
+        for sock, address in ((self._dealers[peer], ep.control), (self._pushes[peer], ep.data)):
+            with contextlib.suppress(zmq.ZMQError):  # the failed connection may be gone already
+                sock.disconnect(address)
+            sock.connect(address)
 
     def _on_server_monitor(self, mon: zmq.Socket[bytes], name: str) -> bool:
-        """Handshake failures on our CURVE server sockets, which never reach the ZAP handler.
-
-        libzmq 4.3's monitor does not name the peer of a failed handshake (the v2 monitor that does is a
-        draft API, not built into pyzmq's wheels): ACCEPTED carries the connection's file descriptor,
-        HANDSHAKE_FAILED_* only the reason, and the DISCONNECTED that follows names the descriptor. One
-        I/O thread emits a connection's failure and its disconnect back to back, so the failure belongs to
-        that DISCONNECTED's connection, whose peer address was read when ACCEPTED was handled. A handshake
-        that fails at once (a plain client) has often closed its descriptor by then: such failures are
-        still counted, and logged once per socket and reason as coming from an unknown address.
-        """
+        """Handshake failures on our CURVE server sockets, which never reach the ZAP handler."""
         while True:
             try:
                 msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return False
-            event, value = msg["event"], int(msg["value"])
-            if event == zmq.EVENT_ACCEPTED:
-                if len(self._accepted) < _MAX_TRACKED:
-                    self._accepted[(name, value)] = sockets.peer_address(value)
-            elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                with self._security_lock:
-                    key = "curve_handshake_failed"
-                    self._security_refusals[key] = self._security_refusals.get(key, 0) + 1
-                self._failed_handshake[name] = (
-                    f"protocol error {value:#x}"
-                    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    else f"error {value} before the handshake completed"
-                )
-            elif event == zmq.EVENT_DISCONNECTED:
-                address = self._accepted.pop((name, value), sockets.UNKNOWN)
-                reason = self._failed_handshake.pop(name, None)
-                if reason is not None:
-                    self._log_failed_handshake(name, address, reason)
-
-    def _log_failed_handshake(self, name: str, address: str, reason: str) -> None:
-        key = f"{name}: {reason}" if address == sockets.UNKNOWN else address
-        first = key not in self._failed_addresses
-        if first and len(self._failed_addresses) < _MAX_TRACKED:  # bounded: one warning per address
-            self._failed_addresses.add(key)
-        (log.warning if first else log.debug)(
-            "node %s: refused a client from %s on its %s socket: the CURVE handshake failed (%s; a plain "
-            "or misconfigured client)",
-            self.node_id,
-            address,
-            name,
-            reason,
-        )
+            self._refusals.server_event(name, msg["event"], int(msg["value"]))
 
     def _flush(self) -> None:
         core = self.core
@@ -882,7 +819,6 @@ def _spin(
         os.sched_yield()
 
 
-_MAX_TRACKED = 1024
 _SERVER_EVENTS = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
