@@ -38,6 +38,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from sparkbus.bus import security
+from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.sockets import context
 from sparkbus.codecs import encode_batch
 from sparkbus.codecs.schema import to_plain
@@ -221,6 +222,14 @@ def topology_addresses(path: str | os.PathLike[str]) -> tuple[list[str], str]:
     return target.addresses, target.cluster_tag
 
 
+def unsent(op: int, exc: Exception) -> ClientError:
+    """The error of an operation the client could not even start (``exc`` came from the core)."""
+    if isinstance(exc, ClientError):
+        return exc
+    name = Op(op).name if op in Op._value2member_map_ else str(op)
+    return ClientError(ErrorCode.MALFORMED, f"operation {name} cannot be sent: {exc!r}")
+
+
 def as_table(result: Any) -> pa.Table:
     """An Arrow operation's result as a table (chunked results arrive as tables already)."""
     return result if isinstance(result, pa.Table) else result_table(result)
@@ -314,9 +323,14 @@ class Client:
     def submit(self, op: int, args: dict[str, Any] | None = None) -> Future[Any]:
         """Start an operation; the future completes with its result or a ``ClientError``."""
         fut: Future[Any] = Future()
+        call_args = dict(args or {})
 
         def run() -> None:
-            handle = self.core.submit(op, dict(args or {}), time.monotonic())
+            try:
+                handle = self.core.submit(op, call_args, time.monotonic())
+            except Exception as exc:  # a command never ends the loop: this call fails, the client lives on
+                fut.set_exception(unsent(op, exc))
+                return
             self._futures[handle] = fut
             fut.handle = handle  # type: ignore[attr-defined]
 
@@ -336,9 +350,14 @@ class Client:
         wait = self.op_timeout if timeout is None else timeout
         chunks: queue.SimpleQueue[Chunk | Done] = queue.SimpleQueue()
         started: Future[int] = Future()
+        call_args = dict(args or {})
 
         def run() -> None:
-            handle = self.core.submit(op, dict(args or {}), time.monotonic(), stream=True)
+            try:
+                handle = self.core.submit(op, call_args, time.monotonic(), stream=True)
+            except Exception as exc:  # as in ``submit``: the loop lives on
+                started.set_exception(unsent(op, exc))
+                return
             self._streams[handle] = chunks
             started.set_result(handle)
 

@@ -49,7 +49,7 @@ from sparkbus.bus.messages import (
     retry_version,
     version_text,
 )
-from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, Limits
+from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EncodeError, EnvelopeCodec, Limits
 from sparkbus.roles.client.chunks import ArrowParts
 from sparkbus.roles.client.errors import (
     AuthenticationError,
@@ -608,17 +608,22 @@ class ClientCore:
         request = Request(
             request_id=rid, op=op.op, args=op.args, ack=tuple(link.acks), window=self.config.window
         )
-        frames = self.codec.encode(request, session=link.session, seq=link.seq + 1)
+        name = Op(op.op).name if op.op in Op._value2member_map_ else str(op.op)
+        try:
+            frames = self.codec.encode(request, session=link.session, seq=link.seq + 1)
+        except (EncodeError, TypeError, ValueError, OverflowError) as exc:
+            # A caller's argument msgpack cannot carry (a numpy scalar, an object): that call fails.
+            text = f"request {name}: an argument cannot be sent: {exc}"
+            self._unsent(handle, ClientError(ErrorCode.MALFORMED, text))
+            return
         size, limits = sum(len(f) for f in frames), self.config.limits
         if size > limits.max_message_bytes or max(len(f) for f in frames) > limits.max_frame_bytes:
-            del self.ops[handle]
             limit = min(limits.max_message_bytes, limits.max_frame_bytes)
             text = (
-                f"request {Op(op.op).name if op.op in Op._value2member_map_ else op.op} is {size} bytes, "
-                f"over the {limit}-byte limit of one message; requests are not chunked: split the rows "
-                "into several writes or loads"
+                f"request {name} is {size} bytes, over the {limit}-byte limit of one message; requests "
+                "are not chunked: split the rows into several writes or loads"
             )
-            self.out.append(Done(handle, None, ClientError(ErrorCode.LIMIT_EXCEEDED, text)))
+            self._unsent(handle, ClientError(ErrorCode.LIMIT_EXCEEDED, text))
             return
         link.acks = []
         op.link, op.request_id = key, rid
@@ -627,6 +632,11 @@ class ClientCore:
         link.seq += 1
         link.keepalive.sent(now)
         self.out.append(Send(link.key, frames))
+
+    def _unsent(self, handle: int, error: ClientError) -> None:
+        """Operation ``handle`` cannot be sent at all: it fails, and nothing was sent for it."""
+        del self.ops[handle]
+        self.out.append(Done(handle, None, error))
 
     def _request(self, link: Link, request_id: int, op: int, args: dict[str, Any], now: float) -> None:
         acks, link.acks = tuple(link.acks), []
