@@ -21,6 +21,7 @@ hello_sent   no TCP connection within handshake timeout   hello_sent on the next
 restoring    RESTORED                                    up (held results follow)
 restoring    RESTORE_REFUSED                             up, a new logical connection; ops failed
 up           disconnect, sequence gap, heartbeat timeout  hello_sent again after a back-off (restore)
+hello_sent   reconnect failed within ``restore_window``   waiting (reads moved to a connection up)
 any          REJECT CLUSTER_ID_MISMATCH / HANDSHAKE_HEADER refused (final: never retried)
 any          security handshake refused (``on_auth_failed``) refused (final: never retried)
 ===========  ==========================================  ==========================================
@@ -61,6 +62,7 @@ from sparkbus.roles.client.errors import (
 )
 from sparkbus.roles.client.messages import (
     DEFAULT_WINDOW,
+    READ_OPS,
     Ack,
     Op,
     Request,
@@ -549,6 +551,7 @@ class ClientCore:
         """The node connection could not be established (a handshake error stops this node's attempt)."""
         link.errors.append(reason)
         if link.connection_id and now < link.broken_at + self.config.restore_window:
+            self._move_reads(link, reason, now)
             self._retry_later(link, now)  # keep trying to restore: the gateway holds the context
             return
         link.state = "failed"
@@ -561,6 +564,25 @@ class ClientCore:
             link.connection_id = ""
         if self._initial:
             self._try_next_node(now)
+
+    def _move_reads(self, link: Link, reason: str, now: float) -> None:
+        """A reconnect of broken ``link`` failed while another node connection is up: the reads waiting on
+        it that the retry policy sends again go there now, not after the restore window (longer than the
+        callers wait). A late restore's answer to them is dropped by request id, as after a cancel; the
+        other operations wait for the restore, so none is applied twice."""
+        if not any(other.state == "up" for other in self.links.values()):
+            return
+        error = ClientConnectionError(f"node connection to {link.key} lost; reconnecting failed: {reason}")
+        for rid, handle in list(link.requests.items()):
+            op = self.ops.get(handle)
+            if (
+                op is not None
+                and op.op in READ_OPS
+                and not (op.stream and op.received)
+                and self.config.retry.should_retry(op.op, op.attempt + 1, error)
+            ):
+                del link.requests[rid]
+                self._fail_or_retry(handle, error, now)
 
     def _refused(self, link: Link, reason: str, now: float, error: ClientError | None = None) -> None:
         link.errors.append(reason)

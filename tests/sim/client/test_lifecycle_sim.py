@@ -8,11 +8,14 @@ import pytest
 
 from sparkbus.bus import BusConfig
 from sparkbus.bus.messages import ErrorCode
-from sparkbus.roles.client import ClientConfig, Gateway, Op
+from sparkbus.roles.client import ArrowParts, ClientConfig, ClientConnectionError, Gateway, Op
 
 from .harness import ClientSim, error_of
+from .roles import CountingWrites, SlowQuery
 
 SEEDS = [1, 2, 3]
+#: what ``Client.sql`` waits for a query by default: its 30 s timeout + 5 s
+SQL_CALL_TIMEOUT = 35.0
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -29,3 +32,32 @@ def test_an_argument_msgpack_cannot_carry_fails_that_call_and_the_next_one_runs(
         assert err.code == ErrorCode.MALFORMED and "request SQL: an argument cannot be sent" in err.message
     assert not c.core.ops and not c.core.links["n1:1"].requests
     assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_read_on_a_node_that_died_is_served_by_the_live_node_and_a_write_is_never_sent_again(
+    seed: int,
+) -> None:
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim"))
+    roles = {n: (SlowQuery(delay=2.0), CountingWrites(delay=2.0)) for n in ("n1", "n2")}
+    for n, (query, writes) in roles.items():
+        sim.add_node(n, [query, writes, Gateway(n, ["query", "replication"])])
+    sim.start()
+    c = sim.add_client("c", ["n1:1", "n2:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: all(x.state == "up" for x in c.core.links.values()), limit=10)
+    ops = [
+        c.submit(sim, op, {"sql": "select 1", "table": "t"}) for op in (Op.SQL, Op.SQL, Op.WRITE, Op.WRITE)
+    ]
+    (read,) = [h for h in ops[:2] if c.core.ops[h].link == "n1:1"]  # round-robin: one of each per node
+    (write,) = [h for h in ops[2:] if c.core.ops[h].link == "n1:1"]
+    sim.run_for(0.5)
+    sim.block("c", "n1")  # the client sees the disconnect at once
+    sim.crash("n1")  # and the process is gone: nothing answers at its address any more
+    # The read is sent to n2 once a reconnect to n1 failed: well within what Client.sql waits.
+    sim.run_until(lambda: read in c.done, limit=SQL_CALL_TIMEOUT)
+    assert isinstance(c.done[read].result, ArrowParts)
+    assert len(roles["n2"][0].calls) == 2
+    # The write may have been applied on n1: it waits for n1's restore and is never sent to n2.
+    err = error_of(sim.wait(c, write, limit=70.0))
+    assert isinstance(err, ClientConnectionError)
+    assert roles["n2"][1].writes == 1
