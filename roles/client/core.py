@@ -20,6 +20,7 @@ hello_sent   REJECT, or no answer after TCP connected     failed (other addresse
 hello_sent   no TCP connection within handshake timeout   hello_sent on the next address, or failed
 restoring    RESTORED                                    up (held results follow)
 restoring    RESTORE_REFUSED                             up, a new logical connection; ops failed
+restoring    no answer within ``heartbeat_timeout``       waiting (reconnect and restore again)
 up           disconnect, sequence gap, heartbeat timeout  hello_sent again after a back-off (restore)
 hello_sent   reconnect failed within ``restore_window``   waiting (reads moved to a connection up)
 any          REJECT CLUSTER_ID_MISMATCH / HANDSHAKE_HEADER refused (final: never retried)
@@ -412,6 +413,8 @@ class ClientCore:
                     link.errors.append(f"{link.transports[link.index]}: no connection")
                     link.index += 1
                     self._try_transport(link, now)
+            elif link.state == "restoring" and now >= link.deadline:
+                self._broken(link, f"no answer to RESTORE within {self.config.heartbeat_timeout:g} s", now)
             elif link.state == "waiting" and now >= link.deadline:
                 self._connect(link, now)
             elif link.state == "failed" and self.config.background_interval > 0 and now >= link.deadline:
@@ -427,7 +430,7 @@ class ClientCore:
         cands: list[float] = []
         for link in self.links.values():
             background = link.state == "failed" and not self._initial and self.config.background_interval > 0
-            if link.state in ("hello_sent", "waiting") or background:
+            if link.state in ("hello_sent", "restoring", "waiting") or background:
                 cands.append(link.deadline)
             elif link.state == "up":
                 d = link.keepalive.next_deadline()
@@ -519,6 +522,7 @@ class ClientCore:
         link.backoff = 0.0
         if link.connection_id:
             link.state = "restoring"
+            link.deadline = now + self.config.heartbeat_timeout  # RESTORED or RESTORE_REFUSED by then
             # The gateway resumes each result after the chunks we have, and frees those we consumed.
             progress = [self.ops[h] for h in link.requests.values() if h in self.ops]
             for op in progress:

@@ -61,3 +61,25 @@ def test_a_read_on_a_node_that_died_is_served_by_the_live_node_and_a_write_is_ne
     err = error_of(sim.wait(c, write, limit=70.0))
     assert isinstance(err, ClientConnectionError)
     assert roles["n2"][1].writes == 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_node_silent_after_welcome_does_not_hold_the_restore_for_ever(seed: int) -> None:
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [SlowQuery(delay=2.0), Gateway("n1", ["query"])])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: c.core.connected, limit=5)
+    read = c.submit(sim, Op.SQL, {"sql": "select 1"})
+    sim.run_for(0.2)
+    sim.block("c", "n1")
+    sim.unblock("c", "n1")
+    link = c.core.links["n1:1"]
+    sim.run_until(lambda: link.state == "restoring", limit=5)  # WELCOME came, RESTORE sent
+    sim.crash("n1", notify=False)  # host gone, or a partition: no RESTORED ever, nor a disconnect
+    # Like hello_sent (handshake_timeout) and up (heartbeat_timeout), restoring has a deadline.
+    sim.run_until(lambda: link.state != "restoring", limit=10)
+    assert any("no answer to RESTORE within 5 s" in e for e in link.errors)
+    sim.restart("n1", [SlowQuery(delay=2.0), Gateway("n1", ["query"])])
+    # The new process knows no logical connection: RESTORE_REFUSED, and the read runs again there.
+    assert isinstance(sim.outcome(c, read, limit=SQL_CALL_TIMEOUT), ArrowParts)
