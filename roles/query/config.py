@@ -25,6 +25,11 @@ class QueryConfig:
         bus_initial_credit: ``BusConfig.initial_credit`` of the cluster's nodes (the credit of a stream
             accepted on its first batch); the role cannot ask its bus, so it is told (the topology
             factory passes the topology's).
+        members: the cluster's members that run the query role; None when unknown (a role built outside
+            a topology). A query without its own ``participants`` runs on this node and every peer that is
+            up and in ``members``: a peer that runs no query role would refuse ``start``, and its initiator
+            would wait for its batches for ever. The topology factory passes the nodes that list
+            ``query``.
     """
 
     check_period: float = 1.0
@@ -33,6 +38,7 @@ class QueryConfig:
     default_timeout: float = 0.0
     exchange: str = x.PUSH
     bus_initial_credit: int = BusConfig().initial_credit
+    members: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -42,6 +48,10 @@ class QueryConfig:
             or self.default_timeout < 0
         ):
             raise ValueError(f"QueryConfig: periods, sizes and credits must be positive: {self}")
+        if self.members is not None and not (
+            isinstance(self.members, frozenset) and all(isinstance(m, str) for m in self.members)
+        ):
+            raise ValueError(f"QueryConfig.members: a frozenset of member ids or None, got {self.members!r}")
         if self.exchange not in x.EXCHANGES:
             raise ValueError(f"QueryConfig.exchange: one of {', '.join(x.EXCHANGES)}, got {self.exchange!r}")
         if self.edge_credit > self.bus_initial_credit:

@@ -14,8 +14,13 @@ def make_role(ctx: Any) -> QueryRole:
     It scans the node's shared catalog (``ctx.catalog``: loaded tables plus those other roles publish,
     such as replicated tables) when the node has one, else an empty partition store (``load`` fills it).
     Its edges' credit is the default, lowered to the topology's ``bus.initial_credit`` if that is smaller
-    (``QueryConfig.edge_credit`` may not exceed it).
+    (``QueryConfig.edge_credit`` may not exceed it). Its default participants are the nodes of the topology
+    that run ``query`` (``QueryConfig.members``), never a node that runs only other roles.
     """
     bus = ctx.topology.bus.initial_credit
-    config = QueryConfig(edge_credit=min(QueryConfig().edge_credit, bus), bus_initial_credit=bus)
+    config = QueryConfig(
+        edge_credit=min(QueryConfig().edge_credit, bus),
+        bus_initial_credit=bus,
+        members=frozenset(ctx.topology.hosting("query")),
+    )
     return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None))

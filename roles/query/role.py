@@ -16,10 +16,11 @@ Race rules (spec 3.5, protocol-facts 1.2):
   initiator releases the query silently (the initiator is gone, nobody is left to tell).
 
 Choices where the spec is silent: the participant list defaults to this node and every peer that is up
-(a node without a partition of the table sends an empty last batch, "no data"); the initial credit per
-edge is 1 MiB, equal to the bus's default so a stream opened before ``start`` arrives gets the same
-credit; a batch is at most 40 % of the edge's credit so a starved sender always triggers a grant (a row
-wider than that fails its query with ``DATA_EXCEPTION`` under push: see ``_pump``).
+and runs the query role (``QueryConfig.members``; a node without a partition of the table sends an empty
+last batch, "no data"); the initial credit per edge is 1 MiB, equal to the bus's default so a stream
+opened before ``start`` arrives gets the same credit; a batch is at most 40 % of the edge's credit so a
+starved sender always triggers a grant (a row wider than that fails its query with ``DATA_EXCEPTION``
+under push: see ``_pump``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class QueryRole:
 
     Local calls:
         ``execute``: ``sql`` (str) or ``plan`` (a plain logical plan); optional ``parameters`` (list),
-            ``participants`` (list of members), ``timeout`` (seconds), ``repartition`` (bool),
+            ``participants`` (list of members that run the query role; default: this node and every such
+            peer that is up), ``timeout`` (seconds), ``repartition`` (bool),
             ``exchange`` (``push``, ``binx`` or ``http``; ``docs/QUERY.md``, section Exchanges), ``owner``
             (str: who may cancel it by name). Replies with the result as Arrow IPC stream bytes, or an error
             ``[code NAME] message (...)``.
@@ -240,10 +242,14 @@ class QueryRole:
         args = call.args
         logical = self._logical(args)
         participants = args.get("participants")
+        members = self.config.members
         if participants is None:
-            participants = [self.member, *sorted(self.peers_up - {self.member})]
+            peers = self.peers_up if members is None else self.peers_up & members
+            participants = [self.member, *sorted(peers - {self.member})]
         if not isinstance(participants, list | tuple) or not all(isinstance(p, str) for p in participants):
             raise QueryError(ErrorCode.PARSING, "participants must be a list of member ids")
+        if members is not None and (outside := [p for p in participants if p not in {*members, self.member}]):
+            raise QueryError(ErrorCode.PARSING, f"member(s) {', '.join(outside)} run no query role")
         down = [p for p in participants if p != self.member and p not in self.peers_up]
         if down:
             raise QueryError(ErrorCode.MEMBER_CONNECTION, f"no connection to member(s) {', '.join(down)}")
