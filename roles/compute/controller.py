@@ -100,6 +100,8 @@ _ROW = "__row"
 log = logging.getLogger(__name__)
 
 TARGET_FAILED = "target replica failed or was dropped"
+#: The largest ``generation``: epochs are ``generation << 32 | n``, and CreateTimely carries a uint64.
+MAX_GENERATION = 2**32 - 1
 
 
 @dataclass(slots=True)
@@ -109,6 +111,8 @@ class ReplicaLink:
     epoch: int = 0
     stage: Stage = Stage.DISCONNECTED
     frontiers: dict[str, Frontier] = field(default_factory=dict)
+    #: Why the replica refused this connection's ``CreateTimely`` (its ``Status``); None if it did not.
+    refused: str | None = None
 
 
 @dataclass(slots=True)
@@ -152,9 +156,12 @@ class ComputeController:
         read_only: start without ``AllowWrites`` (send it later with the ``allow_writes`` call).
         compaction_lag: how many timestamps below the write frontier a view stays readable.
         workers: the timely worker count sent in ``CreateTimely``.
-        generation: this controller's deployment generation, which must grow across controller restarts.
-            Epochs are ``generation << 32 | n`` for the n-th connection to a replica, so a restarted
-            controller's epochs exceed its predecessor's, like Materialize's ``(envd epoch, replica epoch)``.
+        generation: this controller's deployment generation (0 to ``MAX_GENERATION``), which must grow
+            across controller restarts (``factories.next_generation``). Epochs are ``generation << 32 | n``
+            for the n-th connection to a replica, so a restarted controller's epochs exceed its
+            predecessor's, like Materialize's ``(envd epoch, replica epoch)``. A replica that has seen a
+            higher epoch refuses the connection and says so (``Status.refused_epoch``): the controller stops
+            driving it until it comes up again (``ReplicaLink.refused``).
     """
 
     name = "compute.controller"
@@ -171,6 +178,10 @@ class ComputeController:
         workers: int = 1,
         generation: int = 0,
     ) -> None:
+        if type(generation) is not int or not 0 <= generation <= MAX_GENERATION:
+            raise LocalProtocolError(
+                f"generation must be an int from 0 to {MAX_GENERATION}, got {generation!r}"
+            )
         self.links = {r: ReplicaLink(epoch=generation << 32) for r in replicas}
         if not self.links:
             raise LocalProtocolError("a compute controller needs at least one replica")
@@ -262,6 +273,7 @@ class ComputeController:
         link.epoch += 1
         link.stage = Stage.DISCONNECTED
         link.frontiers = {}
+        link.refused = None
         self.history.reduce()
         for command in self.history:
             sent = command
@@ -317,7 +329,32 @@ class ComputeController:
                 raise RemoteProtocolError(
                     f"SubscribeDropped from {peer} for {msg.id!r}, which was not dropped"
                 )
-        # Status carries nothing the controller's correctness may depend on.
+        elif isinstance(msg, Status) and msg.refused_epoch is not None:
+            self._on_refused(peer, link, msg)
+        # Other Status carries nothing the controller's correctness may depend on.
+
+    def _on_refused(self, peer: str, link: ReplicaLink, msg: Status) -> None:
+        """The replica refused this connection's ``CreateTimely``: it has seen a higher epoch (a controller
+        of a later generation, or this one's generation reused). It will answer nothing on this connection,
+        so the controller stops driving it, as if the link were lost, until it comes up again."""
+        if msg.refused_epoch != link.epoch:
+            return  # an earlier connection's refusal
+        log.error("compute.controller: replica %s refused epoch %d: %s", peer, link.epoch, msg.detail)
+        self._lost(peer)
+        link.refused = msg.detail or f"epoch {link.epoch} refused"
+        refused = self._all_refused()
+        if refused is not None:
+            # No replica will answer: the waiting peeks are answered now rather than never.
+            for uuid, peek in list(self.peeks.items()):
+                self._finish_peek(uuid, Reply(call_id=peek.call_id, error=refused))
+
+    def _all_refused(self) -> str | None:
+        """Why no replica will take this controller's commands, if every one refused its epoch."""
+        if any(link.refused is None for link in self.links.values()):
+            return None
+        return "every replica refused this controller's epoch: " + "; ".join(
+            f"{r}: {link.refused}" for r, link in self.links.items()
+        )
 
     def _on_frontiers(self, peer: str, link: ReplicaLink, msg: Frontiers) -> None:
         if msg.write is None:
@@ -611,6 +648,9 @@ class ComputeController:
                 raise LocalProtocolError(TARGET_FAILED)
         if timestamp < since:
             raise LocalProtocolError(f"timestamp {timestamp} is below the since {since} of {target_id!r}")
+        refused = self._all_refused()
+        if refused is not None:
+            raise LocalProtocolError(refused)
         self._counter += 1
         uuid = f"peek-{self._counter}"
         constraints = call.args.get("literal_constraints")

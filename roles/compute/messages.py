@@ -393,9 +393,23 @@ class SubscribeDropped:
 @message(0x0384)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Status:
-    """Informational status; correctness never depends on it (Materialize only has a placeholder)."""
+    """Informational status (Materialize only has a placeholder), and a replica's refusal of a connection.
+
+    Attributes:
+        detail: text for a person.
+        refused_epoch: the epoch of a ``CreateTimely`` the replica refused (it has seen a higher or equal
+            one), so that the controller stops waiting on a connection the replica will never serve; None
+            otherwise. Results never depend on a Status.
+    """
 
     detail: str = ""
+    refused_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.refused_epoch is not None and (type(self.refused_epoch) is not int or self.refused_epoch < 0):
+            raise ValueError(
+                f"Status.refused_epoch must be a non-negative int or None, got {self.refused_epoch!r}"
+            )
 
 
 ComputeResponse = Frontiers | PeekResponse | SubscribeBatch | SubscribeDropped | Status

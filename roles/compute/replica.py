@@ -10,6 +10,9 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
 * "Halt" on an incompatible ``CreateInstance`` cannot exit a process here. The replica does what a halted
   and restarted Materialize replica ends up doing: it discards all of its state and builds the new
   connection's commands from scratch (``halts`` counts it).
+* A connection is refused (an epoch not above every one seen, or a second controller) with a ``Status``
+  naming its epoch, sent once back in ``DISCONNECTED``, so that its controller stops waiting on it; the
+  rest of that connection's commands are ignored.
 * A peek at an unknown collection, or whose collection is dropped or compacted past its timestamp while it
   waits, is answered with ``PeekResponse(ERROR)`` rather than treated as a protocol violation, since the
   protocol is asynchronous and a graceful answer is what a client can act on.
@@ -71,6 +74,7 @@ from sparkbus.roles.compute.messages import (
     PeekResponse,
     PeekResult,
     Schedule,
+    Status,
     SubscribeBatch,
     SubscribeDropped,
     TargetKind,
@@ -167,6 +171,8 @@ class ComputeReplica:
         self.stage = Stage.DISCONNECTED
         self.controller: str | None = None
         self.epoch = -1
+        #: The peer whose last ``CreateTimely`` was refused: the rest of that connection is ignored.
+        self._refused: str | None = None
         self.halts = 0
         self.reconciliation_failures = 0
         self._reset_state()
@@ -221,6 +227,8 @@ class ComputeReplica:
                 self.stage = Stage.DISCONNECTED
                 self.controller = None
                 self._init_commands = []
+            if event.peer == self._refused:
+                self._refused = None
         elif isinstance(event, LocalCall):
             self._out.append(
                 Reply(call_id=event.call_id, error=f"compute.replica has no call {event.name!r}")
@@ -239,7 +247,15 @@ class ComputeReplica:
             raise RemoteProtocolError(str(exc)) from None
 
     def _on_message(self, peer: str, msg: object) -> None:
+        if peer == self._refused and not isinstance(msg, CreateTimely):
+            log.debug(
+                "compute.replica: ignoring %s of the connection refused to %s", type(msg).__name__, peer
+            )
+            return
         if self.controller is not None and peer != self.controller:
+            if isinstance(msg, CreateTimely):
+                self._refuse(peer, msg, f"this replica is connected to {self.controller}")
+                return
             raise RemoteProtocolError(
                 f"{type(msg).__name__} from {peer}, but the controller is {self.controller}"
             )
@@ -247,7 +263,9 @@ class ComputeReplica:
             self._step(peer, Input.CREATE_TIMELY)
             if msg.epoch <= self.epoch:
                 self.stage = Stage.DISCONNECTED
-                raise RemoteProtocolError(f"CreateTimely from {peer}: epoch {msg.epoch} <= seen {self.epoch}")
+                self._refuse(peer, msg, f"epoch {msg.epoch} <= seen {self.epoch}")
+                return
+            self._refused = None
             self.epoch = msg.epoch
             self.controller = peer
             self._new_timely = msg
@@ -279,6 +297,18 @@ class ComputeReplica:
                 self._execute(msg)
         else:
             raise RemoteProtocolError(f"compute.replica cannot handle {type(msg).__name__} from {peer}")
+
+    def _refuse(self, peer: str, msg: CreateTimely, why: str) -> None:
+        """Refuse the connection ``msg`` opens, and tell ``peer``: a ``Status`` naming the refused epoch. It
+        is no response within the connection (the spec allows none in creation): the connection never
+        starts. The rest of its commands are ignored.
+
+        A connection is refused when its epoch is not above every one seen (a controller of an earlier
+        generation, or one that reused its generation), or while another controller is connected."""
+        self._refused = peer
+        detail = f"CreateTimely from {peer}: {why}"
+        log.warning("compute.replica: refused %s", detail)
+        self._out.append(Send(peer=peer, message=Status(detail=detail, refused_epoch=msg.epoch)))
 
     # ---------------------------------------------------------------- initialization and reconciliation
 

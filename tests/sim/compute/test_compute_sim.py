@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from sparkbus.bus import SimBus
-from sparkbus.bus.contract import LocalCall
+from sparkbus.bus.contract import Action, Event, LocalCall, Reply
 from sparkbus.roles.compute import (
     TARGET_FAILED,
     Aggregate,
@@ -23,9 +25,11 @@ from sparkbus.roles.compute import (
     ComputeReplica,
     Finishing,
     SortKey,
+    Stage,
     ViewDef,
     decode_table,
     encode_table,
+    make_controller,
 )
 
 SEEDS = [1, 2, 3, 7, 42]
@@ -174,15 +178,103 @@ def test_reconnect_with_compatible_dataflows_reuses_them(seed: int) -> None:
     assert got[0] == {"k": "a", "n": 3, "s": 14}
 
 
-def restarted_controller(view: ViewDef) -> ComputeController:
+def restarted_controller(view: ViewDef, generation: int = 1) -> ComputeController:
     """A new controller process (generation 1) that rebuilt the same tables and a view named ``v``."""
-    ctl = ComputeController(replicas=("r1", "r2"), generation=1)
+    ctl = ComputeController(replicas=("r1", "r2"), generation=generation)
     calls = [("create_table", {"name": "t", "schema": SCHEMA})]
     calls += [("write", {"table": "t", "batch": data}) for data in WRITES]
     calls += [("create_view", {"name": "v", "view": view})]
     for i, (name, args) in enumerate(calls):
         list(ctl.handle(LocalCall(call_id=i, name=name, args=args), 0.0))
     return ctl
+
+
+def replies_of(ctl: ComputeController) -> dict[int, Reply]:
+    """The replies ``ctl`` gives, by call id, as it gives them. SimBus keeps a crashed node's replies under
+    the call ids its restart hands out again, so ``SimBus.reply`` cannot tell a restarted controller's."""
+    replies: dict[int, Reply] = {}
+    handle = ctl.handle
+
+    def spy(event: Event, now: float) -> list[Action]:
+        out = list(handle(event, now))
+        replies.update((a.call_id, a) for a in out if isinstance(a, Reply))
+        return out
+
+    ctl.handle = spy  # type: ignore[method-assign]
+    return replies
+
+
+def answer(sim: SimBus, replies: dict[int, Reply], call_name: str, /, **args: Any) -> Reply:
+    """Call the restarted controller and run until it answers (``replies`` from ``replies_of``)."""
+    _, cid = sim.call("ctl", CTL, call_name, args)
+    sim.run_until(lambda: cid in replies, limit=10)
+    return replies[cid]
+
+
+class _Topology:
+    """What ``make_controller`` reads of a topology."""
+
+    cluster = SimpleNamespace(name="sim")
+
+    def hosting(self, role: str) -> list[str]:
+        return ["r1", "r2"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("kept", [True, False], ids=["data-dir", "clock"])
+def test_a_controller_restarted_by_its_factory_drives_the_replicas_again(
+    seed: int, kept: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node builds its controller with ``make_controller``, whose generation must beat its predecessor's,
+    or the replicas refuse its epochs. With a data directory a kept counter does it, even for restarts in
+    the same second; without one the clock does (the first controller here has generation 0)."""
+    monkeypatch.delenv("SPARKBUS_DATA_DIR", raising=False)
+    ctx = SimpleNamespace(topology=_Topology(), node_id="ctl", data_dir=str(tmp_path) if kept else None)
+    sim = boot(seed)
+    sim.run_until_idle()
+    epochs = {r: replica(sim, r).epoch for r in ("r1", "r2")}
+    for _ in range(2 if kept else 1):
+        sim.crash("ctl")
+        ctl = make_controller(ctx)
+        replies = replies_of(ctl)
+        sim.restart("ctl", [ctl])
+        sim.run_until(sim.all_up, limit=30)
+        sim.run_until_idle()
+        for r in ("r1", "r2"):
+            assert replica(sim, r).stage is Stage.READ_WRITE
+            assert replica(sim, r).epoch > epochs[r]
+            epochs[r] = replica(sim, r).epoch
+        assert answer(sim, replies, "create_table", name="t", schema=SCHEMA).error is None
+        for data in WRITES:
+            assert answer(sim, replies, "write", table="t", batch=data).error is None
+        assert answer(sim, replies, "create_view", name="v", view=SUM).error is None
+        done = answer(sim, replies, "peek", view="v", finishing=ORDERED)
+        assert done.error is None and rows(done.result) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_controller_whose_epoch_the_replicas_refuse_is_told_and_its_peeks_answered(seed: int) -> None:
+    """A controller of an earlier generation than one the replicas have served: they refuse it with a
+    Status, and its peeks are answered with the refusal instead of waiting for ever."""
+    sim = boot(seed)
+    sim.run_until_idle()
+    sim.crash("ctl")
+    sim.restart("ctl", [restarted_controller(SUM)])  # generation 1
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    sim.crash("ctl")
+    stale = restarted_controller(SUM, generation=0)
+    replies = replies_of(stale)
+    sim.restart("ctl", [stale])
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    for r in ("r1", "r2"):
+        assert replica(sim, r).stage is Stage.DISCONNECTED and replica(sim, r).epoch == (1 << 32) + 1
+        link = stale.links[r]
+        assert link.stage is Stage.DISCONNECTED and link.refused is not None and "<= seen" in link.refused
+    done = answer(sim, replies, "peek", view="v")
+    assert done.error is not None and "every replica refused this controller's epoch" in done.error
+    assert stale.peeks == {}
 
 
 @pytest.mark.parametrize("seed", SEEDS)

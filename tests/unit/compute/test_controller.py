@@ -17,6 +17,7 @@ from sparkbus.roles.compute import (
     AllowCompaction,
     CancelPeek,
     ComputeController,
+    ComputeReplica,
     CreateDataflow,
     CreateTimely,
     Finishing,
@@ -27,6 +28,7 @@ from sparkbus.roles.compute import (
     PeekResult,
     SortKey,
     Stage,
+    Status,
     SubscribeBatch,
     SubscribeDropped,
     ViewDef,
@@ -165,6 +167,45 @@ def test_rehydration_bumps_the_epoch_and_replays_the_reduced_history() -> None:
     cid = c.call("peek", view="v", target_replica="r1", finishing=ORDERED)
     c.run()
     assert [r["k"] for r in peek_rows(c, cid)] == ["a", "b", "c"]
+
+
+def test_replicas_that_refuse_the_epoch_are_not_driven_and_peeks_do_not_wait_for_them() -> None:
+    c = Cluster(("r1", "r2"))
+    for r in ("r1", "r2"):
+        c.replicas[r].epoch = 5 << 32  # they served a controller of a later generation
+    c.do("create_table", name="t", schema=SCHEMA)
+    c.up("r1")
+    c.run()
+    link = c.controller.links["r1"]
+    assert link.stage is Stage.DISCONNECTED
+    assert link.refused == f"CreateTimely from ctl: epoch 1 <= seen {5 << 32}"
+    cid = c.call("peek", view="t")
+    c.run()
+    assert cid not in c.replies  # r2 may still take it
+    c.up("r2")
+    c.run()
+    refused = "every replica refused this controller's epoch: r1: CreateTimely from ctl: epoch 1"
+    assert (c.replies[cid].error or "").startswith(refused)
+    assert c.controller.peeks == {}
+    cid = c.call("peek", view="t")
+    assert (c.replies[cid].error or "").startswith(f"peek: {refused}")
+    # A replica that starts afresh (a new process) takes the next connection.
+    c.cut("r1")
+    c.replicas["r1"] = ComputeReplica()
+    c.up("r1")
+    c.run()
+    assert link.refused is None and link.stage is Stage.READ_WRITE
+    c.deliver(CTL, MessageReceived(peer="r1", message=Status(detail="late", refused_epoch=1)))
+    assert link.refused is None  # an earlier connection's refusal changes nothing
+    cid = c.call("peek", view="t")
+    c.run()
+    assert c.rows(cid) == []
+
+
+def test_a_generation_must_fit_the_epoch() -> None:
+    with pytest.raises(LocalProtocolError, match="generation"):
+        ComputeController(replicas=("r1",), generation=2**32)
+    assert ComputeController(replicas=("r1",), generation=2**32 - 1).links["r1"].epoch == (2**32 - 1) << 32
 
 
 def upsert_cluster(key: list[str] | None = None, **kw: Any) -> Cluster:

@@ -79,6 +79,7 @@ SAMPLES: list[Any] = [
     SubscribeBatch(id="s", lower=(5,), upper=(), error="result exceeds max size of 10 bytes"),
     SubscribeDropped(id="s", at=(6,)),
     Status(detail="ok"),
+    Status(detail="CreateTimely from ctl: epoch 1 <= seen 2", refused_epoch=1),
 ]
 
 
@@ -142,6 +143,7 @@ def test_codes_are_in_the_compute_range() -> None:
         (lambda: AppendUpdates(id="t", lower=0, upper=2, since=-1, updates=b"x"), "since"),
         (lambda: AppendUpdates(id="t", lower=0, upper=2**63, updates=b"x"), "from 0 to 2"),
         (lambda: UpdateConfiguration(max_result_size=0), "max_result_size"),
+        (lambda: Status(refused_epoch=-1), "refused_epoch"),
         (lambda: ViewDef(source="t", project=()), "project"),
         (lambda: ViewDef(source="t", group_by=("k", "k")), "twice"),
         (

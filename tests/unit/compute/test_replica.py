@@ -27,6 +27,7 @@ from sparkbus.roles.compute import (
     PeekResult,
     Schedule,
     Stage,
+    Status,
     SubscribeBatch,
     SubscribeDropped,
     TargetKind,
@@ -181,14 +182,25 @@ def test_commands_out_of_stage_are_remote_errors_naming_the_stage(
     assert type(bad).__name__ in str(info.value) or "computation command" in str(info.value)
 
 
-def test_epoch_must_grow() -> None:
+def test_an_epoch_that_does_not_grow_is_refused_and_the_controller_told() -> None:
     d = Driver()
     d.connect(5)
     d.lose()
-    with pytest.raises(RemoteProtocolError, match="epoch 5"):
-        d.send(CreateTimely(epoch=5))
-    d.connect(6)
-    assert d.replica.epoch == 6
+    # The whole connection is refused: one Status naming the epoch, and the rest of it ignored.
+    out = d.send(CreateTimely(epoch=5), CreateInstance(), table(0, 1), dataflow(), InitializationComplete())
+    assert out == [Status(detail="CreateTimely from ctl: epoch 5 <= seen 5", refused_epoch=5)]
+    assert d.replica.stage is Stage.DISCONNECTED and d.replica.epoch == 5 and not d.replica.tables
+    d.connect(6, None, table(0, 1))
+    assert d.replica.epoch == 6 and d.replica.stage is Stage.READ_ONLY and d.replica.tables.keys() == {"t"}
+
+
+def test_a_create_timely_from_another_controller_is_refused_and_it_told() -> None:
+    d = started()
+    out = list(d.replica.handle(MessageReceived(peer="other", message=CreateTimely(epoch=9)), 0.0))
+    status = Status(detail="CreateTimely from other: this replica is connected to ctl", refused_epoch=9)
+    assert out == [Send(peer="other", message=status)]
+    assert list(d.replica.handle(MessageReceived(peer="other", message=CreateInstance()), 0.0)) == []
+    assert d.replica.stage is Stage.READ_ONLY and d.replica.epoch == 1 and d.replica.controller == CTL
 
 
 def test_commands_from_another_peer_are_refused() -> None:
