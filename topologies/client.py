@@ -58,7 +58,7 @@ from sparkbus.roles.client import (
 )
 from sparkbus.roles.client.chunks import chunk_batches
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
-from sparkbus.roles.query import Query, result_table, table_to_ipc
+from sparkbus.roles.query import Query, QueryError, result_table, table_to_ipc
 from sparkbus.roles.query.plan import PlanNode
 from sparkbus.topologies.busnode import bus_config
 from sparkbus.topologies.keys import RUN_DIR
@@ -230,9 +230,23 @@ def unsent(op: int, exc: Exception) -> ClientError:
     return ClientError(ErrorCode.MALFORMED, f"operation {name} cannot be sent: {exc!r}")
 
 
+#: What decoding raises when a node's reply is not the Arrow IPC (or msgpack) it claims to be.
+BAD_RESULT = (pa.ArrowException, ValueError, TypeError, OSError, msgpack.UnpackException, QueryError)
+
+
+def bad_result(exc: Exception) -> ClientError:
+    """The error of a call whose reply does not decode (a bad server reply: that call fails, no other)."""
+    return ClientError(ErrorCode.MALFORMED, f"bad result from the node: {exc}")
+
+
 def as_table(result: Any) -> pa.Table:
     """An Arrow operation's result as a table (chunked results arrive as tables already)."""
-    return result if isinstance(result, pa.Table) else result_table(result)
+    if isinstance(result, pa.Table):
+        return result
+    try:
+        return result_table(result)
+    except BAD_RESULT as exc:
+        raise bad_result(exc) from None
 
 
 class Client:
@@ -400,11 +414,19 @@ class Client:
         pieces: list[bytes] = []
         for chunk in self.stream(Op.SQL, q.args(), timeout=timeout + 5.0):
             if chunk.arrow:
-                yield from chunk_batches(chunk.payload)
+                try:
+                    batches = list(chunk_batches(chunk.payload))
+                except BAD_RESULT as exc:
+                    raise bad_result(exc) from None
+                yield from batches
             else:  # a gateway that did not cut the result into Arrow chunks: msgpack pieces
                 pieces.append(chunk.payload)
         if pieces:
-            yield from result_table(msgpack.unpackb(b"".join(pieces), raw=False)).to_batches()
+            try:
+                whole = msgpack.unpackb(b"".join(pieces), raw=False)
+            except BAD_RESULT as exc:
+                raise bad_result(exc) from None
+            yield from as_table(whole).to_batches()
 
     def query(self, plan: PlanNode, *, timeout: float = 30.0) -> pa.Table:
         """Run a logical plan (``sparkbus.roles.query`` operators)."""
@@ -649,7 +671,12 @@ class Client:
                     if out.error is not None:
                         fut.set_exception(out.error)
                     elif isinstance(out.result, ArrowParts):
-                        fut.set_result(out.result.table())
+                        try:  # a reply that is not Arrow IPC fails its call, never the loop
+                            table = out.result.table()
+                        except BAD_RESULT as exc:
+                            fut.set_exception(bad_result(exc))
+                        else:
+                            fut.set_result(table)
                     else:
                         fut.set_result(out.result)
         if not self._started.done() and (self.core.connected or self.core.gave_up):

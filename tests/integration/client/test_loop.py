@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +16,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.node import Node
-from sparkbus.roles.client import ClientError, Gateway
+from sparkbus.roles.client import ClientError, Gateway, Op, Response, encode_response
 from sparkbus.roles.query import table_to_ipc
 
 TAG = "loop"
@@ -66,3 +66,37 @@ def test_an_argument_msgpack_cannot_carry_fails_that_call_and_the_loop_serves_on
         assert client.error is None
         assert client.status()["node"] == "n1"
         assert client.sql("SELECT 1").to_pylist() == [{"n": 1}]
+
+
+BAD_ARROW = {
+    "not Arrow IPC": [b"junk"],
+    "chunks of two schemas": [table_to_ipc(pa.table({"n": [1]})), table_to_ipc(pa.table({"s": ["x"]}))],
+}
+
+
+@pytest.mark.parametrize("payloads", BAD_ARROW.values(), ids=list(BAD_ARROW))
+def test_an_arrow_reply_that_does_not_decode_fails_its_call_and_the_loop_serves_on(
+    control: str, payloads: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bad_arrow(request_id: int, result: Any, error: str | None, chunk_bytes: int, *, arrow: bool) -> Any:
+        if not arrow:
+            return encode_response(request_id, result, error, chunk_bytes, arrow=arrow)
+        last = len(payloads) - 1
+        return [
+            Response(request_id=request_id, chunk=i, last=i == last, arrow=True, payload=p)
+            for i, p in enumerate(payloads)
+        ]
+
+    monkeypatch.setattr("sparkbus.roles.client.gateway.encode_response", bad_arrow)  # a bad server reply
+    with sparkbus.connect([control], cluster_tag=TAG, connect_timeout=5, op_timeout=5) as client:
+        with pytest.raises(ClientError) as err:
+            client.call(Op.SQL, {"sql": "select 1"})
+        assert err.value.code == ErrorCode.MALFORMED, (
+            f"{err.value}; the loop thread ended with {client.error!r}"
+        )
+        assert "bad result from the node" in err.value.message
+        if len(payloads) == 1:
+            with pytest.raises(ClientError, match="bad result from the node"):
+                list(client.sql_batches("select 1", timeout=1))
+        assert client.error is None
+        assert client.status()["node"] == "n1"
