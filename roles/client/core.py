@@ -51,7 +51,7 @@ from sparkbus.bus.messages import (
     retry_version,
     version_text,
 )
-from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EncodeError, EnvelopeCodec, Limits
+from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EncodeError, EnvelopeCodec, LimitExceeded, Limits
 from sparkbus.roles.client.chunks import ArrowParts
 from sparkbus.roles.client.errors import (
     AuthenticationError,
@@ -86,6 +86,9 @@ from sparkbus.roles.client.policy import (
 )
 
 log = logging.getLogger("sparkbus.roles.client")
+
+#: The most recent errors a node connection keeps (``Link.errors``, for ``attempts`` and status).
+MAX_LINK_ERRORS = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,10 +224,15 @@ class Link:
     acks: list[int] = field(default_factory=list)
     pings: set[int] = field(default_factory=set)
     backoff: float = 0.0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the last ``MAX_LINK_ERRORS``
     restores: int = 0
-    broken_at: float = 0.0
+    broken_at: float | None = None  # the first break since the connection last took a message while up
+    undecodable: tuple[str, str] = ("", "")  # (logical connection, error) of the last message not decoded
     refusal: ClientError | None = None  # why the node was refused (final)
+
+    def note(self, error: str) -> None:
+        self.errors.append(error)
+        del self.errors[:-MAX_LINK_ERRORS]
 
 
 class ClientCore:
@@ -370,7 +378,7 @@ class ClientCore:
         try:
             env = self.codec.decode(frames)
         except DecodeError as exc:
-            self._broken(link, f"malformed message from {key}: {exc}", now)
+            self._undecodable(link, exc, now)
             return
         msg, header = env.message, env.header
         link.keepalive.received(now)
@@ -397,6 +405,8 @@ class ClientCore:
             )
             return
         link.recv_seq = header.seq
+        if link.state == "up":  # a message taken after any restore: the next break starts a new series
+            link.broken_at, link.backoff = None, 0.0
         if isinstance(msg, Response):
             self._on_response(link, msg, now)
         elif isinstance(msg, Restored) and link.state == "restoring":
@@ -404,13 +414,31 @@ class ClientCore:
         elif isinstance(msg, RestoreRefused) and link.state == "restoring":
             self._on_restore_refused(link, msg, now)
 
+    def _undecodable(self, link: Link, exc: DecodeError, now: float) -> None:
+        """A message from ``link``'s node does not decode (over this client's limits, or malformed)."""
+        text = f"malformed message from {link.key}: {exc}"
+        if link.state == "hello_sent":
+            self._failed(link, text, now)  # the handshake's answer: this node cannot be spoken to
+            return
+        if link.undecodable != (link.connection_id, text):
+            link.undecodable = (link.connection_id, text)
+            self._broken(link, text, now)  # perhaps a session's accident: restore
+            return
+        # The same message again after a restore: the gateway sends it on every restore, so restoring
+        # cannot get past it. The operations waiting on this logical connection fail (one of them is the
+        # message's, which cannot be told) and the next session starts a new logical connection.
+        code = ErrorCode.LIMIT_EXCEEDED if isinstance(exc, LimitExceeded) else ErrorCode.MALFORMED
+        link.connection_id = ""
+        self._lose_requests(link, ClientError(code, f"{text} (sent again after a restore)"), now)
+        self._broken(link, f"{text} (again: a new logical connection)", now)
+
     def tick(self, now: float) -> None:
         for link in self.links.values():
             if link.state == "hello_sent" and now >= link.deadline:
                 if link.connected:
                     self._failed(link, f"{link.transports[link.index]}: no answer to HELLO", now)
                 else:
-                    link.errors.append(f"{link.transports[link.index]}: no connection")
+                    link.note(f"{link.transports[link.index]}: no connection")
                     link.index += 1
                     self._try_transport(link, now)
             elif link.state == "restoring" and now >= link.deadline:
@@ -519,7 +547,6 @@ class ClientCore:
             last_sent=now,
             last_received=now,
         )
-        link.backoff = 0.0
         if link.connection_id:
             link.state = "restoring"
             link.deadline = now + self.config.heartbeat_timeout  # RESTORED or RESTORE_REFUSED by then
@@ -553,8 +580,9 @@ class ClientCore:
 
     def _failed(self, link: Link, reason: str, now: float) -> None:
         """The node connection could not be established (a handshake error stops this node's attempt)."""
-        link.errors.append(reason)
-        if link.connection_id and now < link.broken_at + self.config.restore_window:
+        link.note(reason)
+        broken_at = now if link.broken_at is None else link.broken_at
+        if link.connection_id and now < broken_at + self.config.restore_window:
             self._move_reads(link, reason, now)
             self._retry_later(link, now)  # keep trying to restore: the gateway holds the context
             return
@@ -589,7 +617,7 @@ class ClientCore:
                 self._fail_or_retry(handle, error, now)
 
     def _refused(self, link: Link, reason: str, now: float, error: ClientError | None = None) -> None:
-        link.errors.append(reason)
+        link.note(reason)
         link.state = "refused"
         self.out.append(Close(link.key))
         if error is None:
@@ -607,8 +635,9 @@ class ClientCore:
     def _broken(self, link: Link, reason: str, now: float) -> None:
         """An established node connection broke: reconnect and restore its logical connection."""
         log.info("client: connection to %s broke: %s", link.key, reason)
-        link.errors.append(f"broken: {reason}")
-        link.broken_at = now
+        link.note(f"broken: {reason}")
+        if link.broken_at is None:  # a break of a series does not start the restore window again
+            link.broken_at = now
         link.pings.clear()
         self._retry_later(link, now)
 

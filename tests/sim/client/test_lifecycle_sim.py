@@ -8,10 +8,12 @@ import pytest
 
 from sparkbus.bus import BusConfig
 from sparkbus.bus.messages import ErrorCode
+from sparkbus.codecs import Limits, MiB
 from sparkbus.roles.client import ArrowParts, ClientConfig, ClientConnectionError, Gateway, Op
+from sparkbus.roles.client.core import MAX_LINK_ERRORS
 
 from .harness import ClientSim, error_of
-from .roles import CountingWrites, SlowQuery
+from .roles import BigQuery, CountingWrites, SlowQuery
 
 SEEDS = [1, 2, 3]
 #: what ``Client.sql`` waits for a query by default: its 30 s timeout + 5 s
@@ -83,3 +85,45 @@ def test_a_node_silent_after_welcome_does_not_hold_the_restore_for_ever(seed: in
     sim.restart("n1", [SlowQuery(delay=2.0), Gateway("n1", ["query"])])
     # The new process knows no logical connection: RESTORE_REFUSED, and the read runs again there.
     assert isinstance(sim.outcome(c, read, limit=SQL_CALL_TIMEOUT), ArrowParts)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_reply_over_the_clients_frame_limit_fails_its_call_after_one_restore(seed: int) -> None:
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim"))
+    # chunks of up to 4 MiB from this gateway; the client accepts frames of 1 MiB
+    sim.add_node("n1", [BigQuery(rows=400_000, delay=0.5), Gateway("n1", ["query"], chunk_bytes=4 * MiB)])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim", limits=Limits(max_frame_bytes=1 * MiB)))
+    sim.run_until(lambda: c.core.connected, limit=5)
+    link = c.core.links["n1:1"]
+    first = link.connection_id
+    big = c.submit(sim, Op.SQL, {"sql": "select"})
+    err = error_of(sim.wait(c, big, limit=10))
+    assert err.code == ErrorCode.LIMIT_EXCEEDED and "limit is 1048576" in err.message
+    assert link.restores == 1  # the first failure may be a session's accident; the second is not
+    # The next session is a new logical connection (the old one would send the chunk again) and serves.
+    assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"
+    assert link.connection_id not in ("", first) and link.restores == 1
+
+
+def test_a_handshake_answer_that_does_not_decode_fails_the_node() -> None:
+    sim = ClientSim(1, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [Gateway("n1")])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    c.core.on_frames("n1:1", [b"not a sparkbus message"], sim.now)  # what answered HELLO is no node of ours
+    sim.flush_client(c)
+    assert c.core.gave_up and "malformed message from n1:1" in c.core.attempts()
+
+
+def test_a_node_connection_keeps_its_last_errors_only() -> None:
+    sim = ClientSim(1, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [Gateway("n1")])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    link = c.core.links["n1:1"]
+    for _ in range(MAX_LINK_ERRORS + 5):
+        sim.run_until(lambda: link.state == "up", limit=5)
+        sim.block("c", "n1")
+        sim.unblock("c", "n1")
+    assert len(link.errors) == MAX_LINK_ERRORS and link.restores == MAX_LINK_ERRORS + 4
