@@ -50,6 +50,7 @@ from sparkbus.roles.client import (
     ClientCore,
     ClientError,
     Close,
+    ClusterMismatchError,
     ConnectTimeoutError,
     Done,
     Op,
@@ -683,12 +684,18 @@ class Client:
             if self.core.connected:
                 self._started.set_result(None)
             else:
-                refusal = self.core.refusal()
-                self._started.set_exception(
-                    AuthenticationError(f"{refusal.message}; tried:\n{self.core.attempts()}")
-                    if refusal is not None
-                    else ConnectTimeoutError(f"no node could be connected; tried:\n{self.core.attempts()}")
-                )
+                self._started.set_exception(self._gave_up())
+
+    def _gave_up(self) -> ClientError:
+        """Why ``connect`` failed on every node: a final refusal's own error (another cluster, a refused
+        key), else ``ConnectTimeoutError``; each lists every address tried."""
+        attempts = self.core.attempts()
+        refusal = self.core.refusal()
+        if isinstance(refusal, AuthenticationError):
+            return AuthenticationError(f"{refusal.message}; tried:\n{attempts}")
+        if isinstance(refusal, ClusterMismatchError):
+            return ClusterMismatchError(f"{refusal.message}; tried:\n{attempts}")
+        return ConnectTimeoutError(f"no node could be connected; tried:\n{attempts}")
 
     def _open(self, key: str, transport: str) -> None:
         self._close(key)
@@ -797,6 +804,7 @@ def connect(
     Raises:
         ConnectTimeoutError: no node connection within ``connect_timeout``; lists what was tried and why.
         AuthenticationError: the nodes refused this client's key (or no key could be found).
+        ClusterMismatchError: no node could be connected, and one is in another cluster than ``cluster_tag``.
     """
     if isinstance(target, str | os.PathLike) and Path(target).suffix == ".toml":
         found = topology_target(target)

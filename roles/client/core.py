@@ -293,12 +293,15 @@ class ClientCore:
         """The initial connection failed on every node (the driver reports ``attempts()``)."""
         return self._initial and all(link.state in ("failed", "refused") for link in self.links.values())
 
-    def refusal(self) -> ClientError | None:
-        """After ``gave_up``: an ``AuthenticationError`` if a node refused this client's credentials
-        (the clearest reason to give), otherwise None."""
-        for key in self.order:
-            if isinstance(self.links[key].refusal, AuthenticationError):
-                return self.links[key].refusal
+    def refusal(self) -> AuthenticationError | ClusterMismatchError | None:
+        """After ``gave_up``: the clearest final reason to give: an ``AuthenticationError`` if a node refused
+        this client's credentials, else a ``ClusterMismatchError`` if a node is in another cluster (IEP-90: a
+        user error, not worth trying again), otherwise None."""
+        refusals = [self.links[key].refusal for key in self.order]
+        for kind in (AuthenticationError, ClusterMismatchError):
+            for refusal in refusals:
+                if isinstance(refusal, kind):
+                    return refusal
         return None
 
     def attempts(self) -> str:

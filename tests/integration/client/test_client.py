@@ -16,8 +16,15 @@ import pytest
 import sparkbus
 from sparkbus.bus import BusConfig
 from sparkbus.bus import contract as c
+from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.node import Node
-from sparkbus.roles.client import RETRY_NONE, ConnectionUnknownError, Gateway, node_order
+from sparkbus.roles.client import (
+    RETRY_NONE,
+    ClusterMismatchError,
+    ConnectionUnknownError,
+    Gateway,
+    node_order,
+)
 from sparkbus.roles.query import table_to_ipc
 
 from .proxy import Proxy
@@ -129,11 +136,17 @@ def test_no_live_address_times_out_listing_what_was_tried() -> None:
         sparkbus.connect([dead], cluster_tag=TAG, connect_timeout=3, handshake_timeout=0.3)
 
 
-def test_another_clusters_node_is_refused(node: tuple[Node, SlowQuery, Gateway, Proxy]) -> None:
+def test_another_clusters_node_is_refused_with_cluster_id_mismatch(
+    node: tuple[Node, SlowQuery, Gateway, Proxy],
+) -> None:
     n, _, _, _ = node
     assert n.endpoints is not None
-    with pytest.raises(sparkbus.ConnectTimeoutError, match="CLUSTER_ID_MISMATCH"):
-        sparkbus.connect([n.endpoints.control], cluster_tag="other", connect_timeout=5)
+    dead = f"127.0.0.1:{free_port()}"
+    # IEP-90: a user error, and final: not CONNECTION, which a caller's retry logic takes as passing
+    with pytest.raises(ClusterMismatchError) as err:
+        sparkbus.connect([dead, n.endpoints.control], cluster_tag="other", connect_timeout=5)
+    assert err.value.code == ErrorCode.CLUSTER_ID_MISMATCH
+    assert "tried:" in err.value.message and dead in err.value.message
 
 
 def test_async_client_runs_sql(node: tuple[Node, SlowQuery, Gateway, Proxy]) -> None:

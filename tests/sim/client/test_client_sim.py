@@ -69,6 +69,7 @@ def test_connect_gives_up_listing_every_address_and_why() -> None:
     text = c.core.attempts()
     assert "ghost:1: tcp://ghost:1: no connection" in text
     assert "n1:1: CLUSTER_ID_MISMATCH" in text
+    assert isinstance(c.core.refusal(), ClusterMismatchError)  # what connect raises: not a timeout
 
 
 def test_a_node_of_another_cluster_is_refused_and_never_retried() -> None:
