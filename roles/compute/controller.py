@@ -12,7 +12,7 @@ Local calls (``LocalCall.name`` and its ``args``):
   (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
   replaces the row with the same key. Result ``{"upper"}``.
 * ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
-  ``__diff`` (default +1 per row; not for an upsert table, whose writes are rows, the last of a key in one
+  ``__diff`` without nulls (default +1 per row; not for an upsert table, whose writes are rows, the last of a key in one
   batch winning). The controller assigns the write's time. Result ``{"time"}``.
 * ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
 * ``drop_view(name)``.
@@ -562,6 +562,9 @@ class ComputeController:
             diff = pa.repeat(pa.scalar(1, pa.int64()), data.num_rows)
         elif diff.type != pa.int64():
             raise LocalProtocolError(f"write to {name!r}: __diff must be int64, got {diff.type}")
+        elif diff.null_count:
+            # The replicas refuse an update without a diff, so the table would stop there for them.
+            raise LocalProtocolError(f"write to {name!r}: __diff has nulls")
         t = self.upper
         updates = data.append_column(TIME, pa.repeat(pa.scalar(t, pa.int64()), data.num_rows))
         updates = updates.append_column(DIFF, diff).cast(update_schema(schema))

@@ -20,12 +20,15 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
   dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
   replica's upper for the table is merged by difference (``_append``); a snapshot of another history than
   the one held (a restarted controller's table, ``_same_history``) replaces the table.
+* An append whose updates its table cannot take stops that table only (``refused``): the tables it
+  advances still move, later appends skip it, and peeks at times it will never reach get an ``Error``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
@@ -142,6 +145,17 @@ class LiveDataflow:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _AppendPlan:
+    """What an append changes (``ComputeReplica._plan_append``): the table replaced by another history,
+    its data columns, the updates to add (None: nothing new) and the since to compact to first."""
+
+    replace: bool
+    schema: pa.Schema
+    fresh: pa.Table | None = None
+    compact_to: int | None = None
+
+
 class ComputeReplica:
     """The replica side of the compute protocol.
 
@@ -185,6 +199,8 @@ class ComputeReplica:
         self.config = UpdateConfiguration()
         self.history = CommandHistory()
         self.tables: dict[str, Arrangement] = {}
+        #: Tables whose last append this replica refused (``_append``), and why: they stay at their upper.
+        self.refused: dict[str, str] = {}
         self.dataflows: list[LiveDataflow] = []
         self._by_export: dict[str, LiveDataflow] = {}
         self.peeks: dict[str, Peek] = {}
@@ -543,17 +559,51 @@ class ComputeReplica:
         return updates
 
     def _append(self, msg: AppendUpdates, *, compared: bool = False) -> None:
-        """Apply ``msg`` to its table; ``compared``: a snapshot ``_initialize`` found to be our history."""
+        """Apply ``msg`` to its table; ``compared``: a snapshot ``_initialize`` found to be our history.
+
+        Everything is checked before anything changes. A table in ``advanced`` that does not exist or has a
+        gap changes nothing. Updates the target table cannot take leave it as it was, and it is marked
+        ``refused``; the tables in ``advanced`` still move their upper, since the append says they have no
+        updates in ``[lower, upper)`` whatever is wrong with the target's. Later appends skip a refused
+        table in their ``advanced``. Otherwise one refused append would leave every table it advances
+        behind, and the replica would refuse every later append (each lists them) as a gap.
+        """
         where = _where(msg, self.controller)
-        updates = self._updates(msg)
         for other in msg.advanced:
-            if other not in self.tables or other == msg.id:
+            if other == msg.id or (other not in self.tables and other not in self.refused):
                 raise RemoteProtocolError(
                     f"{where}: advanced table {other!r} does not exist or is the target"
                 )
+        advanced = [other for other in msg.advanced if other not in self.refused]
+        for other in advanced:
             if self.tables[other].upper[0] < msg.lower:
                 raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
+        try:
+            plan = self._plan_append(msg, where, compared)
+        except RemoteProtocolError as exc:
+            # The first refusal says what went wrong; later ones of the table are its gap.
+            self.refused.setdefault(msg.id, str(exc))
+            self._advance(advanced, msg.upper)
+            raise
+        self.refused.pop(msg.id, None)
+        if plan.replace:
+            del self.tables[msg.id]
         table = self.tables.get(msg.id)
+        if table is None:
+            table = self.tables[msg.id] = Arrangement(plan.schema, since=msg.since)
+        if plan.fresh is not None:
+            if plan.compact_to is not None:
+                table.compact((plan.compact_to,))
+            table.append(plan.fresh, msg.upper)
+            self._changed(msg.id, plan.fresh, msg.upper)
+        self._advance(advanced, msg.upper)
+
+    def _plan_append(self, msg: AppendUpdates, where: str, compared: bool) -> _AppendPlan:
+        """What appending ``msg`` to its table changes, or a ``RemoteProtocolError`` if the table cannot
+        take it. Changes nothing."""
+        updates = self._updates(msg)
+        table = self.tables.get(msg.id)
+        replace = False
         if table is not None and msg.lower == 0 and not compared and not _same_history(table, msg, updates):
             # The table anew as another history (a restarted controller's): loaded again, which only a
             # table no dataflow reads can be (``_initialize`` sees to that).
@@ -561,40 +611,44 @@ class ComputeReplica:
                 raise RemoteProtocolError(
                     f"{where}: the table starts again as another history, and dataflows read it"
                 )
-            del self.tables[msg.id]
-            table = None
+            replace, table = True, None
         if table is None:
             if msg.lower != 0:
                 raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")
-            table = self.tables[msg.id] = Arrangement(data_schema(updates.schema), since=msg.since)
+            schema, current = data_schema(updates.schema), 0
         elif not data_schema(updates.schema).equals(table.schema):
             raise RemoteProtocolError(
                 f"{where}: schema {updates.schema} differs from the table's {table.schema}"
             )
-        current = table.upper[0]
+        else:
+            schema, current = table.schema, table.upper[0]
         if msg.lower > current:
             raise RemoteProtocolError(f"{where}: the table's upper is {current}, so updates are missing")
-        if msg.upper > current:
-            fresh = updates.cast(update_schema(table.schema))
-            if msg.lower < current and msg.since < current:
-                # A replay (after a reconnect) overlaps what this replica already has, and its times below
-                # ``current`` are still below it after compaction: keep only the new times.
-                fresh = fresh.filter(pc.greater_equal(fresh[TIME], i64(current)))
-            elif msg.lower < current:
-                # The replay was compacted to a since at or beyond our upper, so our updates are in it,
-                # advanced to the since, and cannot be told apart: take the difference between the replay
-                # and what we hold, at the since. Reads at times >= since (all the controller allows) see
-                # the table's true contents; the dataflows reading it get the difference as updates.
-                fresh = pa.concat_tables([fresh, _negated(advance_times(table.updates, msg.since))])
-                table.compact((msg.since,))
-            fresh = consolidate(fresh)
-            table.append(fresh, msg.upper)
-            self._changed(msg.id, fresh, msg.upper)
-        for other in msg.advanced:
+        if msg.upper <= current:
+            return _AppendPlan(replace, schema)
+        fresh = updates.cast(update_schema(schema))
+        compact_to = None
+        if msg.lower < current and msg.since < current:
+            # A replay (after a reconnect) overlaps what this replica already has, and its times below
+            # ``current`` are still below it after compaction: keep only the new times.
+            fresh = fresh.filter(pc.greater_equal(fresh[TIME], i64(current)))
+        elif msg.lower < current:
+            # The replay was compacted to a since at or beyond our upper, so our updates are in it,
+            # advanced to the since, and cannot be told apart: take the difference between the replay
+            # and what we hold, at the since. Reads at times >= since (all the controller allows) see
+            # the table's true contents; the dataflows reading it get the difference as updates.
+            assert table is not None
+            fresh = pa.concat_tables([fresh, _negated(advance_times(table.updates, msg.since))])
+            compact_to = msg.since
+        return _AppendPlan(replace, schema, consolidate(fresh), compact_to)
+
+    def _advance(self, tables: list[str], upper: int) -> None:
+        """Move the upper of ``tables`` (an append's ``advanced``) to ``upper``: no updates until then."""
+        for other in tables:
             arrangement = self.tables[other]
-            if msg.upper > arrangement.upper[0]:
-                arrangement.append(update_schema(arrangement.schema).empty_table(), msg.upper)
-                self._changed(other, update_schema(arrangement.schema).empty_table(), msg.upper)
+            if upper > arrangement.upper[0]:
+                arrangement.append(update_schema(arrangement.schema).empty_table(), upper)
+                self._changed(other, update_schema(arrangement.schema).empty_table(), upper)
 
     # ---------------------------------------------------------------- peeks
 
@@ -622,14 +676,31 @@ class ComputeReplica:
             flow = self._by_export.get(flow.desc.view.source)
         return None
 
+    def _refusal(self, peek: Peek) -> str | None:
+        """Why the table ``peek`` reads, itself or through views, stays at its upper (None: it does not)."""
+        source = peek.target_id
+        flow = self._by_export.get(source) if peek.target is TargetKind.INDEX else None
+        while flow is not None:
+            source = flow.desc.view.source
+            flow = self._by_export.get(source)
+        reason = self.refused.get(source)
+        if reason is None:
+            return None
+        return f"table {source!r} stays at its upper: this replica refused its updates ({reason})"
+
     def _peek_error(self, peek: Peek) -> str | None:
         arrangement, _ = self._peek_target(peek)
         if arrangement is None:
-            return f"collection {peek.target_id!r} does not exist"
+            return self._refusal(peek) or f"collection {peek.target_id!r} does not exist"
         if peek.target is TargetKind.INDEX:
             failure = self._failure(self._by_export.get(peek.target_id))
             if failure is not None:
                 return failure
+        if arrangement.upper and peek.timestamp >= arrangement.upper[0]:
+            # A time the collection will never reach here is answered now rather than never.
+            refusal = self._refusal(peek)
+            if refusal is not None:
+                return refusal
         if not readable(peek.timestamp, arrangement.since):
             return (
                 f"timestamp {peek.timestamp} is not readable for {peek.target_id!r}: "

@@ -150,6 +150,27 @@ def test_a_replica_failing_mid_peek_leaves_the_other_to_answer(seed: int) -> Non
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_write_whose_diff_has_nulls_is_refused_and_later_writes_are_seen(seed: int) -> None:
+    """The replicas refuse an update without a diff; had the controller taken such a write, the table would
+    have stopped there for them, and with it every view."""
+    sim = boot(seed)
+    sim.run_until_idle()
+    bad = pa.table(
+        {"k": ["a", "z"], "v": [1, 2], "__diff": pa.array([1, None], pa.int64())},
+        schema=pa.schema([*SCHEMA, ("__diff", pa.int64())]),
+    )
+    cid = sim.call("ctl", CTL, "write", {"table": "t", "batch": encode_table(bad)})
+    sim.run_until_idle()
+    done = sim.reply(cid)
+    assert done is not None and done.error is not None and "__diff has nulls" in done.error
+    call(sim, "write", table="t", batch=batch(("d", 7)))
+    for r in ("r1", "r2"):
+        got = rows(call(sim, "peek", view="v", target_replica=r, finishing=ORDERED))
+        assert got == [*EXPECTED, {"k": "d", "n": 1, "s": 7}]
+        assert not replica(sim, r).refused
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_restarted_replica_is_rehydrated_with_a_new_epoch(seed: int) -> None:
     sim = boot(seed)
     sim.crash("r1")

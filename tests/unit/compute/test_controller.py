@@ -551,6 +551,16 @@ def test_local_call_errors() -> None:
             },
             "int64",
         ),
+        (
+            "write",
+            {
+                "table": "t",
+                "batch": ipc(
+                    pa.table({"k": ["a", "b"], "v": [1, 2], "__diff": pa.array([1, None], pa.int64())})
+                ),
+            },
+            "__diff has nulls",
+        ),
         ("create_view", {"name": "w", "view": ViewDef(source="zz")}, "no table or view"),
         ("create_view", {"name": "w", "view": ViewDef(source="t", project=("zz",))}, "zz"),
         ("create_view", {"name": "w", "view": "SELECT 1"}, "ViewDef"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
@@ -476,6 +477,44 @@ def test_bad_appends_are_remote_errors_and_change_nothing(message: AppendUpdates
         d.send(message)
     assert d.replica.tables.keys() == {"t"}  # no table half created
     assert d.replica.tables["t"].upper == (2,)
+
+
+def test_a_refused_append_leaves_its_table_behind_but_not_the_others() -> None:
+    """One append the replica cannot take stops its table, not every table: the tables it advances still
+    move, later appends skip the refused table, and peeks it can never answer are answered with an error."""
+    u = dataclasses.replace(VIEW, source="u")
+    d = Driver()
+    d.connect(
+        1,
+        None,
+        table(0, 1),
+        AppendUpdates(id="u", lower=0, upper=1, advanced=("t",), updates=rows([], 0)),
+        dataflow(),
+        Schedule(id="v"),
+        dataflow("w", view=u),
+        Schedule(id="w"),
+    )
+    bad = columns("k", "v", TIME, DIFF, null=DIFF)
+    with pytest.raises(RemoteProtocolError, match="nulls"):
+        d.send(AppendUpdates(id="t", lower=1, upper=2, advanced=("u",), updates=bad))
+    assert d.replica.tables["t"].upper == (1,) and d.replica.tables["u"].upper == (2,)
+    out = d.send(
+        AppendUpdates(id="u", lower=2, upper=3, advanced=("t",), updates=rows([("a", 5)], 2)),
+        peek("w2", 2, "w"),
+        peek("v0", 0),
+        peek("v2", 2),
+        Peek(uuid="t2", target=TargetKind.PERSIST, target_id="t", timestamp=2),
+    )
+    assert d.replica.tables["u"].upper == (3,)
+    assert peek_rows(out, "w2") == [{"k": "a", "s": 5}]
+    assert peek_rows(out, "v0") == []  # below where the table stopped: answered
+    errors = {r.uuid: r.error for r in out if isinstance(r, PeekResponse) and r.result is PeekResult.ERROR}
+    assert errors.keys() == {"v2", "t2"}
+    assert all("table 't' stays at its upper" in e and "nulls" in e for e in errors.values()), errors
+    # The table's next append is a gap, refused too; the first reason is kept, and u still moves.
+    with pytest.raises(RemoteProtocolError, match="updates are missing"):
+        d.send(AppendUpdates(id="t", lower=3, upper=4, advanced=("u",), updates=rows([], 3)))
+    assert d.replica.tables["u"].upper == (4,) and "nulls" in d.replica.refused["t"]
 
 
 def test_bad_dataflows_are_remote_errors() -> None:
