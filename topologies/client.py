@@ -47,6 +47,7 @@ from sparkbus.roles.client import (
     AuthenticationError,
     Chunk,
     ClientConfig,
+    ClientConnectionError,
     ClientCore,
     ClientError,
     Close,
@@ -293,6 +294,8 @@ class Client:
         self._futures: dict[int, Future[Any]] = {}
         self._streams: dict[int, queue.SimpleQueue[Chunk | Done]] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._commands_lock = threading.Lock()
+        self._accepting = True  # False once the loop ends: no command is queued after that
         self._wake_lock = threading.Lock()
         self._stopping = threading.Event()
         self._started: Future[None] = Future()
@@ -341,6 +344,9 @@ class Client:
         call_args = dict(args or {})
 
         def run() -> None:
+            if not self._accepting:  # handed over as the loop ended (close)
+                fut.set_exception(self._closed_error())
+                return
             try:
                 handle = self.core.submit(op, call_args, time.monotonic())
             except Exception as exc:  # a command never ends the loop: this call fails, the client lives on
@@ -368,6 +374,9 @@ class Client:
         call_args = dict(args or {})
 
         def run() -> None:
+            if not self._accepting:
+                started.set_exception(self._closed_error())
+                return
             try:
                 handle = self.core.submit(op, call_args, time.monotonic(), stream=True)
             except Exception as exc:  # as in ``submit``: the loop lives on
@@ -396,8 +405,9 @@ class Client:
                 n = item.index + 1
                 self._submit(lambda n=n: self.core.consumed(handle, n, time.monotonic()))  # type: ignore[misc]
         finally:
-            if not finished and self._thread.is_alive():
-                self._submit(lambda: self._forget_stream(handle))
+            if not finished:
+                with contextlib.suppress(ClientError):  # a closed client holds nothing any more
+                    self._submit(lambda: self._forget_stream(handle))
 
     def sql(
         self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0, **query: Any
@@ -508,7 +518,8 @@ class Client:
         return result
 
     def close(self) -> None:
-        """Close every socket and stop the loop thread."""
+        """Close every socket and stop the loop thread. Every operation not finished fails with
+        ``ClientConnectionError`` "client closed", as does any submitted afterwards."""
         self._stopping.set()
         self._wake()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -527,7 +538,14 @@ class Client:
 
     def _on_loop(self, fn: Callable[[], Any]) -> Any:
         fut: Future[Any] = Future()
-        self._submit(lambda: fut.set_result(fn()))
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:  # the caller's error, never the loop's end
+                fut.set_exception(exc)
+
+        self._submit(run)
         return fut.result(timeout=5.0)
 
     def _forget_stream(self, handle: int) -> None:
@@ -542,14 +560,21 @@ class Client:
 
     def _abandon(self, fut: Future[Any]) -> None:
         """The caller stopped waiting for ``fut`` (timed out, interrupted): forget it, and stop its query."""
-        if self._thread.is_alive():
+        with contextlib.suppress(ClientError):  # closed: it has failed already
             self._submit(lambda: self._forget(fut))
 
     def _submit(self, fn: Callable[[], None]) -> None:
-        if not self._thread.is_alive():
-            raise ClientError(OPERATION_TIMEOUT, f"client is closed{f': {self.error}' if self.error else ''}")
-        self._commands.put(fn)
+        """Hand ``fn`` to the loop thread; every command handed over runs, the last ones as the loop ends."""
+        with self._commands_lock:
+            if not self._accepting or self._stopping.is_set():
+                raise self._closed_error()
+            self._commands.put(fn)
         self._wake()
+
+    def _closed_error(self) -> ClientConnectionError:
+        return ClientConnectionError(
+            f"client closed{f': its loop failed: {self.error!r}' if self.error else ''}"
+        )
 
     def _wake(self) -> None:
         with self._wake_lock, contextlib.suppress(zmq.ZMQError):
@@ -590,11 +615,21 @@ class Client:
             if not self._started.done():
                 self._started.set_exception(exc)
         finally:
+            with self._commands_lock:
+                self._accepting = False
+            while not self._commands.empty():  # handed over before: each completes what it was given
+                with contextlib.suppress(Exception):
+                    self._commands.get_nowait()()
+            error = self._closed_error()
+            if not self._started.done():
+                self._started.set_exception(error)
             for fut in self._futures.values():
                 if not fut.done():
-                    fut.set_exception(ClientError(OPERATION_TIMEOUT, "client closed"))
+                    fut.set_exception(error)
             for handle, chunks in self._streams.items():
-                chunks.put(Done(handle, None, ClientError(OPERATION_TIMEOUT, "client closed")))
+                chunks.put(Done(handle, None, error))
+            self._futures.clear()
+            self._streams.clear()
             for key in list(self._socks):
                 self._close(key)
 

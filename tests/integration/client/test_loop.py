@@ -1,8 +1,10 @@
 """The client's loop thread over real sockets (127.0.0.1, a timeout on every wait): a bad argument or a bad
-reply fails that one call with a clear ``ClientError``, and the loop thread serves on."""
+reply fails that one call with a clear ``ClientError``, and the loop thread serves on; ``close`` completes
+every operation."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -16,7 +18,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.node import Node
-from sparkbus.roles.client import ClientError, Gateway, Op, Response, encode_response
+from sparkbus.roles.client import ClientConnectionError, ClientError, Gateway, Op, Response, encode_response
 from sparkbus.roles.query import table_to_ipc
 
 TAG = "loop"
@@ -35,8 +37,19 @@ class OneRow:
         return []
 
 
-def start(gateway: Gateway) -> Node:
-    n = Node("n1", BusConfig(cluster_tag=TAG), [OneRow(), gateway])
+@dataclass
+class NoAnswer:
+    """``execute`` never answers."""
+
+    name: str = "query"
+    messages: ClassVar[tuple[type, ...]] = ()
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        return []
+
+
+def start(gateway: Gateway, query: OneRow | NoAnswer | None = None) -> Node:
+    n = Node("n1", BusConfig(cluster_tag=TAG), [query or OneRow(), gateway])
     n.bind()
     n.start({})
     return n
@@ -100,3 +113,68 @@ def test_an_arrow_reply_that_does_not_decode_fails_its_call_and_the_loop_serves_
                 list(client.sql_batches("select 1", timeout=1))
         assert client.error is None
         assert client.status()["node"] == "n1"
+
+
+def test_close_fails_every_pending_operation_with_a_connection_error_and_refuses_new_ones() -> None:
+    n = start(Gateway("n1", ["query"]), NoAnswer())
+    try:
+        assert n.endpoints is not None
+        client = sparkbus.connect([n.endpoints.control], cluster_tag=TAG, connect_timeout=5)
+        fut = client.submit(Op.SQL, {"sql": "select 1"})
+        streamed: list[BaseException] = []
+
+        def read_stream() -> None:
+            try:
+                list(client.sql_batches("select 2", timeout=10))
+            except BaseException as exc:
+                streamed.append(exc)
+
+        reader = threading.Thread(target=read_stream)
+        reader.start()
+        client._on_loop(lambda: None)  # the loop has taken the SQL operation: it is sent and pending
+        pause = threading.Event()  # never set: a bounded wait between looks
+        for _ in range(500):  # the reader's stream is pending on the loop too
+            if client._on_loop(lambda: len(client._streams)):
+                break
+            pause.wait(0.01)
+        client.close()
+        reader.join(10)
+        assert not reader.is_alive()
+        assert len(streamed) == 1 and isinstance(streamed[0], ClientConnectionError), streamed
+        exc = fut.exception(timeout=5)
+        # CONNECTION, as Ignite's "Channel is closed": not OPERATION_TIMEOUT, whose op_timeout never passed
+        assert isinstance(exc, ClientConnectionError) and exc.code == ErrorCode.CONNECTION, exc
+        assert exc.message == "client closed"
+        with pytest.raises(ClientConnectionError, match="client closed"):
+            client.submit(Op.STATUS)
+    finally:
+        n.stop()
+
+
+def test_an_operation_handed_over_as_close_begins_completes(control: str) -> None:
+    """A submit queued after the loop ran its commands for this turn, before it sees the stop. Made
+    deterministic by holding the loop in its tick while another thread closes the client."""
+    client = sparkbus.connect([control], cluster_tag=TAG, connect_timeout=5)
+    in_tick, release = threading.Event(), threading.Event()
+    tick = client.core.tick
+    held = [False]
+
+    def held_tick(now: float) -> None:
+        if not held[0]:
+            held[0] = True
+            in_tick.set()
+            release.wait(5)
+        tick(now)
+
+    client.core.tick = held_tick  # type: ignore[method-assign]
+    client._wake()
+    assert in_tick.wait(5)
+    fut = client.submit(Op.STATUS)
+    closer = threading.Thread(target=client.close)
+    closer.start()
+    assert client._stopping.wait(5)
+    release.set()
+    closer.join(10)
+    # fut.result() with no timeout, as concurrent.futures callers write it, would otherwise wait for ever
+    exc = fut.exception(timeout=5)
+    assert isinstance(exc, ClientConnectionError) and exc.message == "client closed", exc
