@@ -1,15 +1,19 @@
-"""docs/CLIENT.md says how SQL through the gateway finds its participants as the code does it: the query role
-leaves thin-client sessions out of its default participants, and the gateway adds no ``participants`` (its
-Known limits described a workaround of the gateway's that the code no longer has)."""
+"""docs/CLIENT.md says what the code does: how SQL through the gateway finds its participants (the query role
+leaves thin-client sessions out of its default participants, and the gateway adds no ``participants``; its
+Known limits described a workaround of the gateway's that the code no longer has), and the cluster tag a
+topology file's nodes run with."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sparkbus.bus import contract as c
 from sparkbus.roles.client import Gateway, Op
 from sparkbus.roles.client.messages import Request
 from sparkbus.roles.query import QueryRole
+from sparkbus.topologies.busnode import bus_config
+from sparkbus.topologies.schema import load
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "CLIENT.md"
 
@@ -27,3 +31,13 @@ def test_sql_participants_are_documented_as_the_gateway_and_query_role_choose_th
     text = " ".join(DOC.read_text().split())
     assert "thin-client sessions are never participants" in text
     assert "so the gateway sets `participants`" not in text
+
+
+def test_the_documented_cluster_tag_is_the_one_a_topology_files_nodes_run_with() -> None:
+    root = DOC.parents[1]
+    doc = DOC.read_text()
+    example = re.search(r'sparkbus\.connect\(\[[^\]]*\], cluster_tag="([^"]+)"\)', doc)
+    assert example is not None
+    tag = bus_config(load(root / "topologies" / "processes.toml")).cluster_tag
+    assert example.group(1) == tag  # the example's nodes are those of processes.toml, named next to it
+    assert "`<name>/<tag>`" in doc and f"`{tag}` for `topologies/processes.toml`" in doc
