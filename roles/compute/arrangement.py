@@ -60,6 +60,21 @@ def consolidate(updates: pa.Table) -> pa.Table:
     return conform(summed.select(updates.column_names), updates.schema)
 
 
+def ungroupable(data: pa.Schema) -> str | None:
+    """Why updates of ``data``'s columns cannot be consolidated (Arrow cannot group rows by a column of
+    that type, such as a list, struct or map), or None if they can. Tried on one row of nulls: one Acero
+    ``group_by``, cheap enough for a table's creation."""
+    arrays = [pa.nulls(1, f.type) for f in data]
+    sample = pa.Table.from_arrays(
+        [*arrays, pa.array([0], pa.int64()), pa.array([1], pa.int64())], schema=update_schema(data)
+    )
+    try:
+        consolidate(sample)
+    except pa.ArrowException as exc:
+        return str(exc)
+    return None
+
+
 def advance_times(updates: pa.Table, since: int) -> pa.Table:
     """Updates with every time below ``since`` moved up to ``since`` (what compaction does)."""
     if updates.num_rows == 0:

@@ -8,7 +8,8 @@ answers first (protocol-facts 5.5).
 
 Local calls (``LocalCall.name`` and its ``args``):
 
-* ``create_table(name, schema, key=None)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes. With ``key``
+* ``create_table(name, schema, key=None)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes, with distinct
+  column names, none starting with ``__``, of types Arrow can group by (no list, struct or map). With ``key``
   (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
   replaces the row with the same key. Result ``{"upper"}``.
 * ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
@@ -64,6 +65,7 @@ from sparkbus.roles.compute.arrangement import (
     decode_table,
     encode_table,
     i64,
+    ungroupable,
     update_schema,
 )
 from sparkbus.roles.compute.dataflow import output_schema
@@ -521,6 +523,12 @@ class ComputeController:
             raise LocalProtocolError(f"{name!r} was the id of a dropped collection; choose another name")
         if not schema.names or any(n.startswith("__") for n in schema.names):
             raise LocalProtocolError(f"table {name!r} needs columns, none starting with '__'")
+        # What the replicas would refuse: they could never take the table, and it would stop for them.
+        if len(set(schema.names)) != len(schema.names):
+            raise LocalProtocolError(f"table {name!r}: its column names must be distinct, got {schema.names}")
+        why = ungroupable(schema)
+        if why is not None:
+            raise LocalProtocolError(f"table {name!r}: its rows cannot be consolidated ({why})")
         key = call.args.get("key")
         if key is not None:
             if (

@@ -57,6 +57,7 @@ from sparkbus.roles.compute.arrangement import (
     decode_table,
     encode_table,
     i64,
+    ungroupable,
     update_schema,
 )
 from sparkbus.roles.compute.dataflow import Dataflow, constrain, finish, index_key
@@ -616,6 +617,9 @@ class ComputeReplica:
             if msg.lower != 0:
                 raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")
             schema, current = data_schema(updates.schema), 0
+            why = ungroupable(schema)
+            if why is not None:  # an empty snapshot would pass, and the first rows fail
+                raise RemoteProtocolError(f"{where}: the table's rows cannot be consolidated ({why})")
         elif not data_schema(updates.schema).equals(table.schema):
             raise RemoteProtocolError(
                 f"{where}: schema {updates.schema} differs from the table's {table.schema}"
@@ -640,7 +644,11 @@ class ComputeReplica:
             assert table is not None
             fresh = pa.concat_tables([fresh, _negated(advance_times(table.updates, msg.since))])
             compact_to = msg.since
-        return _AppendPlan(replace, schema, consolidate(fresh), compact_to)
+        try:
+            fresh = consolidate(fresh)
+        except pa.ArrowException as exc:
+            raise RemoteProtocolError(f"{where}: the updates cannot be consolidated ({exc})") from None
+        return _AppendPlan(replace, schema, fresh, compact_to)
 
     def _advance(self, tables: list[str], upper: int) -> None:
         """Move the upper of ``tables`` (an append's ``advanced``) to ``upper``: no updates until then."""

@@ -171,6 +171,33 @@ def test_a_write_whose_diff_has_nulls_is_refused_and_later_writes_are_seen(seed:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(
+    ("schema", "needle"),
+    [
+        (pa.schema([("a", pa.int64()), ("a", pa.int64())]), "distinct"),
+        (pa.schema([("a", pa.list_(pa.int64()))]), "Keys of type list"),
+    ],
+    ids=["repeated-name", "list-column"],
+)
+def test_a_table_the_replicas_cannot_hold_is_refused_and_the_other_tables_go_on(
+    seed: int, schema: pa.Schema, needle: str
+) -> None:
+    """The replicas refuse such a table's appends; had the controller created it, every later append of
+    another table (which lists it as advanced) would have been refused with it, and every view stopped."""
+    sim = boot(seed)
+    sim.run_until_idle()
+    cid = sim.call("ctl", CTL, "create_table", {"name": "d", "schema": schema})
+    sim.run_until_idle()
+    done = sim.reply(cid)
+    assert done is not None and done.error is not None and needle in done.error
+    call(sim, "write", table="t", batch=batch(("d", 7)))
+    for r in ("r1", "r2"):
+        got = rows(call(sim, "peek", view="v", target_replica=r, finishing=ORDERED))
+        assert got == [*EXPECTED, {"k": "d", "n": 1, "s": 7}]
+        assert "d" not in replica(sim, r).tables and not replica(sim, r).refused
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_restarted_replica_is_rehydrated_with_a_new_epoch(seed: int) -> None:
     sim = boot(seed)
     sim.crash("r1")

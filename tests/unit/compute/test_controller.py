@@ -540,6 +540,13 @@ def test_local_call_errors() -> None:
         ("nope", {}, "no call"),
         ("create_table", {"name": "t", "schema": SCHEMA}, "already exists"),
         ("create_table", {"name": "u", "schema": pa.schema([("__x", pa.int64())])}, "'__'"),
+        ("create_table", {"name": "u", "schema": pa.schema([("a", pa.int64())] * 2)}, "distinct"),
+        ("create_table", {"name": "u", "schema": pa.schema([("a", pa.list_(pa.int64()))])}, "consolidated"),
+        (
+            "create_table",
+            {"name": "u", "schema": pa.schema([("a", pa.struct([("b", pa.int64())]))])},
+            "consolidated",
+        ),
         ("write", {"table": "zz", "batch": batch()}, "no table"),
         ("write", {"table": "t", "batch": b"junk"}, "IPC"),
         ("write", {"table": "t", "batch": ipc(pa.table({"x": [1]}))}, "schema"),

@@ -517,6 +517,24 @@ def test_a_refused_append_leaves_its_table_behind_but_not_the_others() -> None:
     assert d.replica.tables["u"].upper == (4,) and "nulls" in d.replica.refused["t"]
 
 
+@pytest.mark.parametrize("n", [0, 1], ids=["empty", "one-row"])
+def test_a_table_whose_rows_cannot_be_consolidated_is_refused_before_it_is_created(n: int) -> None:
+    d = started()
+    lists = pa.table(
+        {
+            "a": pa.array([[1]] * n, pa.list_(pa.int64())),
+            TIME: pa.array([0] * n, pa.int64()),
+            DIFF: pa.array([1] * n, pa.int64()),
+        }
+    )
+    with pytest.raises(RemoteProtocolError, match="cannot be consolidated"):
+        d.send(AppendUpdates(id="l", lower=0, upper=2, advanced=("t",), updates=encode_table(lists)))
+    assert "l" not in d.replica.tables and "Keys of type list" in d.replica.refused["l"]
+    assert d.replica.tables["t"].upper == (2,)  # what it advances still moves
+    d.send(AppendUpdates(id="t", lower=2, upper=3, advanced=("l",), updates=rows([("a", 1)], 2)))
+    assert d.replica.tables["t"].upper == (3,)
+
+
 def test_bad_dataflows_are_remote_errors() -> None:
     d = started(dataflow(), Schedule(id="v"))
     with pytest.raises(RemoteProtocolError, match="does not exist"):
