@@ -425,18 +425,21 @@ def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
 
 
 def _print_table(table: pa.Table, args: argparse.Namespace, title: str) -> None:
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
 
     if args.json:
         for row in table.to_pylist():
             print(json.dumps(row, default=str))
         return
-    out = Table(title=title, title_justify="left")
+    # Text, not str: Rich would read a value such as "[info] started" or "[/x]" as markup
+    out = Table(title=escape(title), title_justify="left")
     for name in table.column_names:
-        out.add_column(name, overflow="fold")
+        out.add_column(Text(name), overflow="fold")
     shown = table.slice(0, args.max_rows)
     for row in shown.to_pylist():
-        out.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+        out.add_row(*(Text("NULL" if v is None else str(v)) for v in row.values()))
     console = Console()
     console.print(out)
     more = f", {shown.num_rows} shown (--max-rows)" if shown.num_rows < table.num_rows else ""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from sparkbus.topologies import cli
@@ -140,3 +142,11 @@ def test_without_a_topology_the_one_running_cluster_is_used(
     assert cli._topology_path(args) == "topologies/processes.toml"  # the checkout's file comes first
     explicit = cli.build_parser().parse_args(["sql", "SELECT 1", "--topology", "/x.toml"])
     assert cli._topology_path(explicit) == "/x.toml"
+
+
+def test_a_result_table_prints_its_strings_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    table = pa.table({"[b]msg": ["[info] server started", "see [/x] here", None]})
+    cli._print_table(table, argparse.Namespace(json=False, max_rows=100), "view [/v]")
+    out = capsys.readouterr().out
+    for text in ("[b]msg", "[info] server started", "see [/x] here", "NULL", "view [/v]", "(3 rows)"):
+        assert text in out
