@@ -90,8 +90,25 @@ def _view_args(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "view": from_plain(ViewDef, args.get("view"), "CREATE_VIEW")}
 
 
+def _peek_args(args: dict[str, Any]) -> dict[str, Any]:
+    """PEEK's ``finishing`` arrives as a plain map of ``Finishing``'s fields (those left out take their
+    defaults); the controller takes the object."""
+    from sparkbus.codecs.schema import from_plain, to_plain  # noqa: PLC0415
+    from sparkbus.roles.compute.plans import Finishing  # noqa: PLC0415 (only a gateway next to compute needs it)
+
+    finishing = args.get("finishing")
+    if finishing is None:
+        return args
+    if isinstance(finishing, dict):
+        finishing = {**to_plain(Finishing()), **finishing}
+    return {**args, "finishing": from_plain(Finishing, finishing, "PEEK.finishing")}
+
+
 #: op -> the conversion of a request's msgpack args into what the routed local call takes.
-ARGS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {Op.CREATE_VIEW: _view_args}
+ARGS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    Op.CREATE_VIEW: _view_args,
+    Op.PEEK: _peek_args,
+}
 
 
 @dataclass

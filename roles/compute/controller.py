@@ -18,7 +18,8 @@ Local calls (``LocalCall.name`` and its ``args``):
 * ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
 * ``drop_view(name)``.
 * ``peek(view, timestamp=None, literal_constraints=None, finishing=None, target_replica=None)``: completes
-  with the rows as Arrow IPC bytes, or an error. Without a timestamp it reads the latest write
+  with the rows as Arrow IPC bytes, or an error. ``finishing`` is a ``Finishing`` (the gateway converts a
+  thin client's plain map). Without a timestamp it reads the latest write
   (read-your-writes). A table name peeks the table itself.
 * ``cancel_peek(call_id)``: cancel the peek started by that call.
 * ``subscribe(view, target_replica=None)``: result ``{"id", "as_of"}``; ``fetch(id)`` returns and clears
@@ -665,7 +666,12 @@ class ComputeController:
         self._counter += 1
         uuid = f"peek-{self._counter}"
         constraints = call.args.get("literal_constraints")
-        finishing = call.args.get("finishing") or Finishing()
+        finishing = call.args.get("finishing")
+        if finishing is None:
+            finishing = Finishing()
+        elif not isinstance(finishing, Finishing):
+            # A plain map (a thin client's) is converted by the gateway; anything else would reach no replica.
+            raise LocalProtocolError(f"finishing must be a Finishing, got {type(finishing).__name__}")
         peek = Peek(
             uuid=uuid,
             target=kind,

@@ -234,8 +234,14 @@ class Peek:
 
     def __post_init__(self) -> None:
         _check_id(self.uuid, "Peek.uuid")
+        if not isinstance(self.target, TargetKind):
+            raise ValueError(f"Peek.target must be a TargetKind, got {self.target!r}")
         _check_id(self.target_id, "Peek.target_id")
         check_time(self.timestamp, "Peek.timestamp")
+        if not isinstance(self.finishing, Finishing):
+            # Checked here, not only when decoded: a Peek that cannot be encoded and decoded again would
+            # reach no replica, so it would never be answered, and it would stay in the command history.
+            raise ValueError(f"Peek.finishing must be a Finishing, got {type(self.finishing).__name__}")
         if self.literal_constraints is not None and not self.literal_constraints:
             raise ValueError(f"Peek {self.uuid}: literal_constraints must be None or non-empty, never ()")
 

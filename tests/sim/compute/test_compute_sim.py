@@ -198,6 +198,21 @@ def test_a_table_the_replicas_cannot_hold_is_refused_and_the_other_tables_go_on(
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_peek_whose_finishing_is_no_finishing_is_answered_and_leaves_no_trace(seed: int) -> None:
+    """A plain map (a thin client's form) used to be broadcast as it was: no replica could decode the Peek,
+    so it was never answered, and it stayed in the history, holding back the compaction of its view."""
+    sim = boot(seed)
+    sim.run_until_idle()
+    cid = sim.call("ctl", CTL, "peek", {"view": "v", "finishing": {"limit": 1}})
+    sim.run_until_idle()
+    done = sim.reply(cid)
+    assert done is not None and done.error is not None and "must be a Finishing" in done.error
+    ctl = controller(sim)
+    assert ctl.peeks == {} and not any(type(c).__name__ == "Peek" for c in ctl.history)
+    assert rows(call(sim, "peek", view="v", finishing=ORDERED)) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_restarted_replica_is_rehydrated_with_a_new_epoch(seed: int) -> None:
     sim = boot(seed)
     sim.crash("r1")

@@ -11,6 +11,10 @@ import pyarrow as pa
 import pytest
 
 from sparkbus.bus.contract import LocalProtocolError, MessageReceived, RemoteProtocolError
+from sparkbus.codecs import DecodeError
+from sparkbus.codecs.schema import to_plain
+from sparkbus.roles.client.gateway import ARGS
+from sparkbus.roles.client.messages import Op
 from sparkbus.roles.compute import (
     TARGET_FAILED,
     Aggregate,
@@ -532,6 +536,46 @@ def test_compaction_holds_back_for_a_pending_peek() -> None:
     c.run()
     assert peek_rows(c, cid) != []
     assert c.controller.collections["v"].since == c.controller.upper - 1
+
+
+@pytest.mark.parametrize(
+    ("finishing", "expected"),
+    [
+        ({"limit": 1}, [{"k": "a", "n": 2, "s": 4}]),
+        (to_plain(Finishing(order_by=(SortKey(column="k", descending=True),))), [{"k": "b"}, {"k": "a"}]),
+        (None, [{"k": "a"}, {"k": "b"}]),
+    ],
+)
+def test_a_thin_clients_plain_finishing_is_converted_by_the_gateway(
+    finishing: Any, expected: list[dict[str, Any]]
+) -> None:
+    c = cluster(("r1",))
+    args = ARGS[Op.PEEK]({"view": "v", "finishing": finishing})
+    cid = c.call("peek", **args)
+    c.run()
+    got = peek_rows(c, cid)
+    if finishing is None:
+        got = sorted(got, key=lambda r: r["k"])
+    assert [{k: r[k] for k in e} for r, e in zip(got, expected, strict=True)] == expected
+
+
+@pytest.mark.parametrize(
+    ("finishing", "needle"),
+    [({"limit": -1}, "limit"), ({"top": 1}, "unexpected field"), ([1], "expected a map")],
+)
+def test_a_thin_clients_bad_finishing_is_refused_by_the_gateway(finishing: Any, needle: str) -> None:
+    with pytest.raises(DecodeError, match=needle):
+        ARGS[Op.PEEK]({"view": "v", "finishing": finishing})
+
+
+def test_a_peek_whose_finishing_is_not_a_finishing_is_refused_and_never_sent() -> None:
+    c = cluster(("r1",))
+    sent = len(c.sent)
+    cid = c.call("peek", view="v", finishing={"limit": 1})
+    error = c.replies[cid].error
+    assert error == "peek: finishing must be a Finishing, got dict"
+    assert len(c.sent) == sent and c.controller.peeks == {}
+    assert not any(isinstance(m, Peek) for m in c.controller.history)
 
 
 def test_local_call_errors() -> None:

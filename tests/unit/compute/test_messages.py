@@ -129,6 +129,17 @@ def test_codes_are_in_the_compute_range() -> None:
             "never",
         ),
         (lambda: Peek(uuid="", target=TargetKind.INDEX, target_id="v", timestamp=1), "uuid"),
+        (lambda: Peek(uuid="p", target=1, target_id="v", timestamp=1), "TargetKind"),  # type: ignore[arg-type]
+        (
+            lambda: Peek(
+                uuid="p",
+                target=TargetKind.INDEX,
+                target_id="v",
+                timestamp=1,
+                finishing={"limit": 1},  # type: ignore[arg-type]
+            ),
+            "must be a Finishing",
+        ),
         (lambda: Peek(uuid="p", target=TargetKind.INDEX, target_id="v", timestamp=-3), "timestamp"),
         (lambda: Frontiers(id="v"), "has_updates"),
         (lambda: PeekResponse(uuid="p", result=PeekResult.ROWS), "rows"),
