@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from sparkbus.topologies.busnode import unavailable
 from sparkbus.topologies.keys import ensure_keys, run_dir
@@ -219,7 +220,8 @@ class Launcher:
             raise LaunchError(f"cannot create the CURVE keys: {exc}") from None
         if generated:
             self.console.print(
-                f"generated CURVE keys for {len(generated) // 2} nodes in {generated[0].parent.parent}"
+                f"generated CURVE keys for {len(generated) // 2} nodes in {generated[0].parent.parent}",
+                markup=False,
             )
         self.spawn()
         n = len(self.children)
@@ -275,16 +277,10 @@ class Launcher:
             table.add_column(col)
         for c in self.children.values():
             ep = c.endpoints or {}
-            table.add_row(
-                c.node_id,
-                str(c.proc.pid),
-                ep.get("control", ""),
-                ep.get("data", ""),
-                c.status or "",
-                ", ".join(c.skipped),
-            )
+            cells = (c.node_id, str(c.proc.pid), ep.get("control", ""), ep.get("data", ""), c.status or "")
+            table.add_row(*map(Text, (*cells, ", ".join(c.skipped))))  # an ipc path may hold brackets
         self.console.print(table)
-        self.console.print(f"state: {self.state_path}  (sparkbus status {self.path})")
+        self.console.print(f"state: {self.state_path}  (sparkbus status {self.path})", markup=False)
 
     # -- watching and stopping
 
@@ -453,14 +449,14 @@ def status_table(answers: dict[str, dict[str, Any] | str]) -> Table:
         table.add_column(col)
     for name, ans in answers.items():
         if isinstance(ans, str):
-            table.add_row(name, f"[red]{ans}[/red]", "", "", "", "", "", "")
+            table.add_row(Text(name), Text(ans, style="red"), "", "", "", "", "", "")
             continue
         st = ans["status"]
         peers = st["peers"]
         cnt = st["counters"]
         up = [p for p, v in peers.items() if v["up"]]
         table.add_row(
-            ans.get("node", name),
+            Text(ans.get("node", name)),
             f"{len(up)}/{len(peers)}",
             f"{sum(1 for v in peers.values() if v['outbound'] == 'established')}/"
             f"{sum(1 for v in peers.values() if v['inbound_session'])}",

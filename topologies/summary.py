@@ -1,9 +1,14 @@
-"""Human-readable summaries of a topology (``sparkbus validate``)."""
+"""Human-readable summaries of a topology (``sparkbus validate``).
+
+Everything printed from the file (its path, the cluster's tag, hosts, directories, key columns) goes to Rich as
+``Text``, never as a markup string: a tag such as ``release [/v2]`` is printed as it is.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.registry import ROLES, Registry
@@ -16,7 +21,7 @@ def _count(n: int, noun: str) -> str:
 
 def _where(topo: Topology) -> str:
     if topo.spark is None:
-        return "plain processes (no \\[spark] section)"
+        return "plain processes (no [spark] section)"
     return f"Spark {topo.spark.master}, application {topo.spark.app_name}"
 
 
@@ -44,21 +49,24 @@ def _names(names: tuple[str, ...], registry: Registry) -> str:
 def print_summary(topo: Topology, console: Console, registry: Registry = ROLES) -> None:
     """Print the cluster, where it runs, the bus settings, the nodes and the tables."""
     tag = f" ({topo.cluster.tag})" if topo.cluster.tag else ""
-    console.print(f"[bold]{topo.source}[/bold]: valid topology [bold]{topo.cluster.name}[/bold]{tag}")
-    console.print(f"runs on: {_where(topo)}")
-    console.print(f"bus: {_bus_line(topo)}")
+    console.print(
+        Text.assemble((str(topo.source), "bold"), ": valid topology ", (topo.cluster.name, "bold"), tag)
+    )
+    console.print(Text(f"runs on: {_where(topo)}"))
+    console.print(Text(f"bus: {_bus_line(topo)}"))
     nodes = Table(title=_count(len(topo.node_ids()), "node"), title_justify="left")
     for column in ("node", "placement", "roles", "services"):
         nodes.add_column(column)
     for spec in topo.nodes:
         ids = ", ".join(spec.node_ids)
         placement = spec.placement if spec.placement != "host" else f"host {spec.host}"
-        nodes.add_row(ids, placement, _names(spec.roles, registry), _names(spec.services, registry))
+        cells = (ids, placement, _names(spec.roles, registry), _names(spec.services, registry))
+        nodes.add_row(*map(Text, cells))
     console.print(nodes)
     # A role whose family is not installed validates, but its node cannot start: say so.
     missing = sorted({n for spec in topo.nodes for n in spec.runs if not registry.available(n)})
     if missing:
-        console.print(f"* not installed here, so these nodes cannot start yet: {', '.join(missing)}")
+        console.print(Text(f"* not installed here, so these nodes cannot start yet: {', '.join(missing)}"))
     if not topo.tables:
         console.print("tables: none")
         return
@@ -67,5 +75,5 @@ def print_summary(topo: Topology, console: Console, registry: Registry = ROLES) 
         tables.add_column(column)
     stores = ", ".join(topo.hosting("replication"))
     for t in topo.tables:
-        tables.add_row(t.name, str(t.partitions), str(t.replication), ", ".join(t.key), stores)
+        tables.add_row(*map(Text, (t.name, str(t.partitions), str(t.replication), ", ".join(t.key), stores)))
     console.print(tables)

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from sparkbus.topologies import cli
+from sparkbus.topologies.launcher import status_table
 from sparkbus.topologies.schema import SHIPPED, shipped
 
 
@@ -73,3 +75,41 @@ def test_exit_status_from_a_real_process(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "not valid TOML" in done.stderr
+
+
+def test_free_text_of_a_valid_file_is_printed_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the tag is any text (at most 128 characters), key columns and ipc_dir are not restricted either
+    folder = tmp_path / "[x]"
+    folder.mkdir()
+    path = folder / "t.toml"
+    path.write_text(
+        "[cluster]\n"
+        'name = "x"\n'
+        'tag = "release [/v2] [red]prod"\n'
+        "[bus]\n"
+        'transport = "ipc"\n'
+        'ipc_dir = "/tmp/[b]ipc"\n'
+        "[[nodes]]\n"
+        'name = "a"\n'
+        'placement = "host"\n'
+        'host = "127.0.0.1"\n'
+        "count = 2\n"
+        'roles = ["replication"]\n'
+        "[tables.t]\n"
+        "partitions = 2\n"
+        'key = "[b]k"\n'
+    )
+    assert cli.main(["validate", str(path)]) == 0  # "[/v2]" was a MarkupError traceback
+    out = capsys.readouterr().out
+    assert f"{path}: valid topology x (release [/v2] [red]prod)" in out
+    assert "ipc in /tmp/[b]ipc;" in out
+    assert "[b]k" in out
+
+
+def test_a_status_error_is_printed_as_it_is() -> None:
+    console = Console(width=200, record=True)
+    console.print(status_table({"a-0": "error: [/x] refused", "a-1": "unreachable: no answer from [y]"}))
+    out = console.export_text()
+    assert "error: [/x] refused" in out and "unreachable: no answer from [y]" in out
