@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkbus.roles.query.errors import ExecutionError
-from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN
+from sparkbus.roles.query.expressions import INT64_MAX, INT64_MIN, normalised
 from sparkbus.roles.query.plan import AggCall
 
 #: scratch arrays up to this many elements are kept and reused
@@ -191,15 +191,6 @@ def _resolved(table: pa.Table, specs: list[_Spec]) -> list[_Spec]:
 
 
 _FLOATS = (pa.float32(), pa.float64())
-
-
-def normalised(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """Float values as Spark SQL groups and counts them distinct (``NormalizeFloatingNumbers``): -0.0 is
-    0.0 and every NaN is the one NaN. Other types are returned as they are."""
-    if values.type not in _FLOATS:
-        return values
-    zeroed = pc.add(values, pa.scalar(0.0, values.type))  # -0.0 + 0.0 is 0.0
-    return pc.if_else(pc.is_nan(zeroed), pa.scalar(float("nan"), values.type), zeroed)
 
 
 def _nan_on_top(kernel: str, values: pa.ChunkedArray | pa.Array) -> bool:

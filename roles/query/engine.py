@@ -34,6 +34,7 @@ from sparkbus.roles.query.expressions import (
     columns_of,
     evaluate,
     evaluate_column,
+    normalised,
 )
 from sparkbus.roles.query.plan import (
     Aggregate,
@@ -686,8 +687,8 @@ def _hash_column(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     ):
         h = _hash_bytes(arr)
     elif pa.types.is_floating(t):
-        # As keys group (aggregate.normalised): -0.0 is 0.0 and every NaN is one NaN, so they hash alike.
-        h = aggregate.normalised(pc.fill_null(pc.cast(arr, pa.float64()), 0.0)).view(_U64)
+        # As keys group (normalised): -0.0 is 0.0 and every NaN is one NaN, so they hash alike.
+        h = normalised(pc.fill_null(pc.cast(arr, pa.float64()), 0.0)).view(_U64)
     elif t == _U64:
         # Its own bits: a value past 2**63 has no int64 (and below it, the bits are the int64's).
         h = pc.fill_null(arr, _u(0))

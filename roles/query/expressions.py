@@ -6,8 +6,9 @@ columns (``%`` of doubles to NumPy's ``fmod``); nothing loops over rows.
 
 Semantics where SQL engines differ (chosen to match Spark SQL with ANSI mode, the engine sparkbus sits
 next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``%`` is Java's
-remainder; ``AND``/``OR`` use three-valued (Kleene) logic; comparisons with NULL are NULL; an untyped NULL
-takes its type from its context, and a BIGINT beside a DOUBLE is cast to DOUBLE (``_typed``).
+remainder; ``AND``/``OR`` use three-valued (Kleene) logic; comparisons with NULL are NULL; NaN equals NaN
+and is above every other double, and IN takes -0.0 for 0.0 (``_nan_aware``, ``normalised``); an untyped
+NULL takes its type from its context, and a BIGINT beside a DOUBLE is cast to DOUBLE (``_typed``).
 """
 
 from __future__ import annotations
@@ -141,11 +142,46 @@ def _numpy_float64(v: Value) -> tuple[Any, Any]:
     return v.fill_null(0.0).to_numpy(), nulls
 
 
+def normalised(values: Value) -> Value:
+    """Float values as Spark SQL groups, counts distinct and matches them in IN (``NormalizeFloatingNumbers``):
+    -0.0 is 0.0 and every NaN is the one NaN. Other types are returned as they are."""
+    if values.type not in (pa.float32(), pa.float64()):
+        return values
+    zeroed = pc.add(values, pa.scalar(0.0, values.type))  # -0.0 + 0.0 is 0.0
+    return pc.if_else(pc.is_nan(zeroed), pa.scalar(float("nan"), values.type), zeroed)
+
+
+def _nan_aware(kernel: Callable[[Value, Value], Value], op: str) -> Callable[[Value, Value], Value]:
+    """A comparison of doubles as Spark SQL compares them: NaN equals NaN and is above every other double.
+
+    Over other types, ``kernel`` itself. Over floats, ``kernel``'s IEEE answer (where NaN equals nothing and
+    orders against nothing) amended where an argument is NaN, with kernels that keep a NULL argument's
+    answer NULL (``or_``/``and_``, not Kleene's), whole columns at a time.
+    """
+
+    def compare(a: Value, b: Value) -> Value:
+        ieee = kernel(a, b)
+        if not (pa.types.is_floating(a.type) or pa.types.is_floating(b.type)):
+            return ieee
+        nan_a, nan_b = pc.is_nan(a), pc.is_nan(b)
+        if op == "eq":
+            return pc.or_(ieee, pc.and_(nan_a, nan_b))
+        if op == "ne":
+            return pc.and_(ieee, pc.invert(pc.and_(nan_a, nan_b)))
+        if op == "gt":
+            return pc.or_(ieee, pc.and_(nan_a, pc.invert(nan_b)))
+        if op == "lt":
+            return pc.or_(ieee, pc.and_(pc.invert(nan_a), nan_b))
+        return pc.or_(ieee, nan_a if op == "ge" else nan_b)  # NaN >= anything, anything <= NaN
+
+    return compare
+
+
 def _in(x: Value, *items: Value) -> Value:
     values = pa.array([i.as_py() if isinstance(i, pa.Scalar) else i for i in items if _is_scalar(i)])
     if len(values) != len(items):
         raise ExecutionError("IN takes a list of constants")
-    x, values = _typed([x, values])
+    x, values = (normalised(v) for v in _typed([x, values]))  # Spark: -0.0 IN (0.0), NaN IN (NaN)
     found = pc.is_in(x, value_set=pc.drop_null(values)) if len(values) else pc.is_in(x, value_set=values)
     # SQL: x IN (...) is NULL when x is NULL, or when not found and the list holds a NULL.
     result = pc.if_else(pc.is_null(x), pa.scalar(None, pa.bool_()), found)
@@ -192,12 +228,12 @@ OPS: dict[str, OpSpec] = {
     "div": OpSpec((2, 2), _div, _DOUBLE),
     "mod": OpSpec((2, 2), _mod, _DOUBLE),
     "neg": OpSpec((1, 1), pc.negate_checked, _DOUBLE),
-    "eq": OpSpec((2, 2), pc.equal, _BOOL),
-    "ne": OpSpec((2, 2), pc.not_equal, _BOOL),
-    "lt": OpSpec((2, 2), pc.less, _BOOL),
-    "le": OpSpec((2, 2), pc.less_equal, _BOOL),
-    "gt": OpSpec((2, 2), pc.greater, _BOOL),
-    "ge": OpSpec((2, 2), pc.greater_equal, _BOOL),
+    "eq": OpSpec((2, 2), _nan_aware(pc.equal, "eq"), _BOOL),
+    "ne": OpSpec((2, 2), _nan_aware(pc.not_equal, "ne"), _BOOL),
+    "lt": OpSpec((2, 2), _nan_aware(pc.less, "lt"), _BOOL),
+    "le": OpSpec((2, 2), _nan_aware(pc.less_equal, "le"), _BOOL),
+    "gt": OpSpec((2, 2), _nan_aware(pc.greater, "gt"), _BOOL),
+    "ge": OpSpec((2, 2), _nan_aware(pc.greater_equal, "ge"), _BOOL),
     "and": OpSpec((2, 2), pc.and_kleene, _BOOL),
     "or": OpSpec((2, 2), pc.or_kleene, _BOOL),
     "not": OpSpec((1, 1), pc.invert, _BOOL),
