@@ -19,7 +19,8 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
 * A table is compacted by ``AllowCompaction`` with the table's id, as an index is; a table cannot be
   dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
   replica's upper for the table is merged by difference (``_append``); a snapshot of another history than
-  the one held (a restarted controller's table, ``_same_history``) replaces the table.
+  the one held (a restarted controller's table, ``_same_history``) replaces the table. A table the new
+  connection sends no snapshot of is a previous controller's and is dropped at reconciliation.
 * An append whose updates its table cannot take stops that table only (``refused``): the tables it
   advances still move, later appends skip it, and peeks at times it will never reach get an ``Error``.
 """
@@ -347,16 +348,21 @@ class ComputeReplica:
         # A table whose snapshot is another history than ours (a restarted controller's, rebuilt anew) cannot
         # be served from what we hold: it is loaded again from the snapshot, and the dataflows reading it are
         # built again.
+        snapshots = [c for c in commands if isinstance(c, AppendUpdates) and c.lower == 0]
         reloaded = {
             c.id
-            for c in commands
-            if isinstance(c, AppendUpdates)
-            and c.lower == 0
-            and c.id in self.tables
-            and not _same_history(self.tables[c.id], c, self._updates(c))
+            for c in snapshots
+            if c.id in self.tables and not _same_history(self.tables[c.id], c, self._updates(c))
         }
+        # The controller sends a snapshot of every table it has: a table it names none of is a previous
+        # controller's (tables cannot be dropped), which would hold memory for good and keep its id from a
+        # view of the new one. It goes, and so do the dataflows reading it (not reused).
+        named = {c.id for c in snapshots}
+        reloaded |= set(self.tables) - named
         for table_id in reloaded:
             del self.tables[table_id]
+        for table_id in set(self.refused) - named:
+            del self.refused[table_id]
         old_flows = list(self.dataflows)
         by_exports = {frozenset(f.desc.export_ids): f for f in old_flows}
         retained: set[int] = set()

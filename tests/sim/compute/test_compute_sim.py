@@ -366,6 +366,29 @@ def test_reconnect_to_a_new_controller_reconciles_dataflows(seed: int, same: boo
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_new_controllers_view_may_take_the_name_of_a_table_it_does_not_have(seed: int) -> None:
+    """Reconciliation used to keep a previous controller's tables: a restarted controller's view named like
+    one of them was refused ("export id 't' is already in use") and every peek on it failed."""
+    sim = boot(seed, replicas=("r1",))  # table "t", view "v" over it
+    sim.run_until_idle()
+    sim.crash("ctl")
+    ctl = ComputeController(replicas=("r1",), generation=1)
+    calls = [("create_table", {"name": "u", "schema": SCHEMA})]
+    calls += [("write", {"table": "u", "batch": data}) for data in WRITES]
+    calls += [("create_view", {"name": "t", "view": dataclasses.replace(SUM, source="u")})]
+    for i, (name, args) in enumerate(calls):
+        list(ctl.handle(LocalCall(call_id=i, name=name, args=args), 0.0))
+    replies = replies_of(ctl)
+    sim.restart("ctl", [ctl])
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    r1 = replica(sim, "r1")
+    assert sorted(r1.tables) == ["u"] and r1.dataflow("v") is None
+    done = answer(sim, replies, "peek", view="t", timestamp=len(WRITES), finishing=ORDERED)
+    assert done.error is None and rows(done.result) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_no_response_is_ever_sent_for_a_discarded_peek(seed: int) -> None:
     sim = boot(seed, replicas=("r1",))
     sim.run_until_idle()

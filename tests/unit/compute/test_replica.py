@@ -535,6 +535,22 @@ def test_a_table_whose_rows_cannot_be_consolidated_is_refused_before_it_is_creat
     assert d.replica.tables["t"].upper == (3,)
 
 
+def test_reconciliation_drops_the_tables_the_new_connection_has_no_snapshot_of() -> None:
+    """A controller sends a snapshot of every table it has, so the others are a previous controller's:
+    kept, they would hold memory for good and keep their ids from the new controller's views."""
+    d = started(dataflow(), Schedule(id="v"))
+    with pytest.raises(RemoteProtocolError, match="nulls"):  # and a refusal of a table that goes too
+        d.send(AppendUpdates(id="x", lower=0, upper=1, updates=columns("k", "v", TIME, DIFF, null=DIFF)))
+    assert "x" in d.replica.refused
+    d.lose()
+    over_u = dataclasses.replace(VIEW, source="u")
+    d.connect(
+        2, None, AppendUpdates(id="u", lower=0, upper=1, updates=rows([], 0)), dataflow("t", view=over_u)
+    )
+    assert sorted(d.replica.tables) == ["u"] and not d.replica.refused
+    assert d.replica.dataflow("v") is None and d.replica.dataflow("t") is not None
+
+
 def test_bad_dataflows_are_remote_errors() -> None:
     d = started(dataflow(), Schedule(id="v"))
     with pytest.raises(RemoteProtocolError, match="does not exist"):
