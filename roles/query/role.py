@@ -152,8 +152,9 @@ class QueryRole:
         q = self.queries.get(qid) if qid is not None else None
         if q is None:
             return
-        if isinstance(ev.event, c.MessageReceived) and not self._has_say(q, ev.event.peer):
-            return  # a peer outside the query cannot end it (its message was refused, nothing changed)
+        peer = getattr(ev.event, "peer", None)
+        if isinstance(peer, str) and not self._has_say(q, peer):
+            return  # a peer outside the query cannot end it (its message or batch was refused)
         text = f"internal error on {self.member} at {type(ev.event).__name__}: {ev.error}"
         self._fail(q, ErrorCode.GENERIC, text, self.member, out)
 
@@ -610,6 +611,11 @@ class QueryRole:
         )
 
     def _batch_for(self, q: QueryState, ev: c.BatchReceived, out: list[c.Action]) -> None:
+        if not self._has_say(q, ev.peer):  # a peer outside the query cannot end it: its stream is closed
+            self.counters["batches_refused"] += 1
+            q.inbound.discard((ev.peer, ev.stream))
+            out.append(c.CloseStream(peer=ev.peer, stream=ev.stream))
+            return
         q.step(Step.BATCH)
         _, edge = parse_stream_key(ev.stream)
         run = self._receiving(q, edge)

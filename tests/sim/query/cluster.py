@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -28,17 +29,30 @@ def table(rows: int) -> pa.Table:
 
 
 class Cluster:
-    """An initiator ``i`` and participants ``p1``, ``p2`` holding halves of table ``t``."""
+    """An initiator ``i`` and participants ``p1``, ``p2`` holding halves of table ``t``.
+
+    ``others`` adds roles by node: beside the query role on ``i``, ``p1`` and ``p2``, or as the only roles of
+    another node (a member outside every query).
+    """
 
     def __init__(
-        self, seed: int, rows: int = 400, config: QueryConfig | None = None, bus: BusConfig | None = None
+        self,
+        seed: int,
+        rows: int = 400,
+        config: QueryConfig | None = None,
+        bus: BusConfig | None = None,
+        others: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         self.sim = SimBus(seed=seed, config=bus)
         self.config = config or QueryConfig()
         self.roles: dict[str, QueryRole] = {}
+        others = others or {}
         for name in ("i", "p1", "p2"):
             self.roles[name] = QueryRole(name, config=self.config, incarnation=f"{name}0")
-            self.sim.add_node(name, roles=[self.roles[name]])
+            self.sim.add_node(name, roles=[self.roles[name], *others.get(name, ())])
+        for name, roles in others.items():
+            if name not in self.roles:
+                self.sim.add_node(name, roles=list(roles))
         self.sim.start()
         self.sim.run_until(self.sim.all_up)
         self.data = table(rows)

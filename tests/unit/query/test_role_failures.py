@@ -144,7 +144,7 @@ def test_handler_failed_on_a_participant_cancels_through_the_initiator(event: An
     assert role.queries == {}
 
 
-def test_handler_failed_for_a_message_from_outside_the_query_leaves_it_alone() -> None:
+def test_handler_failed_for_a_message_or_batch_from_outside_the_query_leaves_it_alone() -> None:
     role = QueryRole("p1", incarnation="x")
     up(role, "i", "p2", "p9")
     role.handle(c.MessageReceived(peer="i", message=start_msg()), 0.0)
@@ -153,6 +153,11 @@ def test_handler_failed_for_a_message_from_outside_the_query_leaves_it_alone() -
     assert (
         role.handle(c.HandlerFailed(event=event, error="RemoteProtocolError: not its initiator"), 0.1) == []
     )
+    assert QID in role.queries
+    batch = c.BatchReceived(
+        peer="p9", stream=stream_key(QID, 1), ordinal=0, last=True, data=b"", size=0, remaining=0
+    )
+    assert role.handle(c.HandlerFailed(event=batch, error="ValueError: bad batch"), 0.1) == []
     assert QID in role.queries
     other = QueryId(member="i", local="x.99")
     timer = c.TimerFired(key=f"timeout/{other}")

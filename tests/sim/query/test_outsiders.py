@@ -1,0 +1,76 @@
+"""Seeded simulations: members outside a query, or inside it but not its initiator, cannot end it by
+what they send where it does not belong."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pytest
+
+from sparkbus.bus import contract as c
+from sparkbus.codecs import encode_batch
+from sparkbus.roles.query.config import QueryConfig
+from sparkbus.roles.query.messages import QueryId
+
+from .cluster import Cluster
+
+SEEDS = [1, 2, 3]
+SMALL = QueryConfig(edge_credit=4096, batch_bytes=1024)
+QUERY = "i@i0.1"  # the first query of i (incarnation i0)
+
+
+class Rogue:
+    """A role that pushes one batch on a query's stream (``push``: ``peer``, ``stream``)."""
+
+    name = "rogue"
+    messages: ClassVar[tuple[type, ...]] = ()
+
+    def handle(self, event: c.Event, now: float) -> list[c.Action]:
+        if isinstance(event, c.LocalCall) and event.name == "push":
+            peer, stream = event.args["peer"], event.args["stream"]
+            data = bytes(encode_batch(pa.RecordBatch.from_pylist([{"x": -1}])))
+            return [
+                c.OpenStream(peer=peer, stream=stream, credit=1 << 20),
+                c.SendBatch(peer=peer, stream=stream, data=data, last=True),
+                c.Reply(call_id=event.call_id, result=True),
+            ]
+        return []
+
+
+def _push(cl: Cluster, target: str, edge: int = 1) -> None:
+    cl.sim.result(cl.sim.call("p9", "rogue", "push", {"peer": target, "stream": f"query/{QUERY}/{edge}"}))
+
+
+def _ends_well(cl: Cluster, cid: Any, target: str) -> pa.Table:
+    got, err = cl.outcome(cid)
+    assert err is None and got is not None, err
+    assert cl.roles[target].counters["batches_refused"] == 1
+    cl.settle()
+    assert cl.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    return got
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("target", ["i", "p1"])
+def test_a_batch_from_outside_the_query_is_refused_and_the_query_runs_on(seed: int, target: str) -> None:
+    # At the initiator: the edge its receive waits on. At p1: edge 1 of a repartitioned aggregate, which
+    # p1 receives from p1 and p2 only.
+    cl = Cluster(seed, rows=3000, config=SMALL, others={"p9": [Rogue()]})
+    sql = "SELECT x FROM t" if target == "i" else "SELECT x, count(*) AS n FROM t GROUP BY x"
+    cid = cl.execute(sql, participants=["p1", "p2"], repartition=target != "i")
+    cl.sim.run_until(lambda: QueryId.parse(QUERY) in cl.roles[target].queries)
+    _push(cl, target)
+    got = _ends_well(cl, cid, target)
+    assert sorted(got.column("x").to_pylist()) == list(range(3000))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_batch_from_outside_the_query_kept_before_start_is_refused_at_start(seed: int) -> None:
+    cl = Cluster(seed, rows=3000, config=SMALL, others={"p9": [Rogue()]})
+    _push(cl, "p1")
+    cl.sim.run_until(lambda: QueryId.parse(QUERY) in cl.roles["p1"].queries)  # PENDING, the batch kept
+    cid = cl.execute("SELECT x, count(*) AS n FROM t GROUP BY x", participants=["p1", "p2"], repartition=True)
+    got = _ends_well(cl, cid, "p1")
+    assert cl.roles["p1"].counters["created_by_batch"] >= 1
+    assert sorted(got.column("x").to_pylist()) == list(range(3000))
