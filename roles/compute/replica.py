@@ -393,6 +393,11 @@ class ComputeReplica:
                 for e in flow.live_exports:
                     self._drop_export(e, silent=True)
         self.instance = new_instance
+        # The parameters are the new connection's alone (the spec: the replica's state matches what the
+        # initialization commands request), as Materialize's controller sends every one: a reconnecting
+        # controller's reduced history carries its merged UpdateConfiguration, and a controller that sets
+        # none is not held to its predecessor's (a max_result_size it never asked for).
+        self.config = UpdateConfiguration()
         self.history = CommandHistory()
         self.history.push(timely)
         self.history.push(new_instance)

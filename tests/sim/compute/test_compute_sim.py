@@ -26,6 +26,7 @@ from sparkbus.roles.compute import (
     Finishing,
     SortKey,
     Stage,
+    UpdateConfiguration,
     ViewDef,
     decode_table,
     encode_table,
@@ -51,9 +52,11 @@ def batch(*values: tuple[str, int]) -> bytes:
 WRITES = [batch(("a", 1), ("b", 2)), batch(("a", 3)), batch(("c", 5), ("b", 1))]
 
 
-def boot(seed: int, replicas: tuple[str, ...] = ("r1", "r2")) -> SimBus:
+def boot(
+    seed: int, replicas: tuple[str, ...] = ("r1", "r2"), config: UpdateConfiguration | None = None
+) -> SimBus:
     sim = SimBus(seed=seed)
-    sim.add_node("ctl", [ComputeController(replicas=replicas)])
+    sim.add_node("ctl", [ComputeController(replicas=replicas, config=config)])
     for r in replicas:
         sim.add_node(r, [ComputeReplica()])
     sim.start()
@@ -386,6 +389,31 @@ def test_a_new_controllers_view_may_take_the_name_of_a_table_it_does_not_have(se
     assert sorted(r1.tables) == ["u"] and r1.dataflow("v") is None
     done = answer(sim, replies, "peek", view="t", timestamp=len(WRITES), finishing=ORDERED)
     assert done.error is None and rows(done.result) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_compute_parameters_are_the_connections_own(seed: int) -> None:
+    """A reconnecting controller gets its parameters back from its reduced history; a restarted one that
+    sets none is not held to its predecessor's max_result_size (its peeks used to fail on it)."""
+    config = UpdateConfiguration(max_result_size=64)
+    sim = boot(seed, config=config)
+    sim.cut("ctl", "r1")
+    sim.heal("ctl", "r1")
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    assert replica(sim, "r1").epoch == 2 and replica(sim, "r1").config == config
+    with pytest.raises(RuntimeError, match="exceeds max size of 64 bytes"):
+        call(sim, "peek", view="v", target_replica="r1")
+    sim.crash("ctl")
+    ctl = restarted_controller(SUM)  # generation 1, no parameters
+    replies = replies_of(ctl)
+    sim.restart("ctl", [ctl])
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    for r in ("r1", "r2"):
+        assert replica(sim, r).config == UpdateConfiguration()
+        done = answer(sim, replies, "peek", view="v", target_replica=r, finishing=ORDERED)
+        assert done.error is None and rows(done.result) == EXPECTED
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -551,6 +551,19 @@ def test_reconciliation_drops_the_tables_the_new_connection_has_no_snapshot_of()
     assert d.replica.dataflow("v") is None and d.replica.dataflow("t") is not None
 
 
+def test_a_connection_has_the_parameters_its_initialization_sets_and_no_others() -> None:
+    d = Driver()
+    d.connect(1, None, UpdateConfiguration(max_result_size=64, dyncfg={"a": "1"}))
+    d.send(UpdateConfiguration(workload_class="w"))
+    assert d.replica.config == UpdateConfiguration(max_result_size=64, workload_class="w", dyncfg={"a": "1"})
+    d.lose()
+    d.connect(2)  # a controller that sets none
+    assert d.replica.config == UpdateConfiguration()
+    d.lose()
+    d.connect(3, None, UpdateConfiguration(dyncfg={"b": "2"}))
+    assert d.replica.config == UpdateConfiguration(dyncfg={"b": "2"})
+
+
 def test_bad_dataflows_are_remote_errors() -> None:
     d = started(dataflow(), Schedule(id="v"))
     with pytest.raises(RemoteProtocolError, match="does not exist"):
