@@ -6,11 +6,17 @@ topology for real: for each node it builds every role and service the node lists
 
 A role whose family is not installed yet cannot be built: ``build_roles`` raises ``RoleUnavailable``
 naming the node and every such role, unless ``skip_unavailable`` asks to run only what resolves.
+
+Roles may hold what outlives the process unless they are closed (a replica's temporary data directory), so a
+node that fails before it runs closes what it built: ``build_roles`` the roles built before one failed,
+``BusNodeHandle`` its roles when the bus node cannot be made, and ``bind`` the whole node when it cannot bind
+(a missing CURVE key, no free port).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +30,8 @@ from sparkbus.topologies.keys import curve_settings
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.registry import ROLES, Registry, RegistryError
 from sparkbus.topologies.runtime import Endpoints, NodeHandle, NodeRequest
+
+_log = logging.getLogger(__name__)
 
 #: How long a HELLO goes unanswered before it is sent again, at most (the bus default).
 _HANDSHAKE_TIMEOUT = 1.0
@@ -67,6 +75,18 @@ def unavailable(topology: Topology, node_id: str, registry: Registry = ROLES) ->
     return missing
 
 
+def close_roles(roles: Iterable[c.Role]) -> None:
+    """Let each role go of what it holds (``Role.close``), as a stopped node does; a failure is logged and
+    the others are still closed."""
+    for role in roles:
+        close = getattr(role, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                _log.exception("closing role %s", getattr(role, "name", role))
+
+
 def build_roles(
     request: NodeRequest, *, registry: Registry = ROLES, skip_unavailable: bool = False
 ) -> list[c.Role]:
@@ -88,7 +108,14 @@ def build_roles(
     from sparkbus.roles.query.catalog import TableCatalog  # noqa: PLC0415 (building a node loads families)
 
     ctx = replace(request.role_context(), catalog=TableCatalog())
-    roles = [registry.build(n, ctx) for n in (*spec.roles, *spec.services) if n not in missing]
+    roles: list[c.Role] = []
+    try:
+        for n in (*spec.roles, *spec.services):
+            if n not in missing:
+                roles.append(registry.build(n, ctx))
+    except BaseException:
+        close_roles(roles)
+        raise
     if not roles:
         raise RoleUnavailable(f"node {request.node_id}: none of its roles or services can be built")
     return roles
@@ -121,22 +148,35 @@ class BusNodeHandle:
         self.roles = build_roles(request, registry=registry, skip_unavailable=skip_unavailable)
         self.skipped = sorted(unavailable(topo, self.node_id, registry)) if skip_unavailable else []
         self._advertise = request.advertise_host
-        self.node = Node(
-            self.node_id,
-            bus_config(topo),
-            self.roles,
-            host=topo.bus.host if topo.bus.host != "*" else "0.0.0.0",
-            transport=topo.bus.transport,
-            ipc_dir=topo.bus.ipc_dir,
-            ports=None if topo.bus.ports is None else (topo.bus.ports.first, topo.bus.ports.last),
-        )
+        try:
+            self.node = Node(
+                self.node_id,
+                bus_config(topo),
+                self.roles,
+                host=topo.bus.host if topo.bus.host != "*" else "0.0.0.0",
+                transport=topo.bus.transport,
+                ipc_dir=topo.bus.ipc_dir,
+                ports=None if topo.bus.ports is None else (topo.bus.ports.first, topo.bus.ports.last),
+            )
+        except BaseException:
+            close_roles(self.roles)
+            raise
         self._peers: dict[str, BusEndpoints] = {}
         self._feeds: list[Future[Any]] = []
         self._started = False
         self._stopped = False
 
     def bind(self) -> Endpoints:
-        ep = self.node.bind()
+        """Bind the node's sockets. A node that cannot bind (a missing CURVE key, no free port) is stopped
+        before the error is raised: its sockets closed, its roles closed."""
+        try:
+            ep = self.node.bind()
+        except BaseException:
+            try:
+                self.stop()
+            except Exception:  # the bind's error is the one to report
+                _log.exception("node %s: stopping it after its bind failed", self.node_id)
+            raise
         http = f"{self._advertise}:{ep.http.rsplit(':', 1)[1]}" if ep.http else ""
         return Endpoints(control=self._advertised(ep.control), data=self._advertised(ep.data), http=http)
 

@@ -89,6 +89,23 @@ def test_a_node_that_cannot_start_is_named_with_its_cause(tmp_path: Path, env: d
     ), done.stdout
 
 
+def test_a_node_that_cannot_bind_leaves_no_data_directory(tmp_path: Path, env: dict[str, str]) -> None:
+    tmp = tmp_path / "tmp"  # where replicas without $SPARKBUS_DATA_DIR make their temporary directories
+    tmp.mkdir()
+    path = tmp_path / "leak.toml"
+    path.write_text(
+        TWO.format(bus=f'[bus.security]\nmode = "curve"\nkey_dir = "{tmp_path / "missing-keys"}"')
+        .replace('services = ["echo"]', 'roles = ["replication"]')
+        .replace('name = "two"', 'name = "leak"')
+        + '[tables.t]\npartitions = 2\nkey = "k"\n'
+    )
+    environment = {k: v for k, v in env.items() if k != "SPARKBUS_DATA_DIR"}
+    done = cli({**environment, "TMPDIR": str(tmp)}, "up", str(path), "--timeout", "20")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"node a-[01] \(pid \d+\) exited with status 2: MissingKey", done.stdout), done.stdout
+    assert sorted(p.name for p in tmp.iterdir()) == []
+
+
 @pytest.mark.parametrize("host", ["*", "0.0.0.0"])
 def test_a_wildcard_bus_host_binds_everywhere_and_advertises_the_nodes_host(
     tmp_path: Path, env: dict[str, str], host: str

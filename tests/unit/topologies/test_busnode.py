@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from sparkbus.bus import BusConfig
+from sparkbus.bus.security import MissingKey
 from sparkbus.topologies import load, loads, shipped
 from sparkbus.topologies.busnode import BusNodeFactory, RoleUnavailable, build_roles, bus_config, unavailable
 from sparkbus.topologies.model import BusSettings
-from sparkbus.topologies.registry import ROLES, Entry, Registry
+from sparkbus.topologies.registry import ROLES, Entry, Registry, RegistryError
 from sparkbus.topologies.runtime import NodeRequest
 
 ECHO_ONLY = """
@@ -113,3 +115,52 @@ def test_a_requests_data_dir_is_where_the_replicas_live_whatever_the_environment
         assert os.environ["SPARKBUS_DATA_DIR"] == str(inherited)  # as it was
     finally:
         handle.stop()
+
+
+# Two replication nodes whose CURVE keys are missing: each builds its roles, then cannot bind.
+NO_KEYS = """
+[cluster]
+name = "leak"
+[bus.security]
+mode = "curve"
+key_dir = "{key_dir}"
+[[nodes]]
+name = "leaky"
+placement = "host"
+host = "127.0.0.1"
+count = 2
+roles = ["replication", "query"]
+[tables.t]
+partitions = 2
+key = "k"
+"""
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where a replica without ``$SPARKBUS_DATA_DIR`` makes its temporary data directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.delenv("SPARKBUS_DATA_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_a_node_that_cannot_bind_closes_its_roles(tmp_path: Path, temp_dir: Path) -> None:
+    topo = loads(NO_KEYS.format(key_dir=tmp_path / "missing-keys"))
+    handle = BusNodeFactory()(NodeRequest(node_id="leaky-0", topology=topo, advertise_host="127.0.0.1"))
+    assert [p.name.startswith("leaky-0-") for p in temp_dir.iterdir()] == [True]
+    with pytest.raises(MissingKey, match="no secret key for node 'leaky-0'"):
+        handle.bind()
+    assert list(temp_dir.iterdir()) == []
+    handle.stop()  # the caller's own stop afterwards is harmless
+
+
+def test_roles_built_before_one_fails_are_closed(temp_dir: Path) -> None:
+    topo = loads(NO_KEYS.format(key_dir="/nowhere"))
+    entries = {e.name: e for e in ROLES}
+    entries["query"] = Entry(name="query", kind="role", target="builtins:str", summary="returns no Role")
+    request = NodeRequest(node_id="leaky-1", topology=topo, advertise_host="127.0.0.1")
+    with pytest.raises(RegistryError, match="not a Role"):
+        build_roles(request, registry=Registry(entries))  # replication was built first
+    assert list(temp_dir.iterdir()) == []
