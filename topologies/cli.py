@@ -123,22 +123,48 @@ def _topology_path(args: argparse.Namespace) -> str:
     )
 
 
-def _connect(args: argparse.Namespace) -> Client:
+def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
     """The thin client, by ``--address`` (with ``--cluster-tag``) or by ``args.topology`` (which
-    ``cluster_command`` has resolved, ``_topology_path``)."""
-    from sparkbus.topologies.client import connect  # noqa: PLC0415 (pulls in pyarrow and the client)
+    ``cluster_command`` has resolved, ``_topology_path``); with ``node``, to that node's gateway only.
+
+    ``--topology`` always names a topology file, whatever its name, so it is read here (``topology_target``)
+    rather than handed to ``connect``, which takes a target for a topology only when it ends in ``.toml``.
+    """
+    from sparkbus.roles.client import ConnectTimeoutError  # noqa: PLC0415
+    from sparkbus.topologies.client import (  # noqa: PLC0415 (pulls in pyarrow and the client)
+        CLIENT_KEY_NAME,
+        GATEWAY,
+        Client,
+        ClientCurve,
+        connect,
+        topology_target,
+    )
 
     options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
-    if args.key_dir is not None:
-        options["key_dir"] = args.key_dir
     if args.address:
         if not args.cluster_tag:
             raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
-        return connect(args.address, cluster_tag=args.cluster_tag, **options)
+        return connect(args.address, cluster_tag=args.cluster_tag, key_dir=args.key_dir, **options)
     topology = args.topology
     if not Path(topology).exists():
         raise CommandError(f"{topology}: no such topology file (give --topology FILE or --address tcp://...)")
-    return connect(topology, cluster_tag=args.cluster_tag, **options)
+    found = topology_target(topology)
+    if node is None:
+        addresses = found.addresses
+    elif node in found.gateways:
+        addresses = [found.gateways[node]]
+    else:
+        running = ", ".join(sorted(found.gateways))
+        raise ConnectTimeoutError(f"{topology}: node {node} runs no {GATEWAY} (running gateways: {running})")
+    keys = args.key_dir if args.key_dir is not None else found.key_dir
+    curve = None
+    if keys is not None:
+        # a key directory `sparkbus up` made lends an entry gateway's pair when it holds no client pair
+        lend = (
+            [found.nodes[a] for a in found.addresses] if args.key_dir is None and found.run_dir_keys else []
+        )
+        curve = ClientCurve.from_key_dir(keys, name=CLIENT_KEY_NAME, nodes=found.nodes, fallback_names=lend)
+    return Client(addresses, cluster_tag=args.cluster_tag or found.cluster_tag, curve=curve, **options)
 
 
 def _read_rows(path: Path) -> pa.Table:
@@ -229,15 +255,9 @@ def _topology_table(args: argparse.Namespace) -> TableSpec | None:
 
 def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
     """A function connecting to one node's gateway, by the same topology and options as ``_connect``."""
-    from sparkbus.topologies.client import connect  # noqa: PLC0415
-
-    options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
-    if args.key_dir is not None:
-        options["key_dir"] = args.key_dir
-    topology = args.topology
 
     def to_node(node: str) -> Client:
-        return connect(topology, cluster_tag=args.cluster_tag, node=node, **options)
+        return _connect(args, node)
 
     return to_node
 

@@ -150,3 +150,17 @@ def test_a_result_table_prints_its_strings_as_they_are(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     for text in ("[b]msg", "[info] server started", "see [/x] here", "NULL", "view [/v]", "(3 rows)"):
         assert text in out
+
+
+def test_a_topology_file_of_any_name_is_read_as_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    path = tmp_path / "cluster.topo"
+    path.write_text(
+        '[cluster]\nname = "x"\n[[nodes]]\nname = "a"\nplacement = "host"\nhost = "127.0.0.1"\n'
+        'roles = ["query", "client.gateway"]\n'
+    )
+    assert cli.main(["sql", "SELECT 1", "--topology", str(path), "--connect-timeout", "1"]) == 1
+    err = capsys.readouterr().err  # as for cluster.toml: the file names its cluster, which is not running
+    assert "no running cluster recorded for" in err and err.count("\n") == 1, err

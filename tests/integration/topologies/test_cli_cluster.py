@@ -239,3 +239,24 @@ def test_a_file_whose_columns_differ_from_the_tables_leaves_it_queryable(up: Up,
     assert count() == n
     total = client(up, "sql", "SELECT SUM(amount) AS s FROM orders", "--json")
     assert json.loads(total.stdout) == {"s": float(sum(range(n)))}
+
+
+def test_a_topology_file_of_any_name_is_read_as_one(tmp_path: Path) -> None:
+    # `sparkbus up` and `status` take any file name; so does --topology (not only *.toml)
+    topology = tmp_path / "processes.topo"
+    topology.write_text(Path(TOPOLOGY).read_text())
+    running = Up({**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, str(topology))
+    try:
+        running.wait_for("state:", READY_TIMEOUT + 10)
+        rows = tmp_path / "orders.csv"
+        pcsv.write_csv(
+            pa.table({"order_id": list(range(60)), "customer": ["c"] * 60, "amount": [1.0] * 60}), rows
+        )
+        where = ("--topology", str(topology), "--connect-timeout", "20", "--timeout", "30")
+        loaded = sparkbus(running, "load", "orders", str(rows), *where)  # through each partition's leader
+        assert loaded.returncode == 0, loaded.stderr
+        counted = sparkbus(running, "sql", "SELECT COUNT(*) AS n FROM orders", "--json", *where)
+        assert counted.returncode == 0, counted.stderr
+        assert json.loads(counted.stdout) == {"n": 60}
+    finally:
+        stop(running)
