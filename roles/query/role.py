@@ -702,7 +702,7 @@ class QueryRole:
                 raise c.RemoteProtocolError(
                     f"cancel of query {msg.query_id} from {peer}, which is not one of its participants"
                 )
-            self._fail(q, msg.code, msg.message, msg.origin, out, remote=True)
+            self._fail(q, msg.code, msg.message, msg.origin, out, sender=peer)
         elif peer == msg.query_id.member:
             self.counters["cancelled_remote"] += 1
             self._release(q, Step.CANCEL, out)
@@ -721,9 +721,13 @@ class QueryRole:
         origin: str,
         out: list[c.Action],
         *,
-        remote: bool = False,
+        sender: str | None = None,
     ) -> None:
-        """End ``q`` with an error: tell the user (initiator) and the members that must know (2N at most)."""
+        """End ``q`` with an error: tell the user (initiator) and the members that must know (2N at most).
+
+        ``sender`` is the member whose cancel ends it (None: it failed here): that member has released the
+        query and is not told again. Not ``origin``, which the sender chose: every other participant hears.
+        """
         if q.phase is Phase.DONE:
             return
         if q.initiator:
@@ -733,13 +737,13 @@ class QueryRole:
                 q.call_id = None
             cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)
             for p in q.start.participants if q.start is not None else ():
-                if p not in (self.member, origin) and p in self.peers_up:
+                if p not in (self.member, sender) and p in self.peers_up:
                     out.append(c.Send(peer=p, message=cancel))
-        elif not remote and q.phase is Phase.RUNNING and q.id.member in self.peers_up:
+        elif sender is None and q.phase is Phase.RUNNING and q.id.member in self.peers_up:
             cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)
             out.append(c.Send(peer=q.id.member, message=cancel))
         self.counters["failed"] += 1
-        self._release(q, Step.CANCEL if remote else Step.FAIL, out)
+        self._release(q, Step.FAIL if sender is None else Step.CANCEL, out)
 
     def _maybe_complete(self, q: QueryState, out: list[c.Action]) -> None:
         if q.phase is not Phase.RUNNING or q.call_id is not None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from sparkbus.bus import BusConfig
 from sparkbus.roles.query.config import QueryConfig
+from sparkbus.roles.query.role import QueryRole
 
 from .cluster import Cluster
 
@@ -92,6 +95,32 @@ def test_cancel_from_a_participant_goes_through_the_initiator(seed: int) -> None
     assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
     # p2 sent one cancel to i; i sent one to p1 (not back to p2): 2 messages for N = 2.
     assert c.roles["p2"].counters["cancelled_remote"] == 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_other_participant_hears_a_cancel_whatever_origin_it_names(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # p1 fails (no column z) and its cancel names p2 as the origin. The initiator skips the member that
+    # sent the cancel (it has released the query), not the origin it names: p2, still streaming under a
+    # small credit, must hear it, or it holds the query for ever (its stream to i is closed).
+    fail = QueryRole._fail
+
+    def naming_p2(self: QueryRole, *args: Any, **kwargs: Any) -> None:
+        if self.member == "p1":
+            args = (*args[:3], "p2", *args[4:])
+        fail(self, *args, **kwargs)
+
+    monkeypatch.setattr(QueryRole, "_fail", naming_p2)
+    c = Cluster(seed, config=SMALL)
+    c.load("p1", pa.table({"other": [1, 2]}), name="u")
+    c.load("p2", pa.table({"z": pa.array(range(6000), pa.int64())}), name="u")
+    got, err = c.outcome(c.execute("SELECT z FROM u"))
+    assert got is None and err is not None
+    assert err.startswith("[2000 DATA_EXCEPTION]") and "'z'" in err and "on p2)" in err
+    c.settle()
+    assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    assert c.roles["p2"].counters["cancelled_remote"] == 1 and c.roles["p1"].counters["cancel_unknown"] == 0
 
 
 @pytest.mark.parametrize("seed", SEEDS)
