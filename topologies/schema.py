@@ -461,7 +461,8 @@ def _node(c: _Checker, t: Mapping[str, Any], path: str, spark: bool) -> NodeSpec
                 c.bad(f"{path}.{key}[{i}]", f"unknown {kind} {item!r}; known {kind}s: {known}")
             elif (entry := c.registry.entry(item)).kind != kind:
                 c.bad(f"{path}.{key}[{i}]", f"{item!r} is a {entry.kind}; list it under {entry.kind}s")
-    if "roles" not in t and "services" not in t:
+    # Absent or empty lists alike (a list refused for its type or items is one problem already, not two).
+    if all(t[key] == [] for key in ("roles", "services") if key in t):
         c.bad(path, "runs nothing: give it roles, services, or both")
     if name is None or placement is None:
         return None

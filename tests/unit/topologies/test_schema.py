@@ -273,6 +273,11 @@ def test_executor_placement_needs_spark() -> None:
             "nodes[2].host: Spark chooses where",
         ),
         ('name = "h"\nplacement = "host"\nhost = "x"', "nodes[2]: runs nothing"),
+        ('name = "h"\nplacement = "host"\nhost = "x"\nroles = []', "nodes[2]: runs nothing"),
+        ('name = "h"\nplacement = "host"\nhost = "x"\nroles = []\nservices = []', "nodes[2]: runs nothing"),
+        # a list refused for its type or its items is the one problem
+        ('name = "h"\nplacement = "host"\nhost = "x"\nroles = "query"', "nodes[2].roles: expected a list"),
+        ('name = "h"\nplacement = "host"\nhost = "x"\nroles = [1]', "nodes[2].roles[0]: expected a name"),
         (
             'name = "h"\nplacement = "host"\nhost = "::1"\nroles = ["query"]',
             "nodes[2].host: '::1' is an IPv6 address; peers reach nodes over IPv4 only",
