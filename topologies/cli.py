@@ -98,12 +98,18 @@ def _one_line(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _topology_path(args: argparse.Namespace) -> str:
+#: What ``_topology_path`` says is missing and how to give it, as (missing, give any, give one of those running):
+#: the client commands take --topology and --address, ``sparkbus status`` a file or an address argument.
+CLIENT_HINT = ("--topology", "give --topology FILE or --address tcp://...", "give --topology, one of")
+STATUS_HINT = ("FILE", "give FILE or tcp://HOST:PORT", "give one of")
+
+
+def _topology_path(args: argparse.Namespace, hint: tuple[str, str, str] = CLIENT_HINT) -> str:
     """``--topology``; else ``topologies/processes.toml`` if it is here; else the one cluster ``sparkbus up``
     runs on this machine.
 
     Raises:
-        CommandError: none of these, or several clusters running.
+        CommandError: none of these, or several clusters running; worded by ``hint`` for the command.
     """
     if args.topology:
         return str(args.topology)
@@ -112,14 +118,14 @@ def _topology_path(args: argparse.Namespace) -> str:
     running = running_clusters()
     if len(running) == 1:
         return running[0]
+    missing, give_any, give_one = hint
     if not running:
         raise CommandError(
-            f"no --topology, no {DEFAULT_TOPOLOGY} here, and no cluster started by `sparkbus up` is running "
-            "(give --topology FILE or --address tcp://...)"
+            f"no {missing}, no {DEFAULT_TOPOLOGY} here, and no cluster started by `sparkbus up` is running "
+            f"({give_any})"
         )
     raise CommandError(
-        f"no --topology, and {len(running)} clusters are running: give --topology, one of "
-        f"{', '.join(running)}"
+        f"no {missing}, and {len(running)} clusters are running: {give_one} {', '.join(running)}"
     )
 
 
@@ -731,7 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = args.target
         if target is None:
             try:
-                target = _topology_path(argparse.Namespace(topology=None))
+                target = _topology_path(argparse.Namespace(topology=None), STATUS_HINT)
             except CommandError as exc:
                 print(f"sparkbus status: {exc}", file=sys.stderr)
                 return 1

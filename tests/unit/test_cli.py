@@ -114,6 +114,12 @@ def test_without_a_topology_the_one_running_cluster_is_used(
 
     with pytest.raises(cli.CommandError, match="no cluster started by `sparkbus up` is running"):
         cli._topology_path(args)
+    # status takes a FILE or tcp:// argument, no --topology or --address (an unrecognised argument there)
+    assert cli.main(["status"]) == 1
+    assert capsys.readouterr().err == (
+        "sparkbus status: no FILE, no topologies/processes.toml here, and no cluster started by `sparkbus up` "
+        "is running (give FILE or tcp://HOST:PORT)\n"
+    )
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, timeout=30, check=True
@@ -135,7 +141,9 @@ def test_without_a_topology_the_one_running_cluster_is_used(
     assert cli.main(["sql", "SELECT 1"]) == 1
     assert "give --topology" in capsys.readouterr().err
     assert cli.main(["status"]) == 1
-    assert capsys.readouterr().err.startswith("sparkbus status: no --topology, and 2 clusters are running")
+    assert capsys.readouterr().err == (
+        "sparkbus status: no FILE, and 2 clusters are running: give one of /there/b.toml, /there/processes.toml\n"
+    )
 
     (tmp_path / "topologies").mkdir()
     (tmp_path / "topologies" / "processes.toml").write_text("")
