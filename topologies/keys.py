@@ -3,7 +3,8 @@
 ``DIR/public/<name>.key`` holds each public certificate (every key there may connect to every node) and
 ``DIR/private/<name>.key_secret`` each secret one (``private/`` is mode 0700). Without ``--names`` one
 shared pair called ``cluster`` is written, which every node without a pair of its own uses. With
-``--names store-0,store-1`` each node gets its own pair; ``--topology FILE`` names every node of a file.
+``--names store-0,store-1`` each node gets its own pair; ``--topology FILE`` names every node of a file,
+and the nodes that have a pair keep it. Otherwise an existing pair is replaced only with ``--force``.
 
 ``key_dir`` in a topology may start with ``{run_dir}``: sparkbus's run directory on this machine
 (``$XDG_RUNTIME_DIR/sparkbus-<uid>``, or the temporary directory without ``XDG_RUNTIME_DIR``), where
@@ -90,8 +91,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--names",
         help=f"comma-separated key names, usually node ids (default: one shared pair, {security.SHARED_NAME!r})",
     )
-    names.add_argument("--topology", metavar="FILE", help="one pair per node of this topology file")
-    gen.add_argument("--force", action="store_true", help="replace existing pairs of the same names")
+    names.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="one pair per node of this topology file; nodes that have a pair keep it",
+    )
+    gen.add_argument(
+        "--force",
+        action="store_true",
+        help="replace existing pairs of the same names (without it, --names refuses a name that has one)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -112,6 +121,10 @@ def main(args: argparse.Namespace) -> int:
             return 1
     else:
         names = [security.SHARED_NAME]
+    # A topology's nodes: those with a whole pair keep it (a running node holding its public key would refuse a
+    # new one), the others get theirs; a name given by --names or a half pair is refused unless --force.
+    kept = [] if args.force or not args.topology else [n for n in names if _has_pair(Path(args.dir), n)]
+    names = [n for n in names if n not in kept]
     try:
         written = security.generate(args.dir, names, overwrite=args.force)
     except (OSError, ValueError) as exc:
@@ -119,5 +132,12 @@ def main(args: argparse.Namespace) -> int:
         return 1
     for path in written:
         print(path)
-    print(f"{len(names)} key pair{'s' * (len(names) != 1)} in {args.dir}", file=sys.stderr)
+    also = f"; kept {len(kept)} existing pair{'s' * (len(kept) != 1)} ({', '.join(kept)})" if kept else ""
+    print(f"{len(names)} key pair{'s' * (len(names) != 1)} in {args.dir}{also}", file=sys.stderr)
     return 0
+
+
+def _has_pair(root: Path, name: str) -> bool:
+    return (root / security.PUBLIC / f"{name}.key").is_file() and (
+        root / security.PRIVATE / f"{name}.key_secret"
+    ).is_file()

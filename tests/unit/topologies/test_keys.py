@@ -98,3 +98,34 @@ def test_key_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert keys.ensure_keys(relative) == []  # keys outside the run directory are the operator's
     plain = loads(CURVE.replace('mode = "curve"\nkey_dir = "{key_dir}"', 'mode = "none"'))
     assert keys.key_dir(plain) is None and keys.curve_settings(plain) is None
+
+
+def test_topology_keeps_existing_pairs_and_adds_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = tmp_path / "t.toml"
+    topo.write_text(CURVE.format(key_dir="/nowhere"))
+    keys_dir = tmp_path / "k"
+    assert _run(str(keys_dir), "--names", "n-0") == 0
+    before = security.node_keys(keys_dir, "n-0")
+    capsys.readouterr()
+    assert (
+        _run(str(keys_dir), "--topology", str(topo)) == 0
+    )  # was refused whole: "a key pair named 'n-0' exists"
+    out = capsys.readouterr()
+    assert security.node_keys(keys_dir, "n-0") == before  # a running node may hold its public key
+    assert security.server_key(keys_dir, "n-1") == security.node_keys(keys_dir, "n-1").public
+    assert out.out.splitlines() == [
+        str(keys_dir / "public" / "n-1.key"),
+        str(keys_dir / "private" / "n-1.key_secret"),
+    ]
+    assert out.err == f"1 key pair in {keys_dir}; kept 1 existing pair (n-0)\n"
+    assert _run(str(keys_dir), "--topology", str(topo)) == 0  # all kept: nothing to do
+    assert capsys.readouterr().err == f"0 key pairs in {keys_dir}; kept 2 existing pairs (n-0, n-1)\n"
+
+    (keys_dir / "private" / "n-1.key_secret").unlink()  # half a pair is not kept, nor replaced unasked
+    assert _run(str(keys_dir), "--topology", str(topo)) == 1
+    assert "a key pair named 'n-1' exists" in capsys.readouterr().err
+    assert _run(str(keys_dir), "--topology", str(topo), "--force") == 0
+    assert security.node_keys(keys_dir, "n-0") != before  # --force replaces them all
+    assert security.node_keys(keys_dir, "n-1").public == security.server_key(keys_dir, "n-1")
