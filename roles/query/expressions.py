@@ -203,6 +203,31 @@ def _like(x: Value, pattern: Value) -> Value:
     return pc.match_like(x, text)
 
 
+def _cased(kernel: Callable[[Value], Value], python: Callable[[str], str]) -> Callable[[Value], Value]:
+    """UPPER or LOWER as Spark SQL maps case: Java's full mapping (upper('ß') is 'SS', lower('İ') is 'i' and
+    U+0307, a final sigma lowers to 'ς'), which Python's ``str.upper``/``str.lower`` apply too.
+
+    Arrow's kernel (utf8proc's one-to-one mapping, exact on ASCII) maps the whole column; only where a
+    value holds other characters is it replaced by Python's mapping of that value, so an all-ASCII column
+    costs one ``string_is_ascii`` pass more and nothing loops over its rows.
+    """
+
+    def mapped(x: Value) -> Value:
+        out = kernel(x)
+        if isinstance(x, pa.Scalar):
+            text = x.as_py()
+            return out if text is None or text.isascii() else pa.scalar(python(text), out.type)
+        wide = pc.fill_null(pc.invert(pc.string_is_ascii(x)), False)
+        if not pc.any(wide).as_py():
+            return out
+        if isinstance(x, pa.ChunkedArray):
+            x, out, wide = x.combine_chunks(), out.combine_chunks(), wide.combine_chunks()
+        values = pa.array([python(v) for v in pc.filter(x, wide).to_pylist()], out.type)
+        return pc.replace_with_mask(out, wide, values)
+
+    return mapped
+
+
 def _coalesce(*args: Value) -> Value:
     return pc.coalesce(*args)
 
@@ -242,8 +267,8 @@ OPS: dict[str, OpSpec] = {
     "in": OpSpec((1, 1000), _in),
     "like": OpSpec((2, 2), _like, _TEXT),
     "abs": OpSpec((1, 1), pc.abs_checked, _DOUBLE),
-    "lower": OpSpec((1, 1), pc.utf8_lower, _TEXT),
-    "upper": OpSpec((1, 1), pc.utf8_upper, _TEXT),
+    "lower": OpSpec((1, 1), _cased(pc.utf8_lower, str.lower), _TEXT),
+    "upper": OpSpec((1, 1), _cased(pc.utf8_upper, str.upper), _TEXT),
     "length": OpSpec((1, 1), pc.utf8_length, _TEXT),
     "coalesce": OpSpec((1, 100), _coalesce),
 }
