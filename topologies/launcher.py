@@ -5,7 +5,8 @@ child process (``sparkbus.topologies.nodeproc``) in its own process group. The l
 child's endpoints over its stdout, sends each the peer table over its stdin, waits until every node
 reports all its links handshaken, prints where each listens, and records the cluster's status endpoints in
 a state file so that ``sparkbus status FILE`` finds them. It then watches: SIGINT or SIGTERM stops every
-node and exits 0; a node that dies stops the others and exits 1 naming it and its exit status.
+node and exits 0, also before every node is ready; a node that dies stops the others and exits 1 naming it
+and its exit status.
 
 No orphans: a child stops when its stdin closes (the launcher died, however it died), and the launcher
 kills any child's process group that does not stop in time.
@@ -211,8 +212,13 @@ class Launcher:
         elif event == "ready":
             child.ready = True
 
-    def start(self, stop_flag: threading.Event) -> None:
-        """Spawn, exchange endpoints and wait until every link is up; raises LaunchError naming a node."""
+    def start(self, stop_flag: threading.Event) -> bool:
+        """Spawn, exchange endpoints and wait until every link is up; raises LaunchError naming a node.
+
+        Returns:
+            True once every node is ready; False when ``stop_flag`` was set first (SIGINT or SIGTERM: the
+            user stopping the cluster, not a failure).
+        """
         deadline = time.monotonic() + self.ready_timeout
         try:
             generated = ensure_keys(self.topo)
@@ -237,7 +243,7 @@ class Launcher:
             ready = progress.add_task("handshakes", total=n)
             while not all(c.ready for c in self.children.values()):
                 if stop_flag.is_set():
-                    raise LaunchError("interrupted before every node was ready")
+                    return False
                 if time.monotonic() >= deadline:
                     waiting = sorted(c.node_id for c in self.children.values() if not c.ready)
                     raise LaunchError(
@@ -255,6 +261,7 @@ class Launcher:
                     peers = {c.node_id: c.endpoints for c in self.children.values()}
                     for child in self.children.values():
                         self._send(child, {"cmd": "peers", "peers": peers})
+        return True
 
     def write_state(self) -> None:
         self.state_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -331,15 +338,17 @@ class Launcher:
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.start(stop_flag)
-            try:
-                self.write_state()
-            except OSError as exc:
-                raise LaunchError(f"cannot write the state file: {exc}") from None
-            self.print_endpoints()
-            self.watch(stop_flag)
+            ready = self.start(stop_flag)
+            if ready:
+                try:
+                    self.write_state()
+                except OSError as exc:
+                    raise LaunchError(f"cannot write the state file: {exc}") from None
+                self.print_endpoints()
+                self.watch(stop_flag)
             names = ", ".join(signal.Signals(s).name for s in received)
-            self.console.print(f"sparkbus up: {names}: stopping {len(self.children)} nodes")
+            before = "" if ready else " (before every node was ready)"
+            self.console.print(f"sparkbus up: {names}: stopping {len(self.children)} nodes{before}")
             return 0
         except LaunchError as exc:
             stopping = "; stopping the other nodes" if self.children else ""

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from sparkbus.bus.security import generate
-from sparkbus.topologies.launcher import state_file
+from sparkbus.topologies.launcher import Launcher, state_file
+from sparkbus.topologies.schema import load
 
 from .test_up import READY_TIMEOUT, Up, cli
 
@@ -155,3 +157,29 @@ def test_a_state_file_that_cannot_be_written_stops_the_nodes_in_one_line(
         "sparkbus up: cannot write the state file: [Errno 21] Is a directory"
     ), done.stdout
     assert done.stdout.splitlines()[-1].endswith("; stopping the other nodes"), done.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_before_every_node_is_ready_stops_them_with_exit_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sig: signal.Signals
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    path = topology(tmp_path)
+    state = tmp_path / "state.json"
+    up = Launcher(
+        str(path), load(path), console=Console(width=200), ready_timeout=READY_TIMEOUT, state_path=state
+    )
+    spawn = up.spawn
+
+    def spawn_then_signal() -> None:  # the signal arrives once the nodes exist, before any can be ready
+        spawn()
+        os.kill(os.getpid(), sig)
+
+    monkeypatch.setattr(up, "spawn", spawn_then_signal)
+    assert up.run() == 0  # was 1: "interrupted before every node was ready"
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"sparkbus up: {sig.name}: stopping 2 nodes (before every node was ready)"
+    )
+    assert sorted(up.children) == ["a-0", "a-1"]
+    assert all(c.proc.poll() is not None for c in up.children.values())  # every node stopped and reaped
+    assert not state.exists()
