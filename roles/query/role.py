@@ -155,6 +155,8 @@ class QueryRole:
         peer = getattr(ev.event, "peer", None)
         if isinstance(peer, str) and not self._has_say(q, peer):
             return  # a peer outside the query cannot end it (its message or batch was refused)
+        if isinstance(ev.event, c.MessageReceived) and not q.initiator and peer != q.id.member:
+            return  # nor, on a participant, a message from anyone but the initiator (refused, nothing changed)
         text = f"internal error on {self.member} at {type(ev.event).__name__}: {ev.error}"
         self._fail(q, ErrorCode.GENERIC, text, self.member, out)
 

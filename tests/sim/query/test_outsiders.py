@@ -11,7 +11,8 @@ import pytest
 from sparkbus.bus import contract as c
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.query.config import QueryConfig
-from sparkbus.roles.query.messages import QueryId
+from sparkbus.roles.query.errors import ErrorCode
+from sparkbus.roles.query.messages import QueryCancelled, QueryId
 
 from .cluster import Cluster
 
@@ -36,6 +37,22 @@ class Rogue:
                 c.Reply(call_id=event.call_id, result=True),
             ]
         return []
+
+
+class Canceller:
+    """A role beside p2's query role that sends a query's cancel straight to p1 (``go``), not through the
+    query's initiator."""
+
+    name = "canceller"
+    messages: ClassVar[tuple[type, ...]] = ()
+
+    def handle(self, event: c.Event, now: float) -> list[c.Action]:
+        if not isinstance(event, c.LocalCall):
+            return []
+        cancel = QueryCancelled(
+            query_id=QueryId.parse(QUERY), code=ErrorCode.GENERIC, message="x", origin="p2"
+        )
+        return [c.Send(peer="p1", message=cancel), c.Reply(call_id=event.call_id, result=True)]
 
 
 def _push(cl: Cluster, target: str, edge: int = 1) -> None:
@@ -74,3 +91,19 @@ def test_a_batch_from_outside_the_query_kept_before_start_is_refused_at_start(se
     got = _ends_well(cl, cid, "p1")
     assert cl.roles["p1"].counters["created_by_batch"] >= 1
     assert sorted(got.column("x").to_pylist()) == list(range(3000))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_cancel_a_participant_gets_from_another_participant_is_refused_and_the_query_runs_on(
+    seed: int,
+) -> None:
+    cl = Cluster(seed, rows=6000, config=SMALL, others={"p2": [Canceller()]})
+    cid = cl.execute("SELECT x FROM t")
+    cl.sim.run_until(lambda: QueryId.parse(QUERY) in cl.roles["p1"].queries)
+    cl.sim.result(cl.sim.call("p2", "canceller", "go", {}))
+    got, err = cl.outcome(cid)
+    assert err is None and got is not None, err
+    assert sorted(got.column("x").to_pylist()) == list(range(6000))
+    assert cl.roles["p1"].counters["handler_failed"] == 1  # the cancel was refused
+    cl.settle()
+    assert cl.leaks() == {"i": 0, "p1": 0, "p2": 0}

@@ -164,6 +164,22 @@ def test_handler_failed_for_a_message_or_batch_from_outside_the_query_leaves_it_
     assert role.handle(c.HandlerFailed(event=timer, error="x"), 0.1) == []
 
 
+def test_handler_failed_for_a_participant_message_to_another_participant_leaves_it_alone() -> None:
+    # p2 takes part in the query, but only the initiator may send a participant its messages.
+    role = QueryRole("p1", incarnation="x")
+    up(role, "i", "p2")
+    role.handle(c.MessageReceived(peer="i", message=start_msg()), 0.0)
+    cancel = c.MessageReceived(
+        peer="p2", message=QueryCancelled(query_id=QID, code=ErrorCode.GENERIC, message="x", origin="p2")
+    )
+    with pytest.raises(c.RemoteProtocolError, match="p2, which is not its initiator"):
+        role.handle(cancel, 0.1)
+    assert (
+        role.handle(c.HandlerFailed(event=cancel, error="RemoteProtocolError: not its initiator"), 0.1) == []
+    )
+    assert QID in role.queries
+
+
 def test_finalize_reports_arrow_errors_as_data_exceptions() -> None:
     states = pa.table({"a$sum": ["not a number"], "a$count": [1]})
     with pytest.raises(ExecutionError, match="aggregate: "):
