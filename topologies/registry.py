@@ -11,6 +11,7 @@ A factory is called once per node with a ``RoleContext`` and returns an object t
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -38,6 +39,8 @@ class RoleContext:
             scans; None when the node is built without one.
         data_dir: the directory under which the node keeps its data (a Spark task's, which the runtime
             removes); None: ``$SPARKBUS_DATA_DIR``, or a temporary directory.
+        started_at: the wall clock (seconds since the epoch) when the node is built, read here so that
+            role factories read no clock of their own (the compute controller's generation floor).
     """
 
     node_id: str
@@ -46,6 +49,7 @@ class RoleContext:
     local_data: tuple[Any, ...] = field(default=())
     catalog: Any = None
     data_dir: str | None = None
+    started_at: float = field(default_factory=time.time)
 
 
 RoleFactory = Callable[[RoleContext], Role]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +88,7 @@ def make_controller(ctx: Any) -> ComputeController:
     above its predecessors' on this node (``next_generation``)."""
     return ComputeController(
         replicas=ctx.topology.hosting("compute.replica"),
-        generation=next_generation(_node_dir(ctx), time.time()),
+        generation=next_generation(_node_dir(ctx), ctx.started_at),
     )
 
 

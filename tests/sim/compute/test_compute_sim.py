@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -295,7 +296,9 @@ def test_a_controller_restarted_by_its_factory_drives_the_replicas_again(
     or the replicas refuse its epochs. With a data directory a kept counter does it, even for restarts in
     the same second; without one the clock does (the first controller here has generation 0)."""
     monkeypatch.delenv("SPARKBUS_DATA_DIR", raising=False)
-    ctx = SimpleNamespace(topology=_Topology(), node_id="ctl", data_dir=str(tmp_path) if kept else None)
+    ctx = SimpleNamespace(
+        topology=_Topology(), node_id="ctl", data_dir=str(tmp_path) if kept else None, started_at=time.time()
+    )
     sim = boot(seed)
     sim.run_until_idle()
     epochs = {r: replica(sim, r).epoch for r in ("r1", "r2")}

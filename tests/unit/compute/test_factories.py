@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,7 +61,10 @@ def test_make_controller_keeps_the_generation_in_the_nodes_data_directory(
     if where == "environment":
         monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     ctx = SimpleNamespace(
-        topology=_Topology(), node_id="n0", data_dir=str(tmp_path) if where == "context" else None
+        topology=_Topology(),
+        node_id="n0",
+        data_dir=str(tmp_path) if where == "context" else None,
+        started_at=time.time(),
     )
     epochs = [make_controller(ctx).links["r1"].epoch for _ in range(3)]
     kept = int((tmp_path / "c1" / "n0" / GENERATION_FILE).read_text())
