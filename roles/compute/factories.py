@@ -14,6 +14,7 @@ from typing import Any
 
 from sparkbus.roles.compute.controller import MAX_GENERATION, ComputeController
 from sparkbus.roles.compute.replica import ComputeReplica
+from sparkbus.roles.replication.storage import DiskStorage
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,16 @@ def next_generation(directory: Path | None, now: float) -> int:
     if directory is not None:
         path = directory / GENERATION_FILE
         try:
-            try:
-                last = path.read_text(encoding="ascii").strip()
-            except FileNotFoundError:
-                last = "0"
+            # The files of the replicated store's own kind: commits write a temporary, fsync, rename and
+            # fsync the directory.
+            storage = DiskStorage(directory)
+            last = storage.read(GENERATION_FILE).decode("ascii", "replace").strip() if path.exists() else "0"
             if not last.isdigit():
                 raise ValueError(f"{path} holds {last[:40]!r}, not a controller generation")
             generation = max(generation, int(last) + 1)
-            _replace(path, f"{generation}\n")
+            writer = storage.create(GENERATION_FILE)
+            writer.append(f"{generation}\n".encode("ascii"))
+            writer.commit()
         except OSError as exc:
             log.warning(
                 "compute.controller: cannot keep its generation in %s (%s); using the clock's", path, exc
@@ -54,24 +57,6 @@ def next_generation(directory: Path | None, now: float) -> int:
     if generation > MAX_GENERATION:
         raise ValueError(f"controller generation {generation} exceeds {MAX_GENERATION}")
     return generation
-
-
-def _replace(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _node_dir(ctx: Any) -> Path | None:
