@@ -10,8 +10,9 @@ Race rules (spec 3.5, protocol-facts 1.2):
 * A batch for an unknown query on its initiator means the query finished: it is discarded.
 * A ``PENDING`` state older than the check period is suspected: its ids go to the initiator in one
   ``QueriesSuspected`` per initiator; those answered in ``QueriesInactive`` are released.
-* A cancel goes from where the failure happened to the initiator, which broadcasts it to the other
-  participants (at most 2N messages); a cancel received from the initiator is not propagated.
+* A cancel goes from where the failure happened to the initiator, which broadcasts it to every
+  participant, the one it came from too (at most 2N messages); a cancel received from the initiator is
+  not propagated.
 * A lost peer fails every query that needs it at once (``MEMBER_LEAVE``); a participant that loses its
   initiator releases the query silently (the initiator is gone, nobody is left to tell).
 
@@ -727,8 +728,11 @@ class QueryRole:
     ) -> None:
         """End ``q`` with an error: tell the user (initiator) and the members that must know (2N at most).
 
-        ``sender`` is the member whose cancel ends it (None: it failed here): that member has released the
-        query and is not told again. Not ``origin``, which the sender chose: every other participant hears.
+        ``sender`` is the member whose cancel ends it (None: it failed here). The initiator tells every
+        participant but itself, the sender too: a message names the member it came from, not the role, so
+        the cancel may come from another role on that member while its query role still runs the query
+        (its query role, if it sent the cancel, has released the query and ignores this one). ``origin``,
+        which the sender chose, is only reported.
         """
         if q.phase is Phase.DONE:
             return
@@ -739,7 +743,7 @@ class QueryRole:
                 q.call_id = None
             cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)
             for p in q.start.participants if q.start is not None else ():
-                if p not in (self.member, sender) and p in self.peers_up:
+                if p != self.member and p in self.peers_up:
                     out.append(c.Send(peer=p, message=cancel))
         elif sender is None and q.phase is Phase.RUNNING and q.id.member in self.peers_up:
             cancel = QueryCancelled(query_id=q.id, code=code, message=message, origin=origin)

@@ -40,8 +40,8 @@ class Rogue:
 
 
 class Canceller:
-    """A role beside p2's query role that sends a query's cancel straight to p1 (``go``), not through the
-    query's initiator."""
+    """A role beside p2's query role that sends a query's cancel, naming p2 as its origin, to the member
+    ``go`` names (``to``): p1, not through the query's initiator, or the initiator ``i``."""
 
     name = "canceller"
     messages: ClassVar[tuple[type, ...]] = ()
@@ -52,11 +52,21 @@ class Canceller:
         cancel = QueryCancelled(
             query_id=QueryId.parse(QUERY), code=ErrorCode.GENERIC, message="x", origin="p2"
         )
-        return [c.Send(peer="p1", message=cancel), c.Reply(call_id=event.call_id, result=True)]
+        return [c.Send(peer=event.args["to"], message=cancel), c.Reply(call_id=event.call_id, result=True)]
 
 
 def _push(cl: Cluster, target: str, edge: int = 1) -> None:
     cl.sim.result(cl.sim.call("p9", "rogue", "push", {"peer": target, "stream": f"query/{QUERY}/{edge}"}))
+
+
+def _cancel_from_p2(seed: int, to: str) -> tuple[Cluster, tuple[pa.Table | None, str | None]]:
+    """Run ``SELECT x FROM t``; once ``to`` and p2 hold it, p2's canceller sends its cancel to ``to``."""
+    cl = Cluster(seed, rows=6000, config=SMALL, others={"p2": [Canceller()]})
+    cid = cl.execute("SELECT x FROM t")
+    qid = QueryId.parse(QUERY)
+    cl.sim.run_until(lambda: qid in cl.roles[to].queries and qid in cl.roles["p2"].queries)
+    cl.sim.result(cl.sim.call("p2", "canceller", "go", {"to": to}))
+    return cl, cl.outcome(cid)
 
 
 def _ends_well(cl: Cluster, cid: Any, target: str) -> pa.Table:
@@ -97,13 +107,24 @@ def test_a_batch_from_outside_the_query_kept_before_start_is_refused_at_start(se
 def test_a_cancel_a_participant_gets_from_another_participant_is_refused_and_the_query_runs_on(
     seed: int,
 ) -> None:
-    cl = Cluster(seed, rows=6000, config=SMALL, others={"p2": [Canceller()]})
-    cid = cl.execute("SELECT x FROM t")
-    cl.sim.run_until(lambda: QueryId.parse(QUERY) in cl.roles["p1"].queries)
-    cl.sim.result(cl.sim.call("p2", "canceller", "go", {}))
-    got, err = cl.outcome(cid)
+    cl, (got, err) = _cancel_from_p2(seed, "p1")
     assert err is None and got is not None, err
     assert sorted(got.column("x").to_pylist()) == list(range(6000))
     assert cl.roles["p1"].counters["handler_failed"] == 1  # the cancel was refused
     cl.settle()
     assert cl.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_cancel_another_role_of_a_participant_sends_the_initiator_reaches_that_participant(
+    seed: int,
+) -> None:
+    # The initiator takes the cancel (p2 is a participant) and ends the query. The message came from p2,
+    # but not from p2's query role: the bus does not say which role sent it, so the initiator cannot skip
+    # p2 as a member that has released the query. p2, still streaming under a small credit, must hear.
+    cl, (got, err) = _cancel_from_p2(seed, "i")
+    assert got is None and err is not None and err.startswith("[-1 GENERIC] x"), err
+    cl.settle()
+    assert cl.leaks() == {"i": 0, "p1": 0, "p2": 0}
+    assert cl.roles["p1"].counters["cancelled_remote"] == 1
+    assert cl.roles["p2"].counters["cancelled_remote"] == 1
