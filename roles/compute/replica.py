@@ -19,7 +19,7 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
 * A table is compacted by ``AllowCompaction`` with the table's id, as an index is; a table cannot be
   dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
   replica's upper for the table is merged by difference (``_append``); a snapshot of another history than
-  the one held (a restarted controller's table, ``_same_history``) replaces the table. A table the new
+  the one held (a restarted controller's table, ``storage.same_history``) replaces the table. A table the new
   connection sends no snapshot of is a previous controller's and is dropped at reconciliation.
 * An append whose updates its table cannot take stops that table only (``refused``): the tables it
   advances still move, later appends skip it, and peeks at times it will never reach get an ``Error``.
@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sparkbus.bus.contract import (
     Action,
@@ -46,19 +44,10 @@ from sparkbus.bus.contract import (
     Reply,
     Send,
 )
-from sparkbus.codecs import DecodeError
 from sparkbus.roles.compute.arrangement import (
-    DIFF,
-    TIME,
     Arrangement,
-    advance_times,
-    conform,
     consolidate,
-    data_schema,
-    decode_table,
     encode_table,
-    i64,
-    ungroupable,
     update_schema,
 )
 from sparkbus.roles.compute.dataflow import Dataflow, constrain, finish, index_key
@@ -87,6 +76,7 @@ from sparkbus.roles.compute.messages import (
 )
 from sparkbus.roles.compute.reduction import ViewError
 from sparkbus.roles.compute.stages import Input, Stage, StageError, next_stage
+from sparkbus.roles.compute.storage import append_where, checked_updates, plan_append, same_history
 from sparkbus.roles.compute.times import CLOSED, Frontier, readable
 
 log = logging.getLogger(__name__)
@@ -145,17 +135,6 @@ class LiveDataflow:
         if self.subscribes and out.num_rows:
             self.pending.append(out)
         return out
-
-
-@dataclass(frozen=True, slots=True)
-class _AppendPlan:
-    """What an append changes (``ComputeReplica._plan_append``): the table replaced by another history,
-    its data columns, the updates to add (None: nothing new) and the since to compact to first."""
-
-    replace: bool
-    schema: pa.Schema
-    fresh: pa.Table | None = None
-    compact_to: int | None = None
 
 
 class ComputeReplica:
@@ -352,7 +331,8 @@ class ComputeReplica:
         reloaded = {
             c.id
             for c in snapshots
-            if c.id in self.tables and not _same_history(self.tables[c.id], c, self._updates(c))
+            if c.id in self.tables
+            and not same_history(self.tables[c.id], c, checked_updates(c, append_where(c, self.controller)))
         }
         # The controller sends a snapshot of every table it has: a table it names none of is a previous
         # controller's (tables cannot be dropped), which would hold memory for good and keep its id from a
@@ -542,34 +522,6 @@ class ComputeReplica:
 
     # ---------------------------------------------------------------- storage
 
-    def _updates(self, msg: AppendUpdates) -> pa.Table:
-        """The updates of ``msg``, checked: a ``RemoteProtocolError`` for any the table cannot take."""
-        where = _where(msg, self.controller)
-        try:
-            updates = decode_table(msg.updates)
-        except DecodeError as exc:
-            raise RemoteProtocolError(f"{where}: {exc}") from None
-        names = updates.schema.names
-        # Checked before anything changes: a duplicate name would make the column lookups below raise
-        # KeyError, a null time or diff would fail (or silently count) deep inside the arrangements.
-        if (
-            names[-2:] != [TIME, DIFF]
-            or len(set(names)) != len(names)
-            or any(updates.schema.field(n).type != pa.int64() or updates[n].null_count for n in (TIME, DIFF))
-        ):
-            raise RemoteProtocolError(
-                f"{where}: the columns must have distinct names, the last ones __time and __diff "
-                "(int64, no nulls)"
-            )
-        if updates.num_rows and (
-            pc.min(updates[TIME]).as_py() < max(msg.lower, msg.since)
-            or pc.max(updates[TIME]).as_py() >= msg.upper
-        ):
-            raise RemoteProtocolError(
-                f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
-            )
-        return updates
-
     def _append(self, msg: AppendUpdates, *, compared: bool = False) -> None:
         """Apply ``msg`` to its table; ``compared``: a snapshot ``_initialize`` found to be our history.
 
@@ -580,7 +532,7 @@ class ComputeReplica:
         table in their ``advanced``. Otherwise one refused append would leave every table it advances
         behind, and the replica would refuse every later append (each lists them) as a gap.
         """
-        where = _where(msg, self.controller)
+        where = append_where(msg, self.controller)
         for other in msg.advanced:
             if other == msg.id or (other not in self.tables and other not in self.refused):
                 raise RemoteProtocolError(
@@ -591,7 +543,9 @@ class ComputeReplica:
             if self.tables[other].upper[0] < msg.lower:
                 raise RemoteProtocolError(f"{where}: table {other!r} has a gap below lower")
         try:
-            plan = self._plan_append(msg, where, compared)
+            table = self.tables.get(msg.id)
+            read = any(f.desc.view.source == msg.id for f in self.dataflows)
+            plan = plan_append(table, msg, where, compared=compared, read=read)
         except RemoteProtocolError as exc:
             # The first refusal says what went wrong; later ones of the table are its gap.
             self.refused.setdefault(msg.id, str(exc))
@@ -609,57 +563,6 @@ class ComputeReplica:
             table.append(plan.fresh, msg.upper)
             self._changed(msg.id, plan.fresh, msg.upper)
         self._advance(advanced, msg.upper)
-
-    def _plan_append(self, msg: AppendUpdates, where: str, compared: bool) -> _AppendPlan:
-        """What appending ``msg`` to its table changes, or a ``RemoteProtocolError`` if the table cannot
-        take it. Changes nothing."""
-        updates = self._updates(msg)
-        table = self.tables.get(msg.id)
-        replace = False
-        if table is not None and msg.lower == 0 and not compared and not _same_history(table, msg, updates):
-            # The table anew as another history (a restarted controller's): loaded again, which only a
-            # table no dataflow reads can be (``_initialize`` sees to that).
-            if any(f.desc.view.source == msg.id for f in self.dataflows):
-                raise RemoteProtocolError(
-                    f"{where}: the table starts again as another history, and dataflows read it"
-                )
-            replace, table = True, None
-        if table is None:
-            if msg.lower != 0:
-                raise RemoteProtocolError(f"{where}: a table's first append must start at time 0")
-            schema, current = data_schema(updates.schema), 0
-            why = ungroupable(schema)
-            if why is not None:  # an empty snapshot would pass, and the first rows fail
-                raise RemoteProtocolError(f"{where}: the table's rows cannot be consolidated ({why})")
-        elif not data_schema(updates.schema).equals(table.schema):
-            raise RemoteProtocolError(
-                f"{where}: schema {updates.schema} differs from the table's {table.schema}"
-            )
-        else:
-            schema, current = table.schema, table.upper[0]
-        if msg.lower > current:
-            raise RemoteProtocolError(f"{where}: the table's upper is {current}, so updates are missing")
-        if msg.upper <= current:
-            return _AppendPlan(replace, schema)
-        fresh = updates.cast(update_schema(schema))
-        compact_to = None
-        if msg.lower < current and msg.since < current:
-            # A replay (after a reconnect) overlaps what this replica already has, and its times below
-            # ``current`` are still below it after compaction: keep only the new times.
-            fresh = fresh.filter(pc.greater_equal(fresh[TIME], i64(current)))
-        elif msg.lower < current:
-            # The replay was compacted to a since at or beyond our upper, so our updates are in it,
-            # advanced to the since, and cannot be told apart: take the difference between the replay
-            # and what we hold, at the since. Reads at times >= since (all the controller allows) see
-            # the table's true contents; the dataflows reading it get the difference as updates.
-            assert table is not None
-            fresh = pa.concat_tables([fresh, _negated(advance_times(table.updates, msg.since))])
-            compact_to = msg.since
-        try:
-            fresh = consolidate(fresh)
-        except pa.ArrowException as exc:
-            raise RemoteProtocolError(f"{where}: the updates cannot be consolidated ({exc})") from None
-        return _AppendPlan(replace, schema, fresh, compact_to)
 
     def _advance(self, tables: list[str], upper: int) -> None:
         """Move the upper of ``tables`` (an append's ``advanced``) to ``upper``: no updates until then."""
@@ -802,35 +705,3 @@ class ComputeReplica:
 
 def _error(uuid: str, text: str) -> PeekResponse:
     return PeekResponse(uuid=uuid, result=PeekResult.ERROR, error=text)
-
-
-def _where(msg: AppendUpdates, controller: str | None) -> str:
-    return f"AppendUpdates for table {msg.id!r} [{msg.lower}, {msg.upper}) from {controller}"
-
-
-def _negated(updates: pa.Table) -> pa.Table:
-    return updates.set_column(updates.schema.get_field_index(DIFF), DIFF, pc.negate(updates[DIFF]))
-
-
-def _same_history(table: Arrangement, msg: AppendUpdates, updates: pa.Table) -> bool:
-    """Whether snapshot ``msg`` (lower 0, its checked ``updates``) continues the history ``table`` holds.
-
-    A reconnecting controller's snapshot does. A restarted controller's table, built anew, is another
-    history, which may look like ours by its since and upper: it starts below our since, ends below our
-    upper, has other columns, or holds other rows at the times both know exactly (``[its since, our
-    upper)``, its earlier updates and ours advanced to its since). A snapshot compacted to our upper or
-    beyond shares no such time; ``_append`` merges it by difference, which is right for any history.
-    """
-    current = table.upper[0]
-    if msg.since < table.since[0] or msg.upper < current:
-        return False
-    if not data_schema(updates.schema).equals(table.schema):
-        return False
-    if msg.since >= current:
-        return True
-    # Their updates are at or beyond their since already (``_updates``); the difference of the two
-    # consolidates to nothing exactly when they agree (NaN groups with NaN, as keys do).
-    theirs = updates.filter(pc.less(updates[TIME], i64(current)))
-    ours = _negated(advance_times(table.updates, msg.since))
-    rows: int = consolidate(pa.concat_tables([conform(theirs, ours.schema), ours])).num_rows
-    return rows == 0
