@@ -191,7 +191,8 @@ class SplitFinalized:
     ``lamport`` is the sender's clock (the split leader's when it finalized: at least every version it
     acknowledged, its memtable's included). A node that takes the finalize raises the clock of each of
     its stores of the partition and of the targets to it, so a write a target takes after the split
-    gets a version above every row the split still brings it. 0 raises nothing.
+    gets a version above every row the split still brings it. 0 raises nothing. The spec names no such
+    field; on the wire it is required like every field (a finalize without it is not taken as 0).
     """
 
     partition: str

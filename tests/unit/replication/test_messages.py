@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from sparkbus.bus.contract import RemoteProtocolError
-from sparkbus.codecs import DecodeError, EnvelopeCodec
+from sparkbus.codecs import DecodeError, EnvelopeCodec, LimitExceeded
 from sparkbus.roles.replication.layout import SplitTarget
 from sparkbus.roles.replication.messages import (
     DeclineReason,
@@ -153,3 +153,16 @@ def test_a_split_finalize_clock_beyond_the_versions_is_refused(lamport: int) -> 
     body["lamport"] = lamport
     with pytest.raises(DecodeError, match="lamport"):
         CODEC.decode([frames[0], msgpack.packb(body)])
+
+
+def test_a_split_finalize_without_its_clock_is_refused_and_with_it_taken() -> None:
+    # The spec does not name the field: sparkbus adds it (docs/REPLICATION.md, split). It is required on the
+    # wire like every field; taking a finalize without it as 0 would let a target version its writes below
+    # the rows the split still brings it. The bus refuses what does not decode as MALFORMED.
+    frames = CODEC.encode(SplitFinalized(partition="t/0", targets=(SplitTarget(partition="t/1"),), lamport=7))
+    body = msgpack.unpackb(frames[1])
+    assert CODEC.decode([frames[0], msgpack.packb(body)]).message.lamport == 7
+    del body["lamport"]
+    with pytest.raises(DecodeError, match="lamport: missing field") as refused:
+        CODEC.decode([frames[0], msgpack.packb(body)])
+    assert not isinstance(refused.value, LimitExceeded)
