@@ -81,6 +81,11 @@ class _Checker:
     def bad(self, path: str, reason: str) -> None:
         self.problems.append(Problem(path, reason))
 
+    def accepted(self, *paths: str) -> bool:
+        """No value at ``paths`` was refused: a check comparing them reads the file's values, not defaults
+        standing in for refused ones (which would bring a second, misleading problem)."""
+        return not any(p.path in paths for p in self.problems)
+
     def keys(self, table: Mapping[str, Any], path: str, allowed: Iterable[str]) -> None:
         allowed = list(allowed)
         for key in table:
@@ -274,7 +279,9 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
     )
     ports = c.get(t, "ports", "bus", str, None, convert=_port_range)
     ipc_dir = c.get(t, "ipc_dir", "bus", str, None)
-    if transport == "ipc":
+    if not c.accepted("bus.transport"):
+        pass  # which of host, ports and ipc_dir have a meaning depends on the transport refused
+    elif transport == "ipc":
         for key in ("host", "ports"):
             if key in t:
                 c.bad(
@@ -286,7 +293,7 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
     peer_timeout = c.get(
         t, "peer_timeout", "bus", str, d.peer_timeout, convert=parse_duration, check=_positive
     )
-    if peer_timeout < 2 * heartbeat:
+    if c.accepted("bus.heartbeat", "bus.peer_timeout") and peer_timeout < 2 * heartbeat:
         c.bad(
             "bus.peer_timeout",
             f"must be at least twice bus.heartbeat ({heartbeat:g}s), or one late heartbeat drops a healthy peer",
@@ -305,13 +312,13 @@ def _bus(c: _Checker, raw: Mapping[str, Any]) -> BusSettings:
     credit = c.get(
         t, "initial_credit", "bus", (str, int), d.initial_credit, convert=parse_size, check=_positive
     )
-    if credit < batch_size:
+    if c.accepted("bus.batch_size", "bus.initial_credit") and credit < batch_size:
         c.bad(
             "bus.initial_credit", f"must be at least bus.batch_size ({batch_size}B), or no batch can be sent"
         )
     tune_allocator = c.get(t, "tune_allocator", "bus", bool, d.tune_allocator)
     idle_spin = c.get(t, "idle_spin", "bus", str, d.idle_spin, convert=parse_duration)
-    if idle_spin >= heartbeat:
+    if c.accepted("bus.heartbeat", "bus.idle_spin") and idle_spin >= heartbeat:
         c.bad("bus.idle_spin", f"must be shorter than bus.heartbeat ({heartbeat:g}s)")
     return BusSettings(
         transport=transport,
@@ -356,11 +363,13 @@ def _security(c: _Checker, bus: Mapping[str, Any]) -> SecuritySettings:
         check=lambda v: None if v in ("none", "curve") else f"must be 'none' or 'curve', got {v!r}",
     )
     key_dir = c.get(t, "key_dir", p, str, None)
-    if mode == "curve" and "key_dir" not in t:
+    if not c.accepted(f"{p}.mode"):
+        pass  # whether key_dir is needed depends on the mode refused
+    elif mode == "curve" and "key_dir" not in t:
         c.bad(
             f"{p}.key_dir", "missing: mode = 'curve' needs the directory holding the cluster's certificates"
         )
-    if mode == "none" and key_dir is not None:
+    elif mode == "none" and key_dir is not None:
         c.bad(f"{p}.key_dir", "only meaningful with mode = 'curve'")
     allow: list[str] = []
     for i, item in enumerate(c.names(t, "allow", p)):

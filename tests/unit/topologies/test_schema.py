@@ -203,6 +203,16 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
             "bus.security.allow[0]: 'db1.example.com' is not an IP",
         ),
         ('[bus.security]\nkey_dir = "/k"', "bus.security.key_dir: only meaningful with mode = 'curve'"),
+        # the refused value alone: not also a comparison with the default it is read back as
+        ('heartbeat = "0.2"\npeer_timeout = "1s"', "bus.heartbeat: '0.2' has no unit"),
+        ('heartbeat = "0s"\npeer_timeout = "1500ms"', "bus.heartbeat: must be greater than zero"),
+        ('heartbeat = "x"\nidle_spin = "1s"', "bus.heartbeat: expected a duration"),
+        ('heartbeat = "3s"\npeer_timeout = "5"', "bus.peer_timeout: '5' has no unit"),
+        ('heartbeat = "100us"\nidle_spin = "1"', "bus.idle_spin: '1' has no unit"),
+        ('batch_size = "100kb"\ninitial_credit = "256KiB"', "bus.batch_size: unknown size unit 'kb'"),
+        ('batch_size = "8MiB"\ninitial_credit = "4mib"', "bus.initial_credit: unknown size unit 'mib'"),
+        ('transport = "IPC"\nipc_dir = "/tmp/x"', "bus.transport: must be 'tcp' or 'ipc', got 'IPC'"),
+        ('[bus.security]\nmode = "Curve"\nkey_dir = "/k"', "bus.security.mode: must be 'none' or 'curve'"),
     ],
 )
 def test_bad_bus_settings(bus: str, expected: str) -> None:

@@ -58,6 +58,20 @@ def test_invalid_file_prints_every_problem_and_fails(
     ]
 
 
+def test_a_refused_heartbeat_is_the_one_problem_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[cluster]\nname = "x"\n[bus]\nheartbeat = "0.2"\npeer_timeout = "1s"\n'
+        '[[nodes]]\nname = "a"\nplacement = "host"\nhost = "127.0.0.1"\nservices = ["echo"]\n'
+    )
+    assert cli.main(["validate", str(bad)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{bad}: bus.heartbeat: '0.2' has no unit; write e.g. '0.2s' or '0.2ms'"
+    ]
+
+
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(tmp_path / "nope.toml")]) == 1
     assert "nope.toml: cannot read the file" in capsys.readouterr().err
