@@ -23,7 +23,8 @@ Local calls (``LocalCall.name`` and its ``args``):
   (read-your-writes). A table name peeks the table itself.
 * ``cancel_peek(call_id)``: cancel the peek started by that call.
 * ``subscribe(view, target_replica=None)``: result ``{"id", "as_of"}``; ``fetch(id)`` returns and clears
-  the received batches; ``unsubscribe(id)``.
+  the received batches; ``unsubscribe(id)``. A batch whose upper is closed (a replica's error it cannot get
+  past) is the last: the subscribe is dropped, ``dropped_at`` set.
 * ``allow_writes()``: for a controller created ``read_only``.
 
 Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assigned by the controller, one
@@ -436,6 +437,13 @@ class ComputeController:
                 updates = updates.filter(pc.greater_equal(updates[TIME], i64(sub.upper)))
             sub.batches.append((sub.upper, new_upper, encode_table(updates), None))
         sub.upper = new_upper
+        if upper is None:
+            # A closed upper: that replica sends nothing more for it (an error it cannot get past, such as
+            # a table it refused). The subscribe ends there, as Materialize's controller stops tracking one
+            # whose upper is empty: later batches from other replicas would follow an error.
+            sub.dropped_at = (sub.upper,)
+            self._drop_collection(msg.id)
+            return
         coll = self.collections.get(msg.id)
         if coll is not None and new_upper - 1 > coll.since:
             # What it reads follows what it delivered: a subscribe built again (a replica rehydrated) starts

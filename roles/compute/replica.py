@@ -22,7 +22,9 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
   the one held (a restarted controller's table, ``storage.same_history``) replaces the table. A table the new
   connection sends no snapshot of is a previous controller's and is dropped at reconciliation.
 * An append whose updates its table cannot take stops that table only (``refused``): the tables it
-  advances still move, later appends skip it, and peeks at times it will never reach get an ``Error``.
+  advances still move, later appends skip it, peeks at times it will never reach get an ``Error``, and the
+  subscribes over it get that error in a batch whose upper is closed. Dataflows over a table never created
+  here (its first append refused) are not built (``unbuilt``), and answer the same.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class LiveDataflow:
         self.scheduled = False
         #: Why the view could not be computed from its data; then its peeks and subscribes get this error.
         self.error: str | None = None
+        #: Subscribes whose last batch closed their upper: nothing more is sent for them, not even a drop.
+        self.ended: set[str] = set()
 
     @property
     def live_exports(self) -> list[str]:
@@ -182,6 +186,8 @@ class ComputeReplica:
         self.tables: dict[str, Arrangement] = {}
         #: Tables whose last append this replica refused (``_append``), and why: they stay at their upper.
         self.refused: dict[str, str] = {}
+        #: Exports of the dataflows not built because a refused table is under them, and why (``_create``).
+        self.unbuilt: dict[str, str] = {}
         self.dataflows: list[LiveDataflow] = []
         self._by_export: dict[str, LiveDataflow] = {}
         self.peeks: dict[str, Peek] = {}
@@ -436,11 +442,21 @@ class ComputeReplica:
     def _create(self, desc: CreateDataflow) -> None:
         where = f"CreateDataflow {desc.name!r}"
         for e in desc.export_ids:
-            if e in self._by_export or e in self.tables:
+            if e in self._by_export or e in self.tables or e in self.unbuilt:
                 raise RemoteProtocolError(
                     f"{where}: export id {e!r} is already in use (peer {self.controller})"
                 )
-        schema, _ = self._source_schema(desc.view.source, where)
+        source = desc.view.source
+        stopped = None if source in self._by_export else self._stopped(source)
+        if stopped is not None and source not in self.tables:
+            # The table under it was refused before it was created here (or a view over it was not built):
+            # there is nothing to build it from, and nothing will come. Its peeks get the reason, and so do
+            # its subscribes, at once and closed.
+            self.unbuilt.update(dict.fromkeys(desc.export_ids, stopped))
+            for sink in desc.sink_exports:
+                self._send(SubscribeBatch(id=sink, lower=desc.as_of, upper=CLOSED, error=stopped))
+            return
+        schema, _ = self._source_schema(source, where)
         try:
             flow = LiveDataflow(desc, schema)
         except ViewError as exc:
@@ -486,6 +502,10 @@ class ComputeReplica:
                 )
             table.compact(frontier)
             return
+        if export_id in self.unbuilt:
+            if not frontier:
+                del self.unbuilt[export_id]  # never reported, and its subscribes were closed
+            return
         flow = self._by_export.get(export_id)
         if flow is None:
             return  # already dropped: compaction of a dropped collection is a no-op
@@ -503,8 +523,9 @@ class ComputeReplica:
             return
         if export_id in flow.subscribes:
             at = flow.subscribes.pop(export_id)
-            if not silent:
+            if not silent and export_id not in flow.ended:  # after a closed upper, nothing (Materialize)
                 self._send(SubscribeDropped(id=export_id, at=(at,)))
+            flow.ended.discard(export_id)
         else:
             flow.index_since.pop(export_id, None)
             last = self._reported.pop(export_id, None)
@@ -598,29 +619,31 @@ class ComputeReplica:
             flow = self._by_export.get(flow.desc.view.source)
         return None
 
-    def _refusal(self, peek: Peek) -> str | None:
-        """Why the table ``peek`` reads, itself or through views, stays at its upper (None: it does not)."""
-        source = peek.target_id
-        flow = self._by_export.get(source) if peek.target is TargetKind.INDEX else None
-        while flow is not None:
-            source = flow.desc.view.source
-            flow = self._by_export.get(source)
-        reason = self.refused.get(source)
-        if reason is None:
-            return None
-        return f"table {source!r} stays at its upper: this replica refused its updates ({reason})"
+    def _stopped(self, id: str) -> str | None:
+        """Why collection ``id`` (a table, or a view or subscribe over one, built or not) moves no further
+        here: the table under it stays at its upper, this replica having refused its updates (None: it
+        does not)."""
+        while id not in self.unbuilt:
+            flow = self._by_export.get(id)
+            if flow is None:
+                reason = self.refused.get(id)
+                if reason is None:
+                    return None
+                return f"table {id!r} stays at its upper: this replica refused its updates ({reason})"
+            id = flow.desc.view.source
+        return self.unbuilt[id]
 
     def _peek_error(self, peek: Peek) -> str | None:
         arrangement, _ = self._peek_target(peek)
         if arrangement is None:
-            return self._refusal(peek) or f"collection {peek.target_id!r} does not exist"
+            return self._stopped(peek.target_id) or f"collection {peek.target_id!r} does not exist"
         if peek.target is TargetKind.INDEX:
             failure = self._failure(self._by_export.get(peek.target_id))
             if failure is not None:
                 return failure
         if arrangement.upper and peek.timestamp >= arrangement.upper[0]:
             # A time the collection will never reach here is answered now rather than never.
-            refusal = self._refusal(peek)
+            refusal = self._stopped(peek.target_id)
             if refusal is not None:
                 return refusal
         if not readable(peek.timestamp, arrangement.since):
@@ -682,25 +705,35 @@ class ComputeReplica:
             flow.pending = []
             return
         failure = self._failure(flow)
+        stopped = self._stopped(flow.desc.view.source)
         for sink, lower in flow.subscribes.items():
-            if flow.upper <= lower:
+            if sink in flow.ended:
                 continue
-            error, data = failure or "", b""
-            if not error:
-                parts = list(flow.pending)
-                updates = (
-                    consolidate(pa.concat_tables(parts))
-                    if parts
-                    else update_schema(flow.schema).empty_table()
-                )
-                data = encode_table(updates)
-                limit = self.config.max_result_size
-                if limit is not None and len(data) > limit:
-                    error, data = f"result exceeds max size of {limit} bytes", b""
-            batch = SubscribeBatch(id=sink, lower=(lower,), upper=(flow.upper,), error=error, updates=data)
-            self._send(batch)
-            flow.subscribes[sink] = flow.upper
+            if flow.upper > lower:
+                self._send_subscribe_batch(flow, sink, lower, failure)
+            if stopped is not None:
+                # The table under it stays at its upper here, so the subscribe can make no more progress:
+                # it is told why, once, with a closed upper (nothing more will come), as a Materialize
+                # subscribe is, which an error poisons until it is dropped.
+                last = (flow.subscribes[sink],)
+                self._send(SubscribeBatch(id=sink, lower=last, upper=CLOSED, error=failure or stopped))
+                flow.ended.add(sink)
         flow.pending = []
+
+    def _send_subscribe_batch(self, flow: LiveDataflow, sink: str, lower: int, failure: str | None) -> None:
+        """Send subscribe ``sink`` its updates (or ``failure``) in ``[lower, flow.upper)``."""
+        error, data = failure or "", b""
+        if not error:
+            parts = list(flow.pending)
+            updates = (
+                consolidate(pa.concat_tables(parts)) if parts else update_schema(flow.schema).empty_table()
+            )
+            data = encode_table(updates)
+            limit = self.config.max_result_size
+            if limit is not None and len(data) > limit:
+                error, data = f"result exceeds max size of {limit} bytes", b""
+        self._send(SubscribeBatch(id=sink, lower=(lower,), upper=(flow.upper,), error=error, updates=data))
+        flow.subscribes[sink] = flow.upper
 
 
 def _error(uuid: str, text: str) -> PeekResponse:

@@ -54,10 +54,13 @@ WRITES = [batch(("a", 1), ("b", 2)), batch(("a", 3)), batch(("c", 5), ("b", 1))]
 
 
 def boot(
-    seed: int, replicas: tuple[str, ...] = ("r1", "r2"), config: UpdateConfiguration | None = None
+    seed: int,
+    replicas: tuple[str, ...] = ("r1", "r2"),
+    config: UpdateConfiguration | None = None,
+    kind: type[ComputeController] = ComputeController,
 ) -> SimBus:
     sim = SimBus(seed=seed)
-    sim.add_node("ctl", [ComputeController(replicas=replicas, config=config)])
+    sim.add_node("ctl", [kind(replicas=replicas, config=config)])
     for r in replicas:
         sim.add_node(r, [ComputeReplica()])
     sim.start()
