@@ -188,7 +188,10 @@ class Client:
         try:
             self._started.result(timeout=connect_timeout)
         except FutureTimeout:
-            attempts = self._on_loop(self.core.attempts)
+            try:
+                attempts = self._on_loop(self.core.attempts, "the addresses tried")
+            except ClientError as exc:
+                attempts = f"  (unknown: {exc.message})"
             self.close()
             raise ConnectTimeoutError(
                 f"no node connection within {connect_timeout:g} s; tried:\n{attempts}"
@@ -242,7 +245,11 @@ class Client:
         A chunk counts as consumed when the next one is asked for: at most ``window`` chunks (the
         ``ClientConfig.window``, 8 by default) are in flight or queued here at any time. ``timeout`` bounds
         the wait for each chunk. Leaving the loop early abandons the rest (the gateway is told to drop it).
-        A stream that has yielded a chunk is not retried after a lost connection.
+        A stream that has yielded a chunk is not retried after a lost connection. ``timeout`` also bounds
+        the wait for the client's loop thread to start the stream: past it the stream is never started.
+
+        Raises:
+            ClientError: the operation's own error; OPERATION_TIMEOUT when a wait passes ``timeout``.
         """
         wait = self.op_timeout if timeout is None else timeout
         chunks: queue.SimpleQueue[Chunk | Done] = queue.SimpleQueue()
@@ -250,6 +257,8 @@ class Client:
         call_args = dict(args or {})
 
         def run() -> None:
+            if not started.set_running_or_notify_cancel():  # its caller stopped waiting: never start it
+                return
             if not self._accepting:
                 started.set_exception(self._closed_error())
                 return
@@ -262,7 +271,16 @@ class Client:
             started.set_result(handle)
 
         self._submit(run)
-        handle = started.result(timeout=5.0)
+        late = f"operation {Op(op).name}: the client's loop thread did not start it within {wait:g} s"
+        try:
+            handle = started.result(timeout=wait)
+        except FutureTimeout:
+            if started.cancel():
+                raise ClientError(OPERATION_TIMEOUT, late) from None
+            try:  # too late to cancel: the loop thread is starting it at this moment
+                handle = started.result(timeout=wait)
+            except FutureTimeout:
+                raise ClientError(OPERATION_TIMEOUT, late) from None
         finished = False
         try:
             while True:
@@ -384,13 +402,16 @@ class Client:
             lambda: {
                 k: {"state": x.state, "node": x.node_id, "restores": x.restores}
                 for k, x in self.core.links.items()
-            }
+            },
+            "STATUS (this client's connections)",
         )
         return out
 
     def status_of_links(self) -> dict[str, int]:
         """Node address -> how many times its logical connection was restored."""
-        result: dict[str, int] = self._on_loop(lambda: {k: x.restores for k, x in self.core.links.items()})
+        result: dict[str, int] = self._on_loop(
+            lambda: {k: x.restores for k, x in self.core.links.items()}, "status_of_links"
+        )
         return result
 
     def close(self) -> None:
@@ -412,8 +433,11 @@ class Client:
 
     # ------------------------------------------------------------------ the loop thread
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+    def _on_loop(self, fn: Callable[[], Any], what: str = "the client's state", timeout: float = 5.0) -> Any:
+        """``fn()`` run on the loop thread; OPERATION_TIMEOUT naming ``what`` when the loop does not get to it
+        within ``timeout`` (or ``op_timeout`` when shorter)."""
         fut: Future[Any] = Future()
+        wait = min(timeout, self.op_timeout)
 
         def run() -> None:
             try:
@@ -422,7 +446,12 @@ class Client:
                 fut.set_exception(exc)
 
         self._submit(run)
-        return fut.result(timeout=5.0)
+        try:
+            return fut.result(timeout=wait)
+        except FutureTimeout:
+            raise ClientError(
+                OPERATION_TIMEOUT, f"{what}: the client's loop thread did not answer within {wait:g} s"
+            ) from None
 
     def _forget_stream(self, handle: int) -> None:
         self.core.cancel(handle, time.monotonic())

@@ -20,6 +20,7 @@ from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.node import Node
 from sparkbus.roles.client import ClientConnectionError, ClientError, Gateway, Op, Response, encode_response
 from sparkbus.roles.query import table_to_ipc
+from sparkbus.topologies.client import OPERATION_TIMEOUT, Client
 
 TAG = "loop"
 
@@ -151,30 +152,61 @@ def test_close_fails_every_pending_operation_with_a_connection_error_and_refuses
         n.stop()
 
 
+class HeldLoop:
+    """Holds the client's loop thread in its next tick until ``release`` (at most ``hold`` seconds): the
+    loop takes no command meanwhile, deterministically."""
+
+    def __init__(self, client: Client, hold: float = 10.0) -> None:
+        self.in_tick, self.release = threading.Event(), threading.Event()
+        tick = client.core.tick
+        held = [False]
+
+        def held_tick(now: float) -> None:
+            if not held[0]:
+                held[0] = True
+                self.in_tick.set()
+                self.release.wait(hold)
+            tick(now)
+
+        client.core.tick = held_tick  # type: ignore[method-assign]
+        client._wake()
+        assert self.in_tick.wait(5)
+
+
 def test_an_operation_handed_over_as_close_begins_completes(control: str) -> None:
     """A submit queued after the loop ran its commands for this turn, before it sees the stop. Made
     deterministic by holding the loop in its tick while another thread closes the client."""
     client = sparkbus.connect([control], cluster_tag=TAG, connect_timeout=5)
-    in_tick, release = threading.Event(), threading.Event()
-    tick = client.core.tick
-    held = [False]
-
-    def held_tick(now: float) -> None:
-        if not held[0]:
-            held[0] = True
-            in_tick.set()
-            release.wait(5)
-        tick(now)
-
-    client.core.tick = held_tick  # type: ignore[method-assign]
-    client._wake()
-    assert in_tick.wait(5)
+    loop = HeldLoop(client, hold=5)
     fut = client.submit(Op.STATUS)
     closer = threading.Thread(target=client.close)
     closer.start()
     assert client._stopping.wait(5)
-    release.set()
+    loop.release.set()
     closer.join(10)
     # fut.result() with no timeout, as concurrent.futures callers write it, would otherwise wait for ever
     exc = fut.exception(timeout=5)
     assert isinstance(exc, ClientConnectionError) and exc.message == "client closed", exc
+
+
+def test_a_stream_the_loop_does_not_start_in_time_is_an_operation_timeout_and_never_starts(
+    control: str,
+) -> None:
+    """Waiting for the loop thread to take a stream (or to answer ``status``) ends in the client's own
+    OPERATION_TIMEOUT naming what timed out, never a bare ``TimeoutError``; the abandoned stream is not
+    started when the loop gets to it, and the client serves on."""
+    with sparkbus.connect([control], cluster_tag=TAG, connect_timeout=5, op_timeout=0.5) as client:
+        loop = HeldLoop(client)
+        try:
+            with pytest.raises(ClientError) as err:
+                next(client.stream(Op.SQL, {"sql": "select 1"}, timeout=0.2))
+            assert err.value.code == OPERATION_TIMEOUT, repr(err.value)
+            assert "SQL" in err.value.message and "not start" in err.value.message, err.value.message
+            with pytest.raises(ClientError) as err:
+                client.status_of_links()
+            assert err.value.code == OPERATION_TIMEOUT and "status_of_links" in err.value.message, err.value
+        finally:
+            loop.release.set()
+        assert client._on_loop(lambda: (len(client._streams), len(client.core.ops))) == (0, 0)
+        assert client.sql("select 1").to_pylist() == [{"n": 1}]
+        assert client.error is None
