@@ -20,6 +20,13 @@ MiB = 1024 * KiB
 MAX_BATCH_SIZE = 64 * MiB
 #: Each node binds a control socket and a data socket.
 PORTS_PER_NODE = 2
+#: The most nodes a topology holds (and so a ``count``). Every node links to every other, opening 4 ZeroMQ
+#: sockets per peer (a DEALER, a PUSH, and the two of the DEALER's monitor), and libzmq holds at most 1023
+#: sockets per process by default (``ZMQ_MAX_SOCKETS``): a node with 260 peers fails to start with "Too many
+#: open files". 200 leaves room for the node's own sockets (ROUTER, PULL, wake-up pair, CURVE monitors).
+MAX_NODES = 200
+#: Why ``MAX_NODES``, in the problem refusing a larger count.
+MAX_NODES_WHY = "each node opens 4 ZeroMQ sockets per peer, and a process holds at most 1023"
 
 LOCAL_MASTER = re.compile(r"^local(?:\[(?P<n>\*|[1-9][0-9]*)(?:,\s*[0-9]+)?\])?$")
 

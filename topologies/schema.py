@@ -21,6 +21,8 @@ from sparkbus.bus.contract import HTTP_BUFFERS
 from sparkbus.topologies.model import (
     LOCAL_MASTER,
     MAX_BATCH_SIZE,
+    MAX_NODES,
+    MAX_NODES_WHY,
     PORTS_PER_NODE,
     BusSettings,
     Cluster,
@@ -418,6 +420,12 @@ def _spark(c: _Checker, raw: Mapping[str, Any], cluster: Cluster) -> SparkSettin
     return SparkSettings(master=master, app_name=app_name, barrier_timeout=timeout, conf=tuple(conf))
 
 
+def _count_check(value: int) -> str | None:
+    if value < 1:
+        return f"must be at least 1, got {value}"
+    return None if value <= MAX_NODES else f"must be at most {MAX_NODES} ({MAX_NODES_WHY}), got {value}"
+
+
 def _node(c: _Checker, t: Mapping[str, Any], path: str, spark: bool) -> NodeSpec | None:
     c.keys(t, path, ["name", "placement", "count", "host", "roles", "services"])
     name = c.get(t, "name", path, str, None, required=True, check=_name_check)
@@ -432,9 +440,7 @@ def _node(c: _Checker, t: Mapping[str, Any], path: str, spark: bool) -> NodeSpec
             None if v in ("driver", "executor", "host") else f"must be driver, executor or host, got {v!r}"
         ),
     )
-    count = c.get(
-        t, "count", path, int, None, check=lambda v: None if v >= 1 else f"must be at least 1, got {v}"
-    )
+    count = c.get(t, "count", path, int, None, check=_count_check)
     host = c.get(
         t,
         "host",
@@ -502,6 +508,13 @@ def _nodes(c: _Checker, raw: Mapping[str, Any], spark: SparkSettings | None) -> 
                 )
             seen.setdefault(nid, i)
         specs.append(spec)
+    total = sum(len(spec.node_ids) for spec in specs)
+    if total > MAX_NODES:
+        c.bad(
+            "nodes",
+            f"{total} nodes in all, but a topology holds at most {MAX_NODES}: every node links to every "
+            f"other, {MAX_NODES_WHY}",
+        )
     return tuple(specs)
 
 

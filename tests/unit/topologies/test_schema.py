@@ -150,6 +150,12 @@ def test_duplicate_role_on_a_node() -> None:
         ('master = "local[2]"', "master = 2", "spark.master: expected a string, got an integer (2)"),
         ("count = 2", "count = 0", "nodes[1].count: must be at least 1, got 0"),
         ("count = 2", "count = true", "nodes[1].count: expected an integer, got a boolean"),
+        ("count = 2", "count = 201", "nodes[1].count: must be at most 200 (each node opens 4 ZeroMQ sockets"),
+        (
+            "count = 2",
+            "count = 100000",
+            "nodes[1].count: must be at most 200 (each node opens 4 ZeroMQ sockets",
+        ),
         ('placement = "driver"', 'placement = "gpu"', "nodes[0].placement: must be driver, executor or host"),
         ('name = "t"', 'name = "-t"', "cluster.name: must be 1-63 letters"),
         ('name = "d"', 'name = "d d"', "nodes[0].name: must be 1-63 letters"),
@@ -298,6 +304,24 @@ def test_executor_placement_needs_spark() -> None:
 def test_bad_nodes(node: str, expected: str) -> None:
     text = BASE.replace('master = "local[2]"', 'master = "local[3]"') + "\n[[nodes]]\n" + node + "\n"
     assert only_problem(text).startswith(expected)
+
+
+def hosts(*counts: int) -> str:
+    """A topology of plain processes: one [[nodes]] entry per count."""
+    entry = (
+        '[[nodes]]\nname = "n{}"\nplacement = "host"\nhost = "127.0.0.1"\ncount = {}\nservices = ["echo"]\n'
+    )
+    return '[cluster]\nname = "h"\n' + "".join(entry.format(i, n) for i, n in enumerate(counts))
+
+
+def test_the_nodes_of_a_topology_are_bounded_in_all() -> None:
+    assert len(loads(hosts(150, 50)).node_ids()) == 200
+    assert only_problem(hosts(150, 51)) == (
+        "nodes: 201 nodes in all, but a topology holds at most 200: every node links to every other, "
+        "each node opens 4 ZeroMQ sockets per peer, and a process holds at most 1023"
+    )
+    # a count refused on its own is the one problem, not also the total it would make
+    assert only_problem(hosts(150, 10**5)).startswith("nodes[1].count: must be at most 200")
 
 
 def test_missing_sections() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sparkbus.topologies import cli
+from sparkbus.topologies import cli, launcher
 from sparkbus.topologies.launcher import status_table
 from sparkbus.topologies.schema import SHIPPED, shipped
 
@@ -70,6 +70,29 @@ def test_a_refused_heartbeat_is_the_one_problem_reported(
     assert capsys.readouterr().err.splitlines() == [
         f"{bad}: bus.heartbeat: '0.2' has no unit; write e.g. '0.2s' or '0.2ms'"
     ]
+
+
+def test_an_absurd_count_is_refused_in_one_line_and_up_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_launch(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("sparkbus up started nodes of a topology it should refuse")
+
+    monkeypatch.setattr(launcher, "Launcher", no_launch)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[cluster]\nname = "x"\n'
+        '[[nodes]]\nname = "a"\nplacement = "host"\nhost = "127.0.0.1"\ncount = 100000\nservices = ["echo"]\n'
+    )
+    refused = [
+        f"{bad}: nodes[0].count: must be at most 200 (each node opens 4 ZeroMQ sockets per peer, and a process "
+        "holds at most 1023), got 100000"
+    ]
+    for command in ("validate", "up"):
+        assert cli.main([command, str(bad)]) == 1
+        out = capsys.readouterr()
+        assert (out.out, out.err.splitlines()) == ("", refused), command
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
