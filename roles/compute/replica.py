@@ -20,7 +20,8 @@ Choices where the spec is silent (also in docs/COMPUTE.md):
   dropped, so the empty frontier for one is a protocol error. A replay whose ``since`` is at or beyond this
   replica's upper for the table is merged by difference (``_append``); a snapshot of another history than
   the one held (a restarted controller's table, ``storage.same_history``) replaces the table. A table the new
-  connection sends no snapshot of is a previous controller's and is dropped at reconciliation.
+  connection sends no snapshot of is a previous controller's and is dropped at reconciliation. A command
+  reconciliation cannot take is refused alone (logged, ``reconciliation_refusals``), and the rest applied.
 * An append whose updates its table cannot take stops that table only (``refused``): the tables it
   advances still move, later appends skip it, peeks at times it will never reach get an ``Error``, and the
   subscribes over it get that error in a batch whose upper is closed. Dataflows over a table never created
@@ -149,6 +150,9 @@ class ComputeReplica:
         controller: the peer the current connection is with (None when disconnected).
         halts: how many times an incompatible ``CreateInstance`` made the replica start over.
         reconciliation_failures: dataflows that could not be reused on a reconnect and were rebuilt.
+        reconciliation_refusals: initialization commands refused at reconciliation (each logged; the others
+            are applied). Outside reconciliation a refused command raises ``RemoteProtocolError``, which the
+            node counts and logs.
     """
 
     name = "compute.replica"
@@ -174,6 +178,7 @@ class ComputeReplica:
         self._refused: str | None = None
         self.halts = 0
         self.reconciliation_failures = 0
+        self.reconciliation_refusals = 0
         self._reset_state()
         self._out: list[Action] = []
 
@@ -334,12 +339,7 @@ class ComputeReplica:
         # be served from what we hold: it is loaded again from the snapshot, and the dataflows reading it are
         # built again.
         snapshots = [c for c in commands if isinstance(c, AppendUpdates) and c.lower == 0]
-        reloaded = {
-            c.id
-            for c in snapshots
-            if c.id in self.tables
-            and not same_history(self.tables[c.id], c, checked_updates(c, append_where(c, self.controller)))
-        }
+        reloaded = {c.id for c in snapshots if c.id in self.tables and not self._ours(c)}
         # The controller sends a snapshot of every table it has: a table it names none of is a previous
         # controller's (tables cannot be dropped), which would hold memory for good and keep its id from a
         # view of the new one. It goes, and so do the dataflows reading it (not reused).
@@ -347,8 +347,9 @@ class ComputeReplica:
         reloaded |= set(self.tables) - named
         for table_id in reloaded:
             del self.tables[table_id]
-        for table_id in set(self.refused) - named:
-            del self.refused[table_id]
+        # Each table's snapshot decides afresh whether it is refused, and what was not built is tried again.
+        self.refused.clear()
+        self.unbuilt.clear()
         old_flows = list(self.dataflows)
         by_exports = {frozenset(f.desc.export_ids): f for f in old_flows}
         retained: set[int] = set()
@@ -392,10 +393,27 @@ class ComputeReplica:
                 self.history.push(command)
         self.history.push(InitializationComplete())
         for command in plan:
-            if isinstance(command, AppendUpdates):
-                self._append(command, compared=True)
-            else:
-                self._execute(command)
+            try:
+                if isinstance(command, AppendUpdates):
+                    self._append(command, compared=True)
+                else:
+                    self._execute(command)
+            except RemoteProtocolError as exc:
+                # A command this replica cannot take is refused alone, as outside reconciliation (a table
+                # refused, a dataflow not built), and the rest of the connection's state is built: raised,
+                # it would leave the commands after it unapplied. Each command changes nothing until its
+                # checks pass, so nothing is half applied.
+                self.reconciliation_refusals += 1
+                log.error("compute.replica: reconciliation refused %s: %s", type(command).__name__, exc)
+
+    def _ours(self, snapshot: AppendUpdates) -> bool:
+        """Whether ``snapshot`` continues the history of the table of its name we hold. Not if it cannot be
+        read (``_append`` refuses it): what we hold cannot be told to be its history, and is dropped."""
+        try:
+            updates = checked_updates(snapshot, append_where(snapshot, self.controller))
+        except RemoteProtocolError:
+            return False
+        return same_history(self.tables[snapshot.id], snapshot, updates)
 
     def _reusable(
         self, old: LiveDataflow, new: CreateDataflow, retained: set[int], reloaded: set[str]

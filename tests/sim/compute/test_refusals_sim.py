@@ -17,7 +17,7 @@ import pytest
 from sparkbus.bus.contract import Action, Event, Send
 from sparkbus.roles.compute import DIFF, TIME, AppendUpdates, ComputeController, encode_table
 
-from .test_compute_sim import SEEDS, boot, call, controller, replica
+from .test_compute_sim import EXPECTED, ORDERED, SCHEMA, SEEDS, SUM, boot, call, controller, replica, rows
 
 PEEK_ALL = ("r1", "r2")
 
@@ -78,3 +78,27 @@ def test_a_subscriber_is_told_when_the_replicas_refuse_its_table(seed: int) -> N
     sim.run_until_idle()
     got = call(sim, "fetch", id=again["id"])
     assert "table 't' stays at its upper" in got["batches"][-1][3] and got["dropped_at"] is not None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_replica_sent_a_bad_snapshot_at_reconnect_refuses_that_table_and_builds_the_rest(seed: int) -> None:
+    """r1 comes back to a table and a view created while it was away, and the table's snapshot is spoiled:
+    reconciliation used to stop at it, so the view created after it was never built on r1."""
+    sim = boot(seed, kind=Spoiling)
+    sim.run_until_idle()
+    sim.cut("ctl", "r1")
+    call(sim, "create_table", name="u", schema=SCHEMA)
+    call(sim, "write", table="u", batch=encode_table(pa.table({"k": ["e"], "v": [4]})))
+    call(sim, "create_view", name="w", view=dataclasses.replace(SUM, group_by=()))
+    call(sim, "create_view", name="x", view=dataclasses.replace(SUM, source="u"))
+    spoiling(sim).spoil = lambda peer, msg: peer == "r1" and msg.id == "u" and msg.lower == 0
+    sim.heal("ctl", "r1")
+    sim.run_until(sim.all_up, limit=30)
+    sim.run_until_idle()
+    r1 = replica(sim, "r1")
+    assert r1.epoch == 2 and r1.reconciliation_refusals == 1 and "nulls" in r1.refused["u"]
+    assert rows(call(sim, "peek", view="v", target_replica="r1", finishing=ORDERED)) == EXPECTED
+    assert rows(call(sim, "peek", view="w", target_replica="r1")) == [{"n": 5, "s": 12}]
+    with pytest.raises(RuntimeError, match="table 'u' stays at its upper"):
+        call(sim, "peek", view="x", target_replica="r1")
+    assert rows(call(sim, "peek", view="x", target_replica="r2")) == [{"k": "e", "n": 1, "s": 4}]

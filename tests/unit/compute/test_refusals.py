@@ -16,16 +16,18 @@ from sparkbus.roles.compute import (
     TIME,
     AllowCompaction,
     AppendUpdates,
+    Frontiers,
     PeekResponse,
     Schedule,
     SubscribeBatch,
     SubscribeDropped,
+    UpdateConfiguration,
     ViewDef,
 )
 
 from .harness import CTL, Cluster
 from .test_controller import SCHEMA, batch, cluster
-from .test_replica import Driver, columns, dataflow, peek, started
+from .test_replica import Driver, columns, dataflow, peek, peek_rows, rows, started, table
 
 #: An append whose __diff has nulls: the replica refuses it, and its table stays at its upper.
 BAD = columns("k", "v", TIME, DIFF, null=DIFF)
@@ -127,3 +129,117 @@ def test_a_subscriber_over_a_table_its_replica_refused_is_told_end_to_end() -> N
     error = got["batches"][-1][3]
     assert "table 't' stays at its upper" in error and "nulls" in error
     assert got["dropped_at"] is not None
+
+
+# ---------------------------------------------------------------- reconciliation
+
+
+def reconnect(d: Driver, *commands: Any) -> list[Any]:
+    """Lose the link and connect again (epoch 2) with ``commands``: none may raise."""
+    d.lose()
+    return d.connect(2, None, *commands)
+
+
+def test_a_bad_snapshot_at_reconciliation_is_refused_alone_and_the_rest_is_built() -> None:
+    """The snapshot of a table new to the replica is malformed: reconciliation used to stop there, so the
+    commands after it (the views, the parameters, the peeks) were never applied, while the dataflows it
+    did not reuse were already dropped."""
+    d = started(dataflow(), Schedule(id="v"), table(1, 2, [("a", 1)]))
+    over_u = ViewDef(source="u")
+    out = reconnect(
+        d,
+        table(0, 2, [("a", 1)], t=1),
+        AppendUpdates(id="u", lower=0, upper=2, updates=BAD),
+        UpdateConfiguration(max_result_size=10_000),
+        dataflow(),
+        dataflow("w", 1, view=ViewDef(source="t")),
+        dataflow("x", 1, view=over_u),
+        *subscribe("s", "x", 1),
+        Schedule(id="v"),
+        Schedule(id="w"),
+        Schedule(id="x"),
+        peek("pw", 1, "w"),
+        peek("px", 1, "x"),
+    )
+    r = d.replica
+    assert r.reconciliation_refusals == 1 and "nulls" in r.refused["u"] and "u" not in r.tables
+    assert r.config.max_result_size == 10_000
+    assert r.dataflow("v") is not None and r.reconciliation_failures == 0  # reused
+    assert peek_rows(out, "pw") == [{"k": "a", "v": 1}]
+    errors = {m.uuid: m.error for m in out if isinstance(m, PeekResponse) and m.error}
+    assert errors.keys() == {"px"} and "table 'u' stays at its upper" in errors["px"]
+    (closed,) = subscribe_batches(out)
+    assert closed.id == "s" and closed.upper == () and closed.error == errors["px"]
+    assert Frontiers(id="w", write=(2,), input=(2,), output=(2,)) in out
+
+
+@pytest.mark.parametrize(
+    "updates",
+    [b"junk", BAD],
+    ids=["not-ipc", "null-diff"],
+)
+def test_a_bad_snapshot_of_a_table_the_replica_holds_refuses_that_table_alone(updates: bytes) -> None:
+    """Reconciliation used to raise while it compared the snapshot with the table it held, before it had
+    applied anything: the connection went on in the computation stage with the previous one's state. What
+    the replica holds cannot be told to be the snapshot's history, so it is dropped with the views over it."""
+    other = ViewDef(source="o")
+    d = started(
+        AppendUpdates(id="o", lower=0, upper=1, advanced=("t",), updates=rows([("b", 2)], 0)),
+        dataflow(),
+        Schedule(id="v"),
+        dataflow("w", view=other),
+        Schedule(id="w"),
+    )
+    out = reconnect(
+        d,
+        AppendUpdates(id="t", lower=0, upper=1, updates=updates),
+        AppendUpdates(id="o", lower=0, upper=1, updates=rows([("b", 2)], 0)),
+        dataflow(),
+        dataflow("w", view=other),
+        Schedule(id="v"),
+        Schedule(id="w"),
+        peek("pv", 0),
+        peek("pw", 0, "w"),
+    )
+    r = d.replica
+    assert r.reconciliation_refusals == 1 and "t" in r.refused and sorted(r.tables) == ["o"]
+    assert r.unbuilt.keys() == {"v"} and r.dataflow("w") is not None
+    errors = {m.uuid: m.error for m in out if isinstance(m, PeekResponse) and m.error}
+    assert errors.keys() == {"pv"} and "table 't' stays at its upper" in errors["pv"]
+    assert peek_rows(out, "pw") == [{"k": "b", "v": 2}]
+
+
+def test_a_bad_dataflow_at_reconciliation_is_refused_alone() -> None:
+    """A CreateDataflow the replica cannot build (a column its source lacks) used to stop reconciliation."""
+    d = started()
+    missing = ViewDef(source="t", group_by=("nope",))
+    out = reconnect(
+        d,
+        table(0, 1),
+        dataflow("bad", view=missing),
+        dataflow(),
+        Schedule(id="bad"),
+        Schedule(id="v"),
+        peek("p", 0),
+    )
+    assert d.replica.reconciliation_refusals == 1 and d.replica.dataflow("bad") is None
+    assert peek_rows(out, "p") == []
+
+
+def test_a_view_not_built_here_is_built_on_the_next_connection_if_its_table_comes() -> None:
+    """An export the replica left unbuilt belongs to its connection: the next one may build it."""
+    d = started()
+    with pytest.raises(RemoteProtocolError):
+        d.send(AppendUpdates(id="u", lower=0, upper=1, updates=BAD))
+    d.send(dataflow("x", view=ViewDef(source="u")), Schedule(id="x"))
+    assert d.replica.unbuilt.keys() == {"x"}
+    out = reconnect(
+        d,
+        table(0, 1),
+        AppendUpdates(id="u", lower=0, upper=1, updates=rows([("c", 3)], 0)),
+        dataflow("x", view=ViewDef(source="u")),
+        Schedule(id="x"),
+        peek("p", 0, "x"),
+    )
+    assert d.replica.unbuilt == {} and not d.replica.refused and d.replica.reconciliation_refusals == 0
+    assert peek_rows(out, "p") == [{"k": "c", "v": 3}]
