@@ -4,10 +4,12 @@ One loop thread owns every socket: per node connection one DEALER (random routin
 nothing, so results come back on the same pipe as control messages carrying Arrow IPC bytes, chunked), with
 a socket monitor for connect and disconnect events. All decisions (address order, handshakes, cluster
 identity, keepalive, retries, logical connection restore) are made by the sans-IO
-``sparkbus.roles.client.ClientCore``; this module only carries them out. ``AsyncClient`` runs over the
-same core and thread: its coroutines await the thread's futures (``asyncio.wrap_future``). Where to
-connect and with which keys (addresses, topology files, ``ClientCurve``) is
-``sparkbus.topologies.client_target``, whose names this module re-exports.
+``sparkbus.roles.client.ClientCore``; this module only carries them out. The loop thread decodes no
+result: a call's ``Reply`` is decoded by the thread that asks for it (``sparkbus.topologies.client_reply``).
+``AsyncClient`` runs over the same core and thread: its coroutines await the thread's futures
+(``asyncio.wrap_future``) and decode in a worker thread. Where to connect and with which keys (addresses,
+topology files, ``ClientCurve``) is ``sparkbus.topologies.client_target``. This module re-exports both
+modules' public names.
 
 With ``ClientCurve`` settings every DEALER is a CURVE client (``sparkbus.bus.security``): the client's key
 pair and the node's public key are set before it connects. A node whose ZAP handler refuses the key (or
@@ -26,12 +28,11 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import pyarrow as pa
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -57,10 +58,10 @@ from sparkbus.roles.client import (
     Open,
     Send,
 )
-from sparkbus.roles.client.chunks import chunk_batches
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
-from sparkbus.roles.query import Query, QueryError, result_table, table_to_ipc
+from sparkbus.roles.query import Query, table_to_ipc
 from sparkbus.roles.query.plan import PlanNode
+from sparkbus.topologies.client_reply import Reply, as_table, chunk_record_batches
 from sparkbus.topologies.client_target import (
     CLIENT_KEY_NAME,
     GATEWAY,
@@ -81,6 +82,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ClientCurve",
+    "Reply",
     "TopologyTarget",
     "as_table",
     "connect",
@@ -106,25 +108,6 @@ def unsent(op: int, exc: Exception) -> ClientError:
         return exc
     name = Op(op).name if op in Op._value2member_map_ else str(op)
     return ClientError(ErrorCode.MALFORMED, f"operation {name} cannot be sent: {exc!r}")
-
-
-#: What decoding raises when a node's reply is not the Arrow IPC (or msgpack) it claims to be.
-BAD_RESULT = (pa.ArrowException, ValueError, TypeError, OSError, msgpack.UnpackException, QueryError)
-
-
-def bad_result(exc: Exception) -> ClientError:
-    """The error of a call whose reply does not decode (a bad server reply: that call fails, no other)."""
-    return ClientError(ErrorCode.MALFORMED, f"bad result from the node: {exc}")
-
-
-def as_table(result: Any) -> pa.Table:
-    """An Arrow operation's result as a table (chunked results arrive as tables already)."""
-    if isinstance(result, pa.Table):
-        return result
-    try:
-        return result_table(result)
-    except BAD_RESULT as exc:
-        raise bad_result(exc) from None
 
 
 class Client:
@@ -167,7 +150,7 @@ class Client:
         self.op_timeout = op_timeout
         self._socks: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
-        self._futures: dict[int, Future[Any]] = {}
+        self._futures: dict[int, Reply] = {}
         self._streams: dict[int, queue.SimpleQueue[Chunk | Done]] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._commands_lock = threading.Lock()
@@ -217,9 +200,10 @@ class Client:
             self._abandon(fut)  # interrupted (Ctrl-C): nobody waits for the answer any more
             raise
 
-    def submit(self, op: int, args: dict[str, Any] | None = None) -> Future[Any]:
-        """Start an operation; the future completes with its result or a ``ClientError``."""
-        fut: Future[Any] = Future()
+    def submit(self, op: int, args: dict[str, Any] | None = None) -> Reply:
+        """Start an operation; the future completes with its result or a ``ClientError``. An Arrow result
+        is decoded by the thread that asks for it (``Reply``), never by the client's loop thread."""
+        fut = Reply()
         call_args = dict(args or {})
 
         def run() -> None:
@@ -232,7 +216,7 @@ class Client:
                 fut.set_exception(unsent(op, exc))
                 return
             self._futures[handle] = fut
-            fut.handle = handle  # type: ignore[attr-defined]
+            fut.handle = handle
 
         self._submit(run)
         return fut
@@ -316,22 +300,7 @@ class Client:
         """The result of ``sql`` as record batches, handed out chunk by chunk as the gateway sends them
         (at most ``window`` chunks of about 1 MiB held here; ``timeout`` also bounds each chunk's wait)."""
         q = Query(sql=text, parameters=tuple(parameters), timeout=timeout, **query)
-        pieces: list[bytes] = []
-        for chunk in self.stream(Op.SQL, q.args(), timeout=timeout + 5.0):
-            if chunk.arrow:
-                try:
-                    batches = list(chunk_batches(chunk.payload))
-                except BAD_RESULT as exc:
-                    raise bad_result(exc) from None
-                yield from batches
-            else:  # a gateway that did not cut the result into Arrow chunks: msgpack pieces
-                pieces.append(chunk.payload)
-        if pieces:
-            try:
-                whole = msgpack.unpackb(b"".join(pieces), raw=False)
-            except BAD_RESULT as exc:
-                raise bad_result(exc) from None
-            yield from as_table(whole).to_batches()
+        yield from chunk_record_batches(self.stream(Op.SQL, q.args(), timeout=timeout + 5.0))
 
     def query(self, plan: PlanNode, *, timeout: float = 30.0) -> pa.Table:
         """Run a logical plan (``sparkbus.roles.query`` operators)."""
@@ -457,13 +426,12 @@ class Client:
         self.core.cancel(handle, time.monotonic())
         self._streams.pop(handle, None)
 
-    def _forget(self, fut: Future[Any]) -> None:
-        handle = getattr(fut, "handle", None)
-        if handle is not None:
-            self.core.cancel(handle, time.monotonic())
-            self._futures.pop(handle, None)
+    def _forget(self, fut: Reply) -> None:
+        if fut.handle is not None:
+            self.core.cancel(fut.handle, time.monotonic())
+            self._futures.pop(fut.handle, None)
 
-    def _abandon(self, fut: Future[Any]) -> None:
+    def _abandon(self, fut: Reply) -> None:
         """The caller stopped waiting for ``fut`` (timed out, interrupted): forget it, and stop its query."""
         with contextlib.suppress(ClientError):  # closed: it has failed already
             self._submit(lambda: self._forget(fut))
@@ -611,14 +579,7 @@ class Client:
                 if fut is not None and not fut.done():
                     if out.error is not None:
                         fut.set_exception(out.error)
-                    elif isinstance(out.result, ArrowParts):
-                        try:  # a reply that is not Arrow IPC fails its call, never the loop
-                            table = out.result.table()
-                        except BAD_RESULT as exc:
-                            fut.set_exception(bad_result(exc))
-                        else:
-                            fut.set_result(table)
-                    else:
+                    else:  # as it came: an Arrow result is decoded by its caller (``Reply``)
                         fut.set_result(out.result)
         if not self._started.done() and (self.core.connected or self.core.gave_up):
             if self.core.connected:
@@ -680,10 +641,19 @@ class AsyncClient:
         self.client = client
 
     async def call(self, op: int, args: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """``Client.call``; an Arrow result is decoded in a worker thread (``asyncio.to_thread``), so
+        neither the client's loop thread nor the event loop spends that time."""
         fut = self.client.submit(op, args)
         wait = self.client.op_timeout if timeout is None else timeout
+        settled: Future[None] = Future()  # done with the call, carrying nothing to decode
+
+        def settle(_: object) -> None:
+            with contextlib.suppress(InvalidStateError):  # cancelled: the coroutine stopped waiting
+                settled.set_result(None)
+
+        fut.add_done_callback(settle)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), wait)
+            await asyncio.wait_for(asyncio.wrap_future(settled), wait)
         except TimeoutError:
             self.client._abandon(fut)
             raise ClientError(
@@ -692,6 +662,9 @@ class AsyncClient:
         except asyncio.CancelledError:
             self.client._abandon(fut)  # the awaiting task was cancelled
             raise
+        if isinstance(fut.undecoded(), ArrowParts):  # undecoded() raises the call's error
+            return await asyncio.to_thread(fut.result)
+        return fut.result()
 
     async def sql(self, text: str, parameters: Sequence[Any] = (), *, timeout: float = 30.0) -> pa.Table:
         q = Query(sql=text, parameters=tuple(parameters), timeout=timeout)

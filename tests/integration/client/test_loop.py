@@ -4,6 +4,7 @@ every operation."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,9 +19,17 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.bus.node import Node
-from sparkbus.roles.client import ClientConnectionError, ClientError, Gateway, Op, Response, encode_response
+from sparkbus.roles.client import (
+    ArrowParts,
+    ClientConnectionError,
+    ClientError,
+    Gateway,
+    Op,
+    Response,
+    encode_response,
+)
 from sparkbus.roles.query import table_to_ipc
-from sparkbus.topologies.client import OPERATION_TIMEOUT, Client
+from sparkbus.topologies.client import OPERATION_TIMEOUT, AsyncClient, Client
 
 TAG = "loop"
 
@@ -112,8 +121,53 @@ def test_an_arrow_reply_that_does_not_decode_fails_its_call_and_the_loop_serves_
         if len(payloads) == 1:
             with pytest.raises(ClientError, match="bad result from the node"):
                 list(client.sql_batches("select 1", timeout=1))
+        fut = client.submit(Op.SQL, {"sql": "select 1"})
+        exc = fut.exception(timeout=5)  # decoded here: the same error from exception() and result()
+        assert isinstance(exc, ClientError) and exc.code == ErrorCode.MALFORMED, exc
+        with pytest.raises(ClientError, match="bad result from the node"):
+            fut.result()
+        with pytest.raises(ClientError, match="bad result from the node"):
+            asyncio.run(asyncio.wait_for(AsyncClient(client).call(Op.SQL, {"sql": "select 1"}), 10))
         assert client.error is None
         assert client.status()["node"] == "n1"
+
+
+def test_an_arrow_reply_is_decoded_by_the_thread_that_asks_for_it_never_by_the_loop_thread(
+    control: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop thread also sends the heartbeats and carries every other call: a large result decoded
+    there would hold all of them up."""
+    decoders: list[int] = []
+    table = ArrowParts.table
+
+    def recorded(parts: ArrowParts) -> pa.Table:
+        decoders.append(threading.get_ident())
+        return table(parts)
+
+    monkeypatch.setattr(ArrowParts, "table", recorded)
+    with sparkbus.connect([control], cluster_tag=TAG, connect_timeout=5, op_timeout=5) as client:
+        assert client.sql("select 1").to_pylist() == [{"n": 1}]
+        assert decoders == [threading.get_ident()]
+        asked: list[int] = []
+
+        def ask() -> None:
+            fut = client.submit(Op.SQL, {"sql": "select 1"})
+            assert fut.result(timeout=5).num_rows == 1
+            asked.append(threading.get_ident())
+
+        other = threading.Thread(target=ask)
+        other.start()
+        other.join(10)
+        assert asked and decoders[1] == asked[0]
+
+        async def on_asyncio() -> int:
+            assert (await AsyncClient(client).sql("select 1")).num_rows == 1
+            return threading.get_ident()
+
+        event_loop = asyncio.run(asyncio.wait_for(on_asyncio(), 10))
+        assert len(decoders) == 3 and decoders[2] != event_loop  # off the event loop too (a worker thread)
+        assert client._thread.ident not in decoders
+        assert client.error is None
 
 
 def test_close_fails_every_pending_operation_with_a_connection_error_and_refuses_new_ones() -> None:

@@ -1,13 +1,18 @@
 """``sparkbus.topologies.client`` is the thin client's public module: every name the rest of sparkbus (and
 its tests) imports from it stays there, declared in its ``__all__``, and where to connect (addresses,
-topology files, CURVE keys) is a module of its own that opens no socket, so the loop's module stays small."""
+topology files, CURVE keys) and decoding replies are modules of their own that open no socket, so the loop's
+module stays small."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 from pathlib import Path
+from types import ModuleType
 
+import pytest
+
+import sparkbus.topologies.client_reply as reply
 import sparkbus.topologies.client_target as target
 from sparkbus.topologies import client
 
@@ -43,14 +48,19 @@ def test_the_client_module_declares_every_name_imported_from_it() -> None:
     assert client.connect.__module__ == "sparkbus.topologies.client"
 
 
-def test_where_to_connect_opens_no_socket() -> None:
-    tree = ast.parse(Path(target.__file__).read_text())
+@pytest.mark.parametrize("module", [target, reply], ids=["client_target", "client_reply"])
+def test_where_to_connect_and_reply_decoding_open_no_socket(module: ModuleType) -> None:
+    tree = ast.parse(Path(module.__file__ or "").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "zmq" not in imported and "sparkbus.topologies.client" not in imported, imported
 
 
 def test_each_client_module_stays_under_900_lines() -> None:
-    for name in ("sparkbus.topologies.client", "sparkbus.topologies.client_target"):
+    for name in (
+        "sparkbus.topologies.client",
+        "sparkbus.topologies.client_target",
+        "sparkbus.topologies.client_reply",
+    ):
         path = Path(importlib.import_module(name).__file__ or "")
         assert len(path.read_text().splitlines()) < 900, path
