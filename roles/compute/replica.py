@@ -121,15 +121,22 @@ class LiveDataflow:
         """Feed complete source updates; returns the output updates.
 
         A view that fails on its data (an Arrow cast or kernel its values do not fit, an overflow) fails
-        alone and for good, as a Materialize dataflow's error stream would make it: its frontiers move on,
-        it outputs nothing more, and the dataflows and tables fed by the same append go on.
+        alone, as a Materialize dataflow's error stream would make it: its frontiers move on, it outputs
+        nothing more, and the dataflows and tables fed by the same append go on. It stays failed until it
+        is dropped, even once the offending rows are retracted: the failed step's output (its good rows
+        too) never reached the index or the state, so going on from there would be wrong, and a subscriber
+        cannot be told an error is taken back (Materialize poisons a subscribe until it is dropped). Created
+        again, it is computed from the data as it is then; the error says so.
         """
         out: pa.Table | None = None
         if self.error is None:
             try:
                 out = self.engine.feed(updates)
             except (pa.ArrowException, ArithmeticError) as exc:
-                self.error = f"view {self.desc.name!r} failed on its data: {exc}"
+                self.error = (
+                    f"view {self.desc.name!r} failed on its data: {exc}; "
+                    "a failed view stays failed until it is dropped: drop and create it again"
+                )
                 log.warning("compute.replica: %s", self.error)
         if out is None:
             out = update_schema(self.schema).empty_table()

@@ -16,9 +16,12 @@ from sparkbus.roles.compute import (
     TIME,
     AllowCompaction,
     AppendUpdates,
+    Finishing,
     Frontiers,
+    MapExpr,
     PeekResponse,
     Schedule,
+    SortKey,
     SubscribeBatch,
     SubscribeDropped,
     UpdateConfiguration,
@@ -243,3 +246,38 @@ def test_a_view_not_built_here_is_built_on_the_next_connection_if_its_table_come
     )
     assert d.replica.unbuilt == {} and not d.replica.refused and d.replica.reconciliation_refusals == 0
     assert peek_rows(out, "p") == [{"k": "c", "v": 3}]
+
+
+# ---------------------------------------------------------------- a view that failed on its data
+
+
+def test_a_failed_view_stays_failed_until_it_is_dropped_and_its_error_says_so() -> None:
+    """Its state is not exact once a step failed (that step's output never reached its index), and a
+    subscriber cannot be told an error is taken back: it stays failed, even once the offending rows are
+    retracted, and its error says how to get it back. Created again, it is computed from the data as it is
+    then, on every replica alike."""
+    c = cluster()
+    shifted = ViewDef(
+        source="t", maps=(MapExpr(name="w", op="add", left="v", literal=0.5),), project=("k", "w")
+    )
+    c.do("create_view", name="f", view=shifted)
+    c.do("create_view", name="g", view=ViewDef(source="f"))
+    sub = c.do("subscribe", view="f")
+    c.do("write", table="t", batch=batch(("big", 2**60)))
+    c.do("write", table="t", batch=batch(("big", 2**60), diff=-1))  # the cause is gone
+    for view in ("f", "g"):
+        for r in ("r1", "r2"):
+            cid = c.call("peek", view=view, target_replica=r)
+            c.run()
+            error = str(c.replies[cid].error)
+            assert "view 'f' failed on its data" in error
+            assert "stays failed until it is dropped: drop and create it again" in error
+    assert c.do("fetch", id=sub["id"])["batches"][-1][3] == error
+    c.do("unsubscribe", id=sub["id"])
+    c.do("drop_view", name="g")
+    c.do("drop_view", name="f")
+    c.do("create_view", name="f", view=shifted)
+    for r in ("r1", "r2"):
+        cid = c.call("peek", view="f", target_replica=r, finishing=Finishing(order_by=(SortKey(column="w"),)))
+        c.run()
+        assert c.rows(cid) == [{"k": "a", "w": 1.5}, {"k": "b", "w": 2.5}, {"k": "a", "w": 3.5}]
