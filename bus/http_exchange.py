@@ -64,6 +64,9 @@ _PATH = re.compile(r"^/v1/task/([^/]+)/results/(\d{1,20})(?:/(\d{1,20})(/acknowl
 _ERROR_STATUS = {1: 404, 2: 500, 3: 410, 4: 400, 5: 400, 6: 503}
 #: Seconds ``HttpExchangeServer.close`` waits for its request threads to end (answering 503, cut off).
 CLOSE_WAIT = 5.0
+#: Least seconds between two requests of ``HttpExchangeClient.fetch_all`` to an empty open buffer (as the
+#: exchange roles' ``BackoffPolicy.min_delay``).
+POLL_DELAY = 0.1
 
 
 class BufferRead(Protocol):
@@ -690,16 +693,29 @@ class HttpExchangeClient:
     def fetch_all(
         self, task_id: str, buffer_id: int, *, max_bytes: int = 1 << 20, max_wait: float = 1.0
     ) -> list[bytes]:
-        """Read a whole buffer, then delete it (what Presto's exchange source does)."""
+        """Read a whole buffer, then delete it (what Presto's exchange source does).
+
+        An empty answer that is not the end is asked again no sooner than ``POLL_DELAY`` after the
+        previous request: without a long-poll (``max_wait`` 0, or the server caps it at 0) an open buffer
+        with nothing yet would otherwise be polled in a tight loop.
+        """
         token = 0
         pages: list[bytes] = []
         while True:
+            sent = time.monotonic()
             res = self.get(task_id, buffer_id, token, max_bytes=max_bytes, max_wait=max_wait)
             pages.extend(res.pages)
             token = res.next_token
             if res.complete:
                 self.delete(task_id, buffer_id)
                 return pages
+            if not res.pages:
+                self._pause(sent + POLL_DELAY - time.monotonic())
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (nothing if not positive) before asking an empty buffer again."""
+        if seconds > 0:
+            time.sleep(seconds)
 
 
 def where(address: str) -> str:

@@ -19,6 +19,10 @@ Per RFC-0009 and Prestissimo's exchange source:
   (a DELETE issued before the link is up is sent once it is).
 * One DATA request outstanding per source; its reply's ``pageNextToken`` is the next token, so every
   request acknowledges the pages before it.
+* An empty reply that is not the end asks again at once if it took ``policy.min_delay`` or longer (a
+  long-poll expired); sooner than that no long-poll took place (the request asked for none, or the server
+  caps the wait at 0), and the next request goes out ``min_delay`` after the previous one, so that an
+  open buffer with nothing yet is not polled in a tight loop (the source waits in POLL_WAIT).
 * When the buffer is complete the source sends DELETE (retried like data requests).
 * Failures (SERVER_ERROR with a retryable code, a request timeout, a lost peer) back off exponentially
   with jitter; after ``max_error_duration`` without a successful reply the source fails with an error
@@ -83,6 +87,7 @@ class SourceState(enum.Enum):
     WAITING_PEER = "waiting_peer"
     REQUESTING = "requesting"
     BACKING_OFF = "backing_off"
+    POLL_WAIT = "poll_wait"
     PAUSED = "paused"
     DELETE_WAITING_PEER = "delete_waiting_peer"
     DELETING = "deleting"
@@ -105,6 +110,7 @@ class SourceEvent(enum.Enum):
     PAGES = "pages"
     PAGES_FULL = "pages_full"
     EMPTY = "empty"
+    EMPTY_AT_ONCE = "empty_at_once"
     COMPLETE = "complete"
     DELETE_ACKED = "delete_acked"
     RETRYABLE_ERROR = "retryable_error"
@@ -141,6 +147,7 @@ _TRANSITIONS: dict[tuple[SourceState, SourceEvent], tuple[SourceState, bool]] = 
     (S.WAITING_PEER, E.GIVE_UP): (S.FAILED, True),
     (S.REQUESTING, E.PAGES): (S.REQUESTING, True),
     (S.REQUESTING, E.EMPTY): (S.REQUESTING, True),
+    (S.REQUESTING, E.EMPTY_AT_ONCE): (S.POLL_WAIT, True),
     (S.REQUESTING, E.PAGES_FULL): (S.PAUSED, True),
     (S.REQUESTING, E.COMPLETE): (S.DELETING, True),
     (S.REQUESTING, E.RETRYABLE_ERROR): (S.BACKING_OFF, True),
@@ -157,6 +164,12 @@ _TRANSITIONS: dict[tuple[SourceState, SourceEvent], tuple[SourceState, bool]] = 
     (S.BACKING_OFF, E.CLOSE): (S.DELETING, True),
     (S.BACKING_OFF, E.CLOSE_DOWN): (S.DELETE_WAITING_PEER, True),
     (S.BACKING_OFF, E.GIVE_UP): (S.FAILED, True),
+    (S.POLL_WAIT, E.RETRY_DUE): (S.REQUESTING, True),
+    (S.POLL_WAIT, E.RETRY_DUE_DOWN): (S.WAITING_PEER, True),
+    (S.POLL_WAIT, E.PEER_UP): (S.POLL_WAIT, False),
+    (S.POLL_WAIT, E.PEER_LOST): (S.POLL_WAIT, False),
+    (S.POLL_WAIT, E.CLOSE): (S.DELETING, True),
+    (S.POLL_WAIT, E.CLOSE_DOWN): (S.DELETE_WAITING_PEER, True),
     (S.PAUSED, E.DRAINED): (S.REQUESTING, True),
     (S.PAUSED, E.DRAINED_DOWN): (S.WAITING_PEER, True),
     (S.PAUSED, E.PEER_UP): (S.PAUSED, False),
@@ -199,10 +212,13 @@ del S, E
 MAX_ENDED = 4096
 
 _SENDING = (SourceState.REQUESTING, SourceState.DELETING)
+# States whose "retry/{sid}" timer sends the next request.
+_TIMED_RETRY = (SourceState.BACKING_OFF, SourceState.POLL_WAIT, SourceState.DELETE_BACKING_OFF)
 # States in which the server may still hold pages this source asked for and no DELETE is in flight.
 _UNDELETED = (
     SourceState.REQUESTING,
     SourceState.BACKING_OFF,
+    SourceState.POLL_WAIT,
     SourceState.PAUSED,
     SourceState.DELETE_BACKING_OFF,
 )
@@ -227,6 +243,7 @@ class Source:
     queue_token: int = 0
     queued_bytes: int = 0
     outstanding: int | None = None
+    sent_at: float = 0.0  # when the last DATA request went out
     deadline: float = 0.0
     timer_at: float | None = None
     fetch_call: int | None = None
@@ -302,7 +319,13 @@ class BinxClient:
         self._ended: OrderedDict[SourceKey, str | None] = OrderedDict()
         self._next_sid = 0
         self._next_seq = 0
-        self.counters: dict[str, int] = {"requests": 0, "retries": 0, "stale_replies": 0, "acks": 0}
+        self.counters: dict[str, int] = {
+            "requests": 0,
+            "retries": 0,
+            "poll_waits": 0,
+            "stale_replies": 0,
+            "acks": 0,
+        }
 
     def source(self, peer: str, task_id: str, buffer_id: int) -> Source | None:
         """The source for this key, if it exists."""
@@ -453,6 +476,10 @@ class BinxClient:
             self._send(src, now, out)
         elif state in (SourceState.BACKING_OFF, SourceState.DELETE_BACKING_OFF):
             self._back_off(src, now, out)
+        elif state is SourceState.POLL_WAIT:
+            # No failure: the buffer is open and empty, and the server did not wait for a page.
+            self.counters["poll_waits"] += 1
+            out.append(SetTimer(key=f"retry/{src.sid}", at=src.sent_at + self.policy.min_delay))
         elif state in (SourceState.WAITING_PEER, SourceState.DELETE_WAITING_PEER):
             src.retry.start_error_period(now)
             self._arm_give_up(src, out)
@@ -484,6 +511,7 @@ class BinxClient:
                 pageToken=src.token,
             )
             wait = self.max_wait
+            src.sent_at = now
         self._forget_request(src)
         src.outstanding = seq
         self._requests[seq] = src.sid
@@ -620,7 +648,7 @@ class BinxClient:
             src.last_error = f"no reply to request {seq} within {self.max_wait + self.request_timeout:g} s"
             self._step(src, SourceEvent.REQUEST_TIMEOUT, now, out)
             return
-        if kind == "retry" and src.state in (SourceState.BACKING_OFF, SourceState.DELETE_BACKING_OFF):
+        if kind == "retry" and src.state in _TIMED_RETRY:
             self._step(
                 src, SourceEvent.RETRY_DUE if src.peer in self.up else SourceEvent.RETRY_DUE_DOWN, now, out
             )
@@ -647,6 +675,8 @@ class BinxClient:
         ):
             src.retry.succeeded()
             out.append(CancelTimer(key=f"giveup/{src.sid}"))
+        if event is SourceEvent.EMPTY and now < src.sent_at + self.policy.min_delay:
+            event = SourceEvent.EMPTY_AT_ONCE  # no long-poll took place: ask again later, not now
         if event is SourceEvent.PAGES:
             # Hand pages to a waiting caller first, so that the next request can ask for more room.
             self._deliver(src, out)

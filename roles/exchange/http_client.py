@@ -12,6 +12,10 @@ Per source, as Presto's HTTP exchange client and ``binx.client``:
 
 * one GET outstanding; its ``X-Presto-Page-End-Sequence-Id`` is the next token, so every request
   acknowledges the pages before it; an expired long-poll (204, not complete) is simply asked again;
+  an empty answer that is not the end and came back sooner than ``policy.min_delay`` after its request
+  means no long-poll took place (``max_wait`` 0, or the server caps it at 0): the next request then goes
+  out ``min_delay`` after the previous one, so that an open buffer with nothing yet is not polled in a
+  tight loop;
 * on ``X-Presto-Buffer-Complete`` the source sends DELETE (the caller does not wait for its answer). A
   DELETE that fails (503 overloaded or busy, 404, a request timeout or a broken connection) is sent again
   with the same back-off until ``max_error_duration`` has passed, as Presto does, while the peer's bus
@@ -104,7 +108,7 @@ class HttpSource:
     job: int | None = None
     sent_at: float = 0.0
     timer_at: float | None = None
-    backing_off: bool = False
+    waiting: bool = False  # the "retry/{sid}" timer sends the next request (a back-off or a poll delay)
     fetch_call: int | None = None
     error: str = ""
     last_error: str = ""
@@ -169,6 +173,7 @@ class HttpClient:
             "requests": 0,
             "deletes": 0,
             "retries": 0,
+            "poll_waits": 0,
             "stale_answers": 0,
             "delete_failures": 0,
             "delete_retries": 0,
@@ -260,7 +265,7 @@ class HttpClient:
             return
         src.fetch_call = call.call_id
         self._deliver(src, out)
-        if src.sid in self._by_sid and src.job is None and not src.backing_off and not src.complete:
+        if src.sid in self._by_sid and src.job is None and not src.waiting and not src.complete:
             self._request(src, now, out)
 
     # ------------------------------------------------------------ requests and answers
@@ -398,8 +403,16 @@ class HttpClient:
             src.complete = True
             self._delete(src, now, out)
         self._deliver(src, out)
-        if not src.complete and src.sid in self._by_sid:
-            self._request(src, now, out)
+        if src.complete or src.sid not in self._by_sid:
+            return
+        poll_at = src.sent_at + self.policy.min_delay
+        if not answer.pages and now < poll_at:
+            # No long-poll took place (none asked, or the server caps it at 0): ask again later, not now.
+            self.counters["poll_waits"] += 1
+            src.waiting = True
+            out.append(SetTimer(key=f"retry/{src.sid}", at=poll_at))
+            return
+        self._request(src, now, out)
 
     def _back_off(self, src: HttpSource, now: float, out: list[Action]) -> None:
         at = src.retry.retry_at(now)
@@ -412,7 +425,7 @@ class HttpClient:
             self._fail(src, text, out)
             return
         self.counters["retries"] += 1
-        src.backing_off = True
+        src.waiting = True
         out.append(SetTimer(key=f"retry/{src.sid}", at=at))
 
     def _on_timer(self, key: str, now: float, out: list[Action]) -> None:
@@ -427,8 +440,8 @@ class HttpClient:
             return
         if kind == "answer":
             self._on_answer_timer(src, now, out)
-        elif kind == "retry" and src.backing_off:
-            src.backing_off = False
+        elif kind == "retry" and src.waiting:
+            src.waiting = False
             if src.job is None:
                 self._request(src, now, out)
 

@@ -120,6 +120,34 @@ def test_fetch_all_over_one_keep_alive_connection(
     assert (T, 5) not in server.source  # type: ignore[operator]
 
 
+class _PausingClient(HttpExchangeClient):
+    """Records ``fetch_all``'s pauses instead of sleeping; the third one lets the producer finish."""
+
+    def __init__(self, server: HttpExchangeServer) -> None:
+        super().__init__("127.0.0.1", server.port, timeout=TIMEOUT)
+        self.server = server
+        self.pauses: list[float] = []
+        self.gets = 0
+
+    def get(self, *args: Any, **kwargs: Any) -> http_exchange.HttpPages:
+        self.gets += 1
+        assert self.gets <= 10, "an empty buffer is asked again at once, without a pause"
+        return super().get(*args, **kwargs)
+
+    def _pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        if len(self.pauses) == 3:
+            fill(self.server, 6, [b"late"])
+
+
+def test_fetch_all_without_a_long_poll_pauses_between_empty_answers(server: HttpExchangeServer) -> None:
+    fill(server, 6, [], finish=False)
+    with _PausingClient(server) as client:
+        assert client.fetch_all(T, 6, max_wait=0.0) == [b"late"]
+    assert client.gets == 4 and len(client.pauses) == 3
+    assert all(p <= http_exchange.POLL_DELAY for p in client.pauses)
+
+
 def test_bad_requests_are_refused(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
     conn = client
     resp, body = conn._request("GET", "/v1/task/x/results/0/0", {"X-Presto-Max-Size": "lots"}, 0.0)

@@ -87,6 +87,18 @@ def test_pages_arrive_in_order_across_long_polls_and_the_buffer_is_deleted_at_th
     )
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_without_a_long_poll_an_empty_buffer_is_asked_about_once_per_min_delay(seed: int) -> None:
+    p = Pair(seed, max_wait=0.0)
+    p.on_server("create", BUF)
+    cid = p.fetch()
+    p.sim.run_for(2.0)  # nothing produced yet: each request is answered 204 at once
+    assert p.sim.reply(cid) is None
+    assert 10 <= p.client.counters["requests"] <= 21  # 100 ms apart (min_delay), not one per round trip
+    p.on_server("publish", {**BUF, "pages": [b"late"], "last": True})
+    assert p.outcome(cid) == ({"pages": [b"late"], "token": 0, "complete": True}, None)
+
+
 def test_an_unknown_buffer_is_retried_until_it_appears() -> None:
     p = Pair(4, give_up=30.0)
     cid = p.fetch()

@@ -131,6 +131,47 @@ def test_long_poll_delivers_pages_produced_later() -> None:
     assert pair.fetch_all(T, B) == [b"end"]
 
 
+@pytest.mark.parametrize(
+    ("client_wait", "server_wait"),
+    [(0.0, 30.0), (2.0, 0.0)],
+    ids=["the-client-asks-no-wait", "the-server-caps-the-wait-at-0"],
+)
+def test_an_open_empty_buffer_without_a_long_poll_is_polled_every_min_delay_not_in_a_tight_loop(
+    client_wait: float, server_wait: float
+) -> None:
+    pair = Pair(
+        client=BinxClient(rng=random.Random(1), max_wait=client_wait),
+        server=BinxServer(OutputBuffers(), max_wait=server_wait),
+    )
+    pair.connect()
+    produce(pair, [], finish=False)
+    cid = pair.call("fetch", task_id=T, buffer_id=B)
+    delivered = 0
+    while pair.wire and delivered < 100:  # the clock stands still: no timer fires
+        pair.step()
+        delivered += 1
+    assert not pair.wire, f"still polling after {delivered} messages at t={pair.now}"
+    assert len(requests_sent(pair, RequestType.DATA)) == 1
+    source = pair.client.source(SERVER, T, B)
+    assert source is not None and source.state is SourceState.POLL_WAIT
+    assert pair.timers[("cli", f"retry/{source.sid}")] == 0.1  # the policy's min_delay after the request
+    pair.advance(1.0)
+    assert 9 <= len(requests_sent(pair, RequestType.DATA)) <= 11  # one per 100 ms
+    assert pair.client.counters["retries"] == 0  # waiting for pages is no failure
+    produce(pair, [b"late"])
+    pair.advance(1.2)
+    assert pair.result(cid) == {"pages": [b"late"], "token": 0, "complete": True}
+
+
+def test_an_expired_long_poll_is_asked_again_at_once() -> None:
+    pair = make_pair(max_wait=0.5)
+    pair.connect()
+    produce(pair, [], finish=False)
+    pair.call("fetch", task_id=T, buffer_id=B)
+    pair.advance(0.5)  # TIMEOUT at the deadline, and the next request goes out with it
+    assert len(requests_sent(pair, RequestType.DATA)) == 2
+
+
 def test_requests_wait_for_the_peer_lazy_connect() -> None:
     pair = make_pair()
     produce(pair, [b"a"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from sparkbus.bus.contract import (
     CancelTimer,
     HttpFetch,
@@ -154,7 +156,7 @@ def test_fetch_hands_one_request_to_the_driver_and_answers_with_its_pages() -> N
         2.0,
         4096,
     )
-    d.answer(job, token=0, next_token=0)  # an expired long-poll: asked again, the fetch stays parked
+    d.answer(job, 2.0, token=0, next_token=0)  # an expired long-poll: asked again, the fetch stays parked
     [job] = d.jobs
     assert job.token == 0 and fetch not in d.replies
     d.answer(job, pages=(b"a", b"b"), token=0, next_token=2, instance_id="i0")
@@ -168,6 +170,25 @@ def test_fetch_hands_one_request_to_the_driver_and_answers_with_its_pages() -> N
     assert d.replies[again].result == {"pages": [b"c"], "token": 2, "complete": True}
     d.answer(delete, complete=True)
     assert d.client.in_flight == 0 and d.client.source("s", "t", 0) is None
+
+
+@pytest.mark.parametrize("max_wait", [0.0, 2.0], ids=["no-wait-asked", "the-server-caps-the-wait-at-0"])
+def test_an_open_empty_buffer_without_a_long_poll_is_asked_again_after_min_delay_not_at_once(
+    max_wait: float,
+) -> None:
+    d = Driver(HttpClient(max_wait=max_wait))
+    _, fetch = d.call("fetch", KEY, now=10.0)
+    src = d.client.source("s", "t", 0)
+    assert src is not None
+    for n in range(3):
+        [job] = d.jobs
+        d.answer(job, src.sent_at + 0.01, token=0, next_token=0)  # answered at once
+        assert d.jobs == [] and fetch not in d.replies  # no request goes out at once after an empty 204
+        assert d.fire_next() == pytest.approx(10.1 + 0.1 * n)  # min_delay after the previous request
+    [job] = d.jobs
+    d.answer(job, 10.31, pages=(b"a",), token=0, next_token=1)
+    assert d.replies[fetch].result == {"pages": [b"a"], "token": 0, "complete": False}
+    assert d.client.counters["poll_waits"] == 3 and d.client.counters["retries"] == 0
 
 
 def test_a_changed_instance_or_a_wrong_token_fails_the_source() -> None:
