@@ -34,11 +34,10 @@ takes the first one it hears as it is: for such a node, a disk lost before then 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from sparkbus.bus.contract import Send
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
-from sparkbus.roles.replication.local import LocalReplica
+from sparkbus.roles.replication.local import Hooks, LocalReplica
 from sparkbus.roles.replication.messages import JoinFinalized, ReplicaHello, ReplicaRejoin
 
 MEMBER, REJOINING, JOINED = "member", "rejoining", "joined"
@@ -56,7 +55,7 @@ def _save(rep: LocalReplica, records: Records) -> None:
     rep.store.save_manifest()
 
 
-class Epochs:
+class Epochs(Hooks):
     """Hello, rejoin and the finalize of a rejoin; ``ReplicationRole`` provides the state and hooks."""
 
     node: str
@@ -65,12 +64,6 @@ class Epochs:
     local: dict[str, LocalReplica]
     # Finalizes that name an epoch other than the recorded one, by (partition, placement).
     _finalized_ahead: dict[tuple[str, int], set[bytes]]
-
-    def _count(self, name: str) -> None:
-        raise NotImplementedError
-
-    def _emit(self, action: Any) -> None:
-        raise NotImplementedError
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         raise NotImplementedError

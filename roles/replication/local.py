@@ -1,9 +1,11 @@
-"""This node's replica of a partition, and the settings of the replication role."""
+"""This node's replica of a partition, the settings of the replication role, and the hooks its mixed-in
+parts call on it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkbus.bus.contract import Action
 from sparkbus.roles.replication.layout import Lifecycle, PartitionSpec, Replica, SplitTarget
 from sparkbus.roles.replication.messages import SplitFinalized
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig
@@ -77,3 +79,13 @@ class LocalReplica:
             epoch=self.store.epoch,
             lamport=self.store.lamport,
         )
+
+
+class Hooks:
+    """What each part mixed into ``ReplicationRole`` calls on the role, which provides it."""
+
+    def _emit(self, action: Action) -> None:
+        raise NotImplementedError
+
+    def _count(self, name: str) -> None:
+        raise NotImplementedError

@@ -38,7 +38,7 @@ from sparkbus.roles.replication.layout import (
     Replica,
     SplitTarget,
 )
-from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.local import Hooks, LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import SplitFinalized
 from sparkbus.roles.replication.segments import (
     SegmentCorrupt,
@@ -52,7 +52,7 @@ from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, Stor
 log = logging.getLogger(__name__)
 
 
-class Placement:
+class Placement(Hooks):
     """Hosting, re-placing and dropping replicas; ``ReplicationRole`` provides the state and hooks."""
 
     node: str
@@ -75,9 +75,6 @@ class Placement:
     incoming: dict[tuple[str, str], Any]
     refused: dict[tuple[str, str, bytes], str]
     _now: float
-
-    def _count(self, name: str) -> None:
-        raise NotImplementedError
 
     def _flush(self, rep: LocalReplica) -> SegmentEntry | None:
         raise NotImplementedError

@@ -14,14 +14,13 @@ from typing import Literal
 
 from sparkbus.bus.contract import (
     AcceptStream,
-    Action,
     BatchReceived,
     CloseStream,
     Consumed,
     Send,
 )
 from sparkbus.roles.replication.layout import Lifecycle
-from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
+from sparkbus.roles.replication.local import Hooks, LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import (
     DeclineReason,
     SegmentAccepted,
@@ -93,7 +92,7 @@ class _In:
         return f"{self.offer.partition}/{self.offer.segment_id} <- {self.peer}"
 
 
-class Receiving:
+class Receiving(Hooks):
     """Incoming offers and transfers; ``ReplicationRole`` provides the state and the hooks."""
 
     node: str
@@ -106,12 +105,6 @@ class Receiving:
     # once instead of travelling again to be refused again. Forgotten when the replica is re-placed.
     refused: dict[tuple[str, str, bytes], str]
     _now: float
-
-    def _emit(self, action: Action) -> None:
-        raise NotImplementedError
-
-    def _count(self, name: str) -> None:
-        raise NotImplementedError
 
     def _flush(self, rep: LocalReplica) -> SegmentEntry | None:
         raise NotImplementedError
