@@ -298,6 +298,7 @@ def test_a_node_restarted_with_a_layout_that_no_longer_places_it_drains_its_file
     c.assert_clean()
 
 
+@pytest.mark.timeout(240)  # about 200 crash points, each a simulated cluster: 45 s on a loaded 2-core machine
 def test_a_node_killed_in_a_carry_over_then_restarted_off_the_partition_drains_the_carried_rows() -> None:
     """Wherever a kill strikes while a moves to placement 7 (its rows 100..105 held by no one else), a
     restart with a layout that no longer places a drains every one of them. Killed after the new
