@@ -1,26 +1,13 @@
 """Presto's HTTP exchange over a node's output buffers: the baseline BinX is measured against.
 
 A real HTTP/1.1 server with keep-alive (the standard library's ``ThreadingHTTPServer``) and a keep-alive
-client (``http.client``). Endpoints, headers and status codes follow Presto's worker protocol
-(protocol-facts section 3.3):
-
-=========================================================  ================================================
-``GET  /v1/task/{taskId}/results/{bufferId}/{token}``      pages from ``token`` (acknowledges before it)
-``GET  /v1/task/{taskId}/results/{bufferId}/{token}/acknowledge``  acknowledge pages before ``token``
-``HEAD /v1/task/{taskId}/results/{bufferId}/{token}``      size probe: headers only
-``DELETE /v1/task/{taskId}/results/{bufferId}``            abort / clean up the buffer
-=========================================================  ================================================
-
-Request headers ``X-Presto-Max-Size`` (a data size, ``1048576B``, ``1MB``) and ``X-Presto-Max-Wait`` (a
-duration, ``2s``, ``500ms``) bound each GET; response headers ``X-Presto-Task-Instance-Id``,
-``X-Presto-Page-Sequence-Id``, ``X-Presto-Page-End-Sequence-Id``, ``X-Presto-Buffer-Complete`` and
-``X-Presto-Buffer-Remaining-Bytes`` describe the result. 200 carries pages, 204 means none.
-
-Body framing (ours; ``docs/EXCHANGE.md``): each page is a 4-byte little-endian unsigned length followed by
-the page bytes, as in Presto's pages body where each serialized page is preceded by its header. Errors are
-answered with a text body naming the task and buffer, the status below and the header
-``X-Sparkbus-Error-Code`` (the BinX error code): 404 unknown buffer, 410 token gone, 400 token ahead or a
-malformed request, 500 aborted, 503 overloaded.
+client (``http.client``). Endpoints (``GET /v1/task/{taskId}/results/{bufferId}/{token}`` for pages,
+acknowledging before ``token``; ``.../{token}/acknowledge``; ``HEAD`` the size probe; ``DELETE
+.../{bufferId}``), the ``X-Presto-*`` headers and the status codes (200 pages, 204 none) follow Presto's
+worker protocol (protocol-facts section 3.3). Ours (docs/EXCHANGE.md section 4): the body framing, each
+page a 4-byte little-endian length and its bytes; error answers, a text body naming the task and buffer
+with ``X-Sparkbus-Error-Code`` (the BinX error code): 404 unknown buffer, 410 token gone, 400 token ahead
+or a malformed request, 500 aborted, 503 overloaded.
 
 The buffers are pure and not thread-safe: every access from this module holds one ``threading.Condition``.
 Producers sharing the buffers must change them inside ``HttpExchangeServer.producer()``, which also
@@ -48,12 +35,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import quote, unquote
 
 from sparkbus.bus.contract import HTTP_BUFFERS, HttpFetch, HttpFetched
 from sparkbus.bus.http_wire import frame_pages, parse_data_size, parse_duration, unframe_pages
+from sparkbus.codecs import DEFAULT_LIMITS, MiB
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -64,9 +53,11 @@ _PATH = re.compile(r"^/v1/task/([^/]+)/results/(\d{1,20})(?:/(\d{1,20})(/acknowl
 _ERROR_STATUS = {1: 404, 2: 500, 3: 410, 4: 400, 5: 400, 6: 503}
 #: Seconds ``HttpExchangeServer.close`` waits for its request threads to end (answering 503, cut off).
 CLOSE_WAIT = 5.0
-#: Least seconds between two requests of ``HttpExchangeClient.fetch_all`` to an empty open buffer (as the
-#: exchange roles' ``BackoffPolicy.min_delay``).
+#: Least seconds between ``HttpExchangeClient.fetch_all``'s requests to an empty open buffer.
 POLL_DELAY = 0.1
+#: Largest answer body ``HttpExchangeClient`` takes by default: the largest BinX message a node takes.
+MAX_BODY_BYTES = DEFAULT_LIMITS.max_message_bytes
+_BODY_PIECE = 4 * MiB  # most bytes read from a body at once: it grows only as its bytes arrive
 
 
 class BufferRead(Protocol):
@@ -166,14 +157,8 @@ class LoopBuffers:
         *,
         size_only: bool = False,
     ) -> BufferRead:
-        args = {
-            "task_id": task_id,
-            "buffer_id": buffer_id,
-            "token": token,
-            "max_bytes": max_bytes,
-            "wait": wait,
-            "size_only": size_only,
-        }
+        args: dict[str, Any] = {"task_id": task_id, "buffer_id": buffer_id, "token": token}
+        args.update(max_bytes=max_bytes, wait=wait, size_only=size_only)
         return cast(BufferRead, self._call("read", args, wait + _LOOP_ANSWER_TIMEOUT))
 
     def read(
@@ -485,6 +470,11 @@ class HttpRequestTimeout(TimeoutError):
         self.limit = limit
 
 
+class HttpAnswerTooLarge(ValueError):
+    """An answer's body is larger than the client's ``max_body_bytes`` (declared so, or sent so); the
+    client closed the connection it used."""
+
+
 class _BoundedSocket(socket.socket):
     """A client socket whose every send and receive also ends at ``deadline`` (``time.monotonic``
     seconds), set by ``HttpExchangeClient`` for each request: the socket timeout bounds one wait, so a
@@ -529,12 +519,19 @@ class HttpExchangeClient:
         host: server address.
         port: server port.
         timeout: each request's limit beyond its long-poll wait, seconds.
+        max_body_bytes: the largest answer body taken: a larger one, declared or sent, raises
+            ``HttpAnswerTooLarge`` and the connection is closed.
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float = 20.0) -> None:
+    def __init__(
+        self, host: str, port: int, *, timeout: float = 20.0, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
+        if max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
         self._conn: http.client.HTTPConnection | None = None
         self._sock: socket.socket | None = None  # the last socket opened, shut down by ``abort``
         self._aborted = False
@@ -596,8 +593,11 @@ class HttpExchangeClient:
     ) -> tuple[http.client.HTTPResponse, bytes]:
         """Send a request and read its whole answer within ``wait + self.timeout`` seconds.
 
+        Any failure closes the connection, which may still hold the rest of an answer.
+
         Raises:
-            HttpRequestTimeout: no complete answer within that limit (the connection is closed).
+            HttpRequestTimeout: no complete answer within that limit.
+            HttpAnswerTooLarge: a body over ``max_body_bytes``.
         """
         limit = self.timeout + wait
         self._deadline = time.monotonic() + limit
@@ -619,7 +619,7 @@ class HttpExchangeClient:
                 try:
                     self._conn.request(method, path, headers=headers)
                     resp = self._conn.getresponse()
-                    return resp, resp.read()
+                    return resp, self._body(resp, method, path)
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                     # The server closed an idle keep-alive connection: reconnect once.
                     self.close()
@@ -636,7 +636,32 @@ class HttpExchangeClient:
                 f"{method} {url}: no complete answer within {limit:g} s "
                 f"(long-poll {wait:g} s + request timeout {self.timeout:g} s), connection closed: {exc}",
             ) from exc
+        except BaseException:
+            self.close()
+            raise
         raise AssertionError("unreachable")
+
+    def _body(self, resp: http.client.HTTPResponse, method: str, path: str) -> bytes:
+        """The answer's body, read in pieces of at most ``_BODY_PIECE`` bytes up to ``max_body_bytes``:
+        ``resp.read()`` would allocate whatever length the server declares, and read a chunked or
+        close-delimited body without end."""
+        limit, declared = self.max_body_bytes, resp.length
+        refused = f"{method} http://{self.host}:{self.port}{path}: the answer %s the client takes; "
+        refused += "connection closed"
+        if declared is not None and declared > limit:
+            raise HttpAnswerTooLarge(refused % f"declares {declared} bytes, more than the {limit}")
+        pieces: list[bytes] = []
+        total = 0
+        while piece := resp.read(min(_BODY_PIECE, limit + 1 - total)):
+            total += len(piece)
+            if total > limit:
+                raise HttpAnswerTooLarge(refused % f"sends a body of more than the {limit} bytes")
+            pieces.append(piece)
+        body = b"".join(pieces)
+        if declared is not None and total < declared:
+            # ``read(n)`` takes a connection closed early for the end, where ``read()`` refuses it.
+            raise http.client.IncompleteRead(body, declared - total)
+        return body
 
     @staticmethod
     def _path(task_id: str, buffer_id: int, token: int | None = None) -> str:
@@ -693,12 +718,9 @@ class HttpExchangeClient:
     def fetch_all(
         self, task_id: str, buffer_id: int, *, max_bytes: int = 1 << 20, max_wait: float = 1.0
     ) -> list[bytes]:
-        """Read a whole buffer, then delete it (what Presto's exchange source does).
-
-        An empty answer that is not the end is asked again no sooner than ``POLL_DELAY`` after the
-        previous request: without a long-poll (``max_wait`` 0, or the server caps it at 0) an open buffer
-        with nothing yet would otherwise be polled in a tight loop.
-        """
+        """Read a whole buffer, then delete it (what Presto's exchange source does). An empty answer that
+        is not the end is asked again no sooner than ``POLL_DELAY`` after the previous request: without a
+        long-poll (``max_wait`` 0, or the server's cap) an empty buffer is not polled in a tight loop."""
         token = 0
         pages: list[bytes] = []
         while True:
@@ -744,7 +766,8 @@ def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
     """Run one ``HttpFetch`` with ``client`` (blocking): its ``HttpFetched``, errors included.
 
     A server's refusal keeps its BinX error code (``X-Sparkbus-Error-Code``); a server that cannot be
-    reached, or answers what is not an HTTP exchange answer, gives code 0.
+    reached, or answers what is not an HTTP exchange answer (a body over ``max_body_bytes`` too), gives
+    code 0. Raises nothing: any other exception is an error answer too, and closes the connection.
     """
     here = where(f"{client.host}:{client.port}")
     try:
@@ -756,13 +779,15 @@ def fetch(client: HttpExchangeClient, job: HttpFetch) -> HttpFetched:
         )
     except HttpExchangeError as exc:
         return HttpFetched(job=job.job, error=f"{here}: HTTP {exc.status}: {exc.message}", code=exc.code)
-    except HttpRequestTimeout as exc:
-        return HttpFetched(job=job.job, error=f"{here}: {exc}")
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        client.close()
-        return HttpFetched(
-            job=job.job, error=f"{here}: cannot reach the HTTP exchange: {type(exc).__name__}: {exc}"
-        )
+    except Exception as exc:
+        client.close()  # its connection may hold the rest of an answer
+        if isinstance(exc, HttpRequestTimeout | HttpAnswerTooLarge):
+            text = str(exc)
+        elif isinstance(exc, OSError | http.client.HTTPException | ValueError):
+            text = f"cannot reach the HTTP exchange: {type(exc).__name__}: {exc}"
+        else:
+            text = f"the HTTP exchange request failed: {type(exc).__name__}: {exc}"
+        return HttpFetched(job=job.job, error=f"{here}: {text}")
     return HttpFetched(
         job=job.job,
         pages=res.pages,
@@ -807,6 +832,7 @@ class HttpFetcher:
         deliver: takes each ``HttpFetched`` (it must not block; the node queues it for its loop).
         workers: the most requests in progress at once (a long-poll holds a worker up to its wait).
         timeout: each request's limit beyond its long-poll wait, seconds (``HttpExchangeClient``).
+        max_body_bytes: the largest answer body taken (``HttpExchangeClient``).
         name: prefix of the worker threads' names.
     """
 
@@ -816,10 +842,11 @@ class HttpFetcher:
         *,
         workers: int = 4,
         timeout: float = 20.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
         name: str = "http-fetch",
     ) -> None:
         self._deliver = deliver
-        self._timeout = timeout
+        self._new_client = partial(HttpExchangeClient, timeout=timeout, max_body_bytes=max_body_bytes)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, int], list[HttpExchangeClient]] = {}
@@ -839,20 +866,20 @@ class HttpFetcher:
             if self._closed:
                 return
             idle = self._idle.get((host, port))
-            client = idle.pop() if idle else HttpExchangeClient(host, port, timeout=self._timeout)
+            client = idle.pop() if idle else self._new_client(host, port)
             self._busy.add(client)
-        try:
-            answer = fetch(client, job)
-        finally:
-            with self._lock:
-                self._busy.discard(client)
-                keep = not self._closed
-                if keep:
-                    self._idle.setdefault((host, port), []).append(client)
-            if not keep:
-                client.close()
+        # Every job is answered: ``fetch`` raises nothing, and closes the connection of a request that
+        # failed, so no client goes back to the pool with part of an answer still on its connection.
+        answer = fetch(client, job)
+        with self._lock:
+            self._busy.discard(client)
+            keep = not self._closed
+            if keep:
+                self._idle.setdefault((host, port), []).append(client)
         if keep:
             self._deliver(answer)
+        else:
+            client.close()
 
     def close(self) -> None:
         """Break off the requests in progress, join the workers, close every connection."""
