@@ -707,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="peers, sessions, streams and counters of each running node",
         description="Ask each node of a cluster started by `sparkbus up FILE` (or one status endpoint "
-        "tcp://HOST:PORT) for its peers, sessions, streams and counters.",
+        "tcp://HOST:PORT) for its peers, sessions, streams and counters. The nodes are asked at once; a node "
+        "whose process is gone (the pid and start time the state file records) is shown down without asking.",
     )
     status.add_argument(
         "target",
@@ -715,7 +716,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the topology file given to `sparkbus up`, or a tcp:// status address (default: as for "
         "`sparkbus sql`, topologies/processes.toml here or the one cluster running)",
     )
-    status.add_argument("--timeout", type=float, default=3.0, help="seconds to wait per node (default 3)")
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for the nodes' answers, all asked at once (default 3)",
+    )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_cluster_parsers(sub)
     keys.add_parser(sub)

@@ -80,6 +80,43 @@ def state_dir() -> Path:
     return run_dir()
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` from the third (the state) on, or None (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces or ")"
+
+
+def start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/PID/stat`` field 22): with its pid, it
+    names one process, where a pid alone may name another one started since. None without ``/proc``."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
+
+
+def process_gone(pid: int, started: str | None) -> str | None:
+    """Why the process recorded as ``pid`` (started at ``started``, when recorded) no longer runs, or None
+    when it runs."""
+    if pid <= 0:  # os.kill would signal a process group
+        return f"no process recorded (pid {pid})"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its process (pid {pid}) is gone"
+    except PermissionError:
+        pass  # it runs, as another user: not ours, if a start time says so
+    fields = _stat(pid)
+    if fields is None:
+        return None  # no /proc: the pid runs, which is all there is to know
+    if fields[0] in ("Z", "X"):  # ended, not reaped yet
+        return f"its process (pid {pid}) is gone"
+    if started is not None and fields[19] != started:
+        return f"pid {pid} is another process now"
+    return None
+
+
 def state_file(topology_path: str | os.PathLike[str]) -> Path:
     """Where ``sparkbus up`` records the running cluster started from ``topology_path``."""
     resolved = str(Path(topology_path).resolve())
@@ -269,8 +306,14 @@ class Launcher:
             "topology": str(Path(self.path).resolve()),
             "cluster": self.topo.cluster.name,
             "launcher_pid": os.getpid(),
+            "launcher_started": start_time(os.getpid()),
             "nodes": {
-                c.node_id: {"pid": c.proc.pid, "status": c.status, **(c.endpoints or {})}
+                c.node_id: {
+                    "pid": c.proc.pid,
+                    "started": start_time(c.proc.pid),
+                    "status": c.status,
+                    **(c.endpoints or {}),
+                }
                 for c in self.children.values()
             },
         }
@@ -399,21 +442,48 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
 # -- status
 
 
-def ask_status(address: str, timeout: float = 3.0) -> dict[str, Any]:
-    """One node's status from its status endpoint; raises TimeoutError when it does not answer."""
+def ask_statuses(addresses: dict[str, str], timeout: float = 3.0) -> dict[str, dict[str, Any] | str]:
+    """Each node's status from its status endpoint, asked all at once and waited for until one deadline
+    ``timeout`` from now: a dict (the node's answer, ``ok`` true) or why there is none, per node."""
+    answers: dict[str, dict[str, Any] | str] = {}
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socks: list[zmq.Socket[bytes]] = []
     try:
-        sock = ctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        sock.send(b"status")
-        if not sock.poll(int(timeout * 1000), zmq.POLLIN):
-            raise TimeoutError(f"no answer from {address} within {timeout:g}s")
-        body: dict[str, Any] = json.loads(sock.recv())
-        sock.close(linger=0)
-        return body
+        poller = zmq.Poller()
+        pending: dict[zmq.Socket[bytes], str] = {}
+        for name, address in addresses.items():
+            sock = ctx.socket(zmq.REQ)
+            socks.append(sock)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.connect(address)
+                sock.send(b"status")
+            except zmq.ZMQError as exc:
+                answers[name] = f"unreachable: {exc}"
+                continue
+            pending[sock] = name
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + timeout
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for sock, _ in poller.poll(max(1, int(left * 1000))):
+                name = pending.pop(sock)
+                poller.unregister(sock)
+                try:
+                    body = json.loads(sock.recv())
+                except ValueError as exc:
+                    answers[name] = f"unreachable: not a status answer: {exc}"
+                    continue
+                ok = isinstance(body, dict) and body.get("ok")
+                answers[name] = (
+                    body if ok else f"error: {body.get('error') if isinstance(body, dict) else body}"
+                )
+        for name in pending.values():
+            answers[name] = f"unreachable: no answer from {addresses[name]} within {timeout:g}s"
     finally:
-        ctx.destroy(linger=0)
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+    return answers
 
 
 def running_clusters() -> list[str]:
@@ -423,15 +493,21 @@ def running_clusters() -> list[str]:
     for path in state_dir().glob("up-*.json"):
         try:
             state = json.loads(path.read_text())
-            os.kill(int(state["launcher_pid"]), 0)
-            found.append(str(state["topology"]))
+            if process_gone(int(state["launcher_pid"]), state.get("launcher_started")) is None:
+                found.append(str(state["topology"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # gone, unreadable, or half-written
     return sorted(found)
 
 
+#: How ``status_targets`` marks a node whose process is gone, in place of its endpoint (an address never
+#: starts so), and how ``sparkbus status`` shows it.
+DOWN = "down: "
+
+
 def status_targets(target: str) -> dict[str, str]:
-    """Node name (or address) -> status endpoint, for a topology file or a ``tcp://`` address."""
+    """Node name (or address) -> status endpoint, for a topology file or a ``tcp://`` address; for a node
+    whose recorded process is gone (a stale state file, a node killed), ``DOWN`` and why, at once."""
     if "://" in target:
         return {target: target}
     path = state_file(target)
@@ -440,7 +516,11 @@ def status_targets(target: str) -> dict[str, str]:
             f"no running cluster recorded for {target} (looked for {path}); is `sparkbus up` running?"
         )
     state = json.loads(path.read_text())
-    return {node: info["status"] for node, info in state["nodes"].items()}
+    targets = {}
+    for node, info in state["nodes"].items():
+        gone = process_gone(int(info["pid"]), info.get("started")) if "pid" in info else None
+        targets[node] = info["status"] if gone is None else f"{DOWN}{gone}"
+    return targets
 
 
 def status_table(answers: dict[str, dict[str, Any] | str]) -> Table:
@@ -485,13 +565,9 @@ def status_command(target: str, *, timeout: float = 3.0, as_json: bool = False) 
     except (LaunchError, OSError, ValueError, KeyError) as exc:
         print(f"sparkbus status: {exc}", file=sys.stderr)
         return 1
-    answers: dict[str, dict[str, Any] | str] = {}
-    for name, address in targets.items():
-        try:
-            ans = ask_status(address, timeout)
-            answers[name] = ans if ans.get("ok") else f"error: {ans.get('error')}"
-        except (TimeoutError, zmq.ZMQError, ValueError) as exc:
-            answers[name] = f"unreachable: {exc}"
+    # nodes known to be down are not asked; the others all at once, within one timeout
+    asked = ask_statuses({n: a for n, a in targets.items() if not a.startswith(DOWN)}, timeout)
+    answers = {name: asked.get(name, address) for name, address in targets.items()}
     if as_json:
         print(json.dumps(answers, indent=2, default=str))
     else:
