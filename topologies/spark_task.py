@@ -1,0 +1,403 @@
+"""The barrier task's side of the Spark runtime (``sparkbus.topologies.spark``): each task builds its
+node, meets the others through the driver's runtime channel, hands its node its rows, serves, and reports.
+
+Everything here runs in Spark's Python workers; the plan (``TaskPlan``) comes pickled in the stage's
+closure, with no sockets and no SparkContext.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.ipc
+import zmq
+from pyspark import BarrierTaskContext, SparkFiles
+
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
+
+POLL_MS = 100
+#: rows a barrier task gathers before it hands them to its running node (one local call each)
+FEED_ROWS = 65_536
+#: when this module was imported: in a Python worker, when the first barrier task unpickled its plan
+_IMPORTED_AT = time.time()
+
+
+class RowRouter(Protocol):
+    """What a barrier task does to each input batch before its node gets it, in the task (NumPy, Arrow)
+    rather than as Spark expressions, which the JVM compiles and warms up for every new plan.
+
+    Picklable: it travels to the tasks in the stage's closure.
+    """
+
+    #: True: rows move to the task each call names (the tasks exchange them); False: every row stays
+    exchange: bool
+
+    def __call__(
+        self, batch: pa.RecordBatch, tasks: int
+    ) -> tuple[pa.RecordBatch, npt.NDArray[np.integer[Any]] | None]:
+        """The rows as the node should get them, and (with ``exchange``) each row's task index in
+        ``[0, tasks)``; None when rows stay."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskPlan:
+    """Everything a barrier task needs, pickled into the closure (no sockets, no SparkContext)."""
+
+    topology: Topology
+    node_ids: tuple[str, ...]
+    channel: str
+    factory: NodeFactory
+    ready_timeout: float
+    with_data: bool
+    #: the directory of this start under the SparkFiles root of each machine (``data_root``)
+    data_dir: str
+    #: what each task does to its input batches (and whether it hands rows to other tasks), or None
+    router: RowRouter | None = None
+
+
+def data_root(name: str) -> Path:
+    """``name`` under Spark's SparkFiles root of this process: in local mode a temporary directory Spark
+    deletes when it stops, on a cluster the executor's (or driver's) own directory."""
+    return Path(SparkFiles.getRootDirectory()).resolve() / name
+
+
+def _remove_data(node_dir: Path) -> None:
+    """A node's data directory, and its start's directory once it is empty."""
+    shutil.rmtree(node_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        node_dir.parent.rmdir()
+
+
+def tagged(node_id: str, task: int, cause: str) -> str:
+    return f"sparkbus node {node_id} (barrier task {task}) failed: {cause}"
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _process_started() -> float | None:
+    """When this process started (wall clock), on Linux; None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+class _Abort(RuntimeError):
+    """The driver called the start off (another node failed, or it is stopping)."""
+
+
+class _Task:
+    """One barrier task's life: its rows, its node, the rendezvous through the driver, serve, report.
+
+    The rendezvous goes through the driver's channel rather than ``BarrierTaskContext.allGather``: Spark's
+    barrier RPC waits in steps of a whole second (``BarrierTaskContext.runBarrier`` sleeps 1 s between
+    checks of its reply), so each ``allGather`` cost about a second of every start. The barrier stage
+    still launches every task at once and fails them together.
+    """
+
+    def __init__(self, plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> None:
+        # Wall-clock marks of this task's steps, sent to the driver with "ready" (SparkRuntime.timeline).
+        self.marks: dict[str, float] = {"module_imported": _IMPORTED_AT, "task_started": time.time()}
+        if (spawned := _process_started()) is not None:
+            self.marks["worker_spawned"] = spawned
+        self.plan = plan
+        self.batches = batches
+        self.ctx = BarrierTaskContext.get()
+        self.task = self.ctx.partitionId()
+        self.node_id = plan.node_ids[self.task]
+        self.node: NodeHandle | None = None
+        self.data_dir = data_root(plan.data_dir) / self.node_id
+        #: the address this task's node and row exchange advertise (set by ``_build``)
+        self.host = ""
+        self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.channel = self.zctx.socket(zmq.DEALER)
+        self.channel.setsockopt(zmq.LINGER, 1000)
+        self.channel.setsockopt(zmq.IDENTITY, self.node_id.encode())
+        self.channel.connect(plan.channel)
+        self.deadline = time.monotonic() + plan.ready_timeout
+
+    def run(self) -> dict[str, Any]:
+        try:
+            try:
+                endpoints = self._build()
+            except Exception as exc:
+                self._tell("failed", {"error": describe(exc)})
+                raise
+            self._tell("bound", endpoints.to_json())
+            peers = self._expect("peers")
+            assert self.node is not None
+            self.node.set_peers({k: Endpoints.from_json(v) for k, v in peers.items() if k != self.node_id})
+            self.node.start()
+            self.marks["node_started"] = time.time()
+            # The rows come after the start, so the node's handshakes (and, for a node that loads them, its
+            # first writes) overlap Spark sending them.
+            self._feed()
+            self.marks["data_received"] = time.time()
+            self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
+            self.marks["links_ready"] = time.time()
+            self._tell("ready", {"marks": self.marks, "pid": os.getpid()})
+            self._serve()
+            counters = self.node.counters()
+        except Exception as exc:
+            raise RuntimeError(tagged(self.node_id, self.task, describe(exc))) from exc
+        finally:
+            try:
+                if self.node is not None:
+                    self.node.stop()
+            finally:
+                _remove_data(self.data_dir)
+                with contextlib.suppress(zmq.ZMQError):
+                    self._tell("ended", {})  # the driver waits for it before it cancels a stage
+                self.channel.close()
+                self.zctx.term()
+        return {
+            "node": self.node_id,
+            "partition": self.task,
+            "status": "stopped",
+            "counters": json.dumps(counters),
+        }
+
+    def _build(self) -> Endpoints:
+        """The task's node, built (without rows: ``_feed`` hands them over once it runs) and bound."""
+        machine = self.ctx.getTaskInfos()[self.task].address.rsplit(":", 1)[0]
+        self.host = advertise_host(self.plan.topology.bus.host, machine)
+        request = NodeRequest(
+            node_id=self.node_id,
+            topology=self.plan.topology,
+            advertise_host=self.host,
+            data_dir=str(self.data_dir),
+        )
+        self.node = self.plan.factory(request)
+        self.marks["node_built"] = time.time()
+        endpoints = self.node.bind()
+        self.marks["node_bound"] = time.time()
+        return endpoints
+
+    def _feed(self) -> None:
+        """This node's rows, handed to the running node in pieces of about ``FEED_ROWS``: Spark's Arrow
+        batches as they are (maxRecordsPerBatch rows each, through the plan's router if it has one), or,
+        when the router moves rows, those of every task's input that it sends to this task. Raises if the
+        node refused rows."""
+        assert self.node is not None
+        if not self.plan.with_data:
+            for _ in self.batches:
+                pass
+            self.node.feed((), last=True)
+            return
+        feeder = _Feeder(self.node)
+        router = self.plan.router
+        if router is None or not router.exchange:
+            n = len(self.plan.node_ids)
+            for batch in self.batches:
+                if batch.num_rows:
+                    self.marks.setdefault("first_rows", time.time())
+                    feeder.add(batch if router is None else router(batch, n)[0])
+            self.marks["input_read"] = time.time()
+        else:
+            _RowExchange(self, self.host, router, feeder.add).run()
+        feeder.close()
+
+    def _tell(self, event: str, body: dict[str, Any]) -> None:
+        self.channel.send_multipart([event.encode(), json.dumps(body).encode()])
+
+    def _expect(self, event: str) -> dict[str, Any]:
+        """The driver's next message, which must be ``event``; its body."""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no '{event}' from the driver within {self.plan.ready_timeout:g}s")
+            if self.channel.poll(min(POLL_MS, max(1, int(left * 1000)))):
+                got, body = self.channel.recv_multipart()
+                if got == event.encode():
+                    answer: dict[str, Any] = json.loads(body)
+                    return answer
+                if got == b"abort":
+                    raise _Abort(json.loads(body)["cause"])
+                if got == b"stop":
+                    raise _Abort("the driver is stopping")
+                raise RuntimeError(
+                    f"expected '{event}' from the driver, got '{got.decode(errors='replace')}'"
+                )
+
+    def _serve(self) -> None:
+        assert self.node is not None
+        while True:
+            if self.channel.poll(POLL_MS):
+                frames = self.channel.recv_multipart()
+                if frames[:1] == [b"stop"]:
+                    return
+                if frames[:1] == [b"abort"]:
+                    raise _Abort(json.loads(frames[1])["cause"])
+            failure = self.node.failure()
+            if failure is not None:
+                raise RuntimeError(f"node died: {failure}")
+
+
+class _RowExchange:
+    """Every task's input rows to the task the router names, over ZeroMQ between the tasks.
+
+    Each task binds a PULL socket, the driver hands every task the others' (the "rows" round of the
+    rendezvous), and each task splits its input batches by the router's task index as they arrive: its
+    own share it keeps, the others' it sends as Arrow IPC streams, then an empty message that says it is
+    done. This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it
+    back).
+    """
+
+    def __init__(
+        self, task: _Task, host: str, router: RowRouter, sink: Callable[[pa.RecordBatch], None]
+    ) -> None:
+        self.task = task
+        self.router = router
+        self.sink = sink
+        bind = task.plan.topology.bus.host
+        self.pull = task.zctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        port = self.pull.bind_to_random_port(f"tcp://{'0.0.0.0' if bind in ('*', '') else bind}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self.done = 0
+
+    def run(self) -> None:
+        task = self.task
+        n = len(task.plan.node_ids)
+        pushes: dict[int, zmq.Socket[bytes]] = {}
+        try:
+            task._tell("rows", {"endpoint": self.endpoint})
+            endpoints = task._expect("rows")["endpoints"]
+            for i, ep in enumerate(endpoints):
+                if i != task.task:
+                    push = task.zctx.socket(zmq.PUSH)
+                    push.setsockopt(zmq.SNDHWM, 0)
+                    push.setsockopt(zmq.LINGER, int(task.plan.ready_timeout * 1000))
+                    push.connect(ep)
+                    pushes[i] = push
+            for batch in task.batches:
+                if not batch.num_rows:
+                    continue
+                task.marks.setdefault("first_rows", time.time())
+                rows, dest = self.router(batch, n)
+                if dest is None or len(dest) != rows.num_rows:
+                    raise ValueError(f"the row router gave {rows.num_rows} rows but no task index for each")
+                lo, hi = (int(dest.min()), int(dest.max())) if rows.num_rows else (0, 0)
+                if lo < 0 or hi >= n:  # such a row would go to no task: lost, not loaded
+                    raise ValueError(
+                        f"the row router named task {lo if lo < 0 else hi} for a row, but the tasks are 0 "
+                        f"to {n - 1}"
+                    )
+                for i in range(n):
+                    part = rows.filter(pa.array(dest == i))
+                    if not part.num_rows:
+                        continue
+                    if i == task.task:
+                        self.sink(part)
+                    else:
+                        pushes[i].send(_ipc(part), copy=False)
+                self._drain(0)
+            task.marks["input_read"] = time.time()
+            for push in pushes.values():
+                push.send(b"")
+            while self.done < n - 1:
+                left = task.deadline - time.monotonic()
+                if left <= 0 or not self._drain(max(1, int(left * 1000))):
+                    raise TimeoutError(
+                        f"rows from {n - 1 - self.done} other task(s) did not arrive "
+                        f"within {task.plan.ready_timeout:g}s"
+                    )
+        finally:
+            for push in pushes.values():
+                push.close()
+            self.pull.close()
+
+    def _drain(self, timeout_ms: int) -> bool:
+        """Receive what has arrived (waiting up to ``timeout_ms`` for the first message); False if none."""
+        if not self.pull.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                frame = self.pull.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return True
+            if not len(frame.buffer):
+                self.done += 1
+                continue
+            with pa.ipc.open_stream(pa.py_buffer(frame.buffer)) as reader:
+                for batch in reader:
+                    if batch.num_rows:
+                        self.sink(batch)
+
+
+class _Feeder:
+    """Batches gathered into pieces of at least ``FEED_ROWS`` rows, each handed to the node at once."""
+
+    def __init__(self, node: NodeHandle) -> None:
+        self.node = node
+        self.batches: list[pa.RecordBatch] = []
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.rows += batch.num_rows
+        if self.rows >= FEED_ROWS:
+            self.node.feed(self.batches, last=False)
+            self.batches, self.rows = [], 0
+
+    def close(self) -> None:
+        self.node.feed(self.batches, last=True)
+        self.batches, self.rows = [], 0
+
+
+def _ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+#: the one row each barrier task yields, as Spark and as Arrow see it
+RESULT_SCHEMA = "node string, partition long, status string, counters string"
+_RESULT_ARROW = pa.schema(
+    [("node", pa.string()), ("partition", pa.int64()), ("status", pa.string()), ("counters", pa.string())]
+)
+
+
+WARM_SCHEMA = "pid long, seconds double"
+
+
+def warm_task(modules: tuple[str, ...]) -> Any:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        started = time.perf_counter()
+        for name in modules:
+            with contextlib.suppress(ImportError):  # ``start`` reports a node that cannot be built
+                importlib.import_module(name)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "seconds": [time.perf_counter() - started]})
+
+    return run
+
+
+def barrier_task(plan: TaskPlan) -> Any:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield pa.RecordBatch.from_pylist([_Task(plan, batches).run()], schema=_RESULT_ARROW)
+
+    return run
