@@ -29,6 +29,7 @@ import os
 import re
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -277,10 +278,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(result, size_only)
 
     def _answer(self, result: BufferRead, size_only: bool) -> None:
-        if result.error_code:
-            self._send_error(
-                _ERROR_STATUS.get(result.error_code, 500), result.error_code, result.error_message
-            )
+        if code := result.error_code:
+            self._send_error(_ERROR_STATUS.get(code, 500), code, result.error_message)
             return
         body = b"" if size_only else frame_pages(result.pages)
         status = 200 if body or size_only else 204
@@ -347,7 +346,7 @@ class HttpExchangeServer(ThreadingHTTPServer):
         self.max_wait = max_wait
         self.max_reply_bytes = max_reply_bytes
         self.closing = False
-        self.counters: dict[str, int] = {"errors": 0}
+        self.counters: dict[str, int] = {"errors": 0, "disconnects": 0}
         self._connections: set[socket.socket] = set()
         self._handlers: set[threading.Thread] = set()  # request threads (daemons: socketserver keeps none)
         self._conn_lock = threading.Lock()
@@ -409,6 +408,12 @@ class HttpExchangeServer(ThreadingHTTPServer):
             self._handlers = {t for t in self._handlers if t.is_alive()}
             self._handlers.add(thread)
         thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exception(), ConnectionError | TimeoutError):  # the consumer went away first
+            self.count("disconnects")
+        else:
+            super().handle_error(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         with self._conn_lock:
@@ -735,9 +740,7 @@ class HttpExchangeClient:
                 self._pause(sent + POLL_DELAY - time.monotonic())
 
     def _pause(self, seconds: float) -> None:
-        """Wait ``seconds`` (nothing if not positive) before asking an empty buffer again."""
-        if seconds > 0:
-            time.sleep(seconds)
+        time.sleep(max(0.0, seconds))
 
 
 def where(address: str) -> str:
@@ -868,8 +871,7 @@ class HttpFetcher:
             idle = self._idle.get((host, port))
             client = idle.pop() if idle else self._new_client(host, port)
             self._busy.add(client)
-        # Every job is answered: ``fetch`` raises nothing, and closes the connection of a request that
-        # failed, so no client goes back to the pool with part of an answer still on its connection.
+        # ``fetch`` raises nothing, and closes a failed request's connection: none is pooled mid-answer.
         answer = fetch(client, job)
         with self._lock:
             self._busy.discard(client)

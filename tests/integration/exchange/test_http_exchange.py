@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -287,3 +289,72 @@ def test_fetcher_close_breaks_off_a_fetch_still_connecting(
     assert not done.is_alive(), "close waited for a connect that gets no answer"
     assert not [t for t in threading.enumerate() if t.name.startswith("test-fetch") and t.is_alive()]
     assert delivered == []  # answers after close are dropped, as the node has stopped
+
+
+class _ParkedSource:
+    """A ``WaitingSource``, as the node's: ``read_wait`` says the GET reached its long-poll, then holds it
+    until the test releases it, as a long-poll parked in the ``binx.server`` role does."""
+
+    def __init__(self) -> None:
+        self.buffers = OutputBuffers(instance_id="inst-1")
+        self.buffers.create(T, 0)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def read_wait(
+        self, task_id: str, buffer_id: int, token: int, max_bytes: int, wait: float, **kw: Any
+    ) -> Any:
+        self.entered.set()
+        self.release.wait(TIMEOUT)
+        return self.buffers.read(task_id, buffer_id, token, max_bytes, **kw)
+
+    def read(self, *args: Any, **kw: Any) -> Any:
+        return self.buffers.read(*args, **kw)
+
+    def acknowledge(self, task_id: str, buffer_id: int, token: int) -> int:
+        return int(self.buffers.acknowledge(task_id, buffer_id, token))
+
+    def delete(self, task_id: str, buffer_id: int) -> None:
+        self.buffers.delete(task_id, buffer_id)
+
+
+def test_a_consumer_gone_during_its_long_poll_is_counted_not_printed(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A consumer leaves with its long-poll parked (its node stops and breaks off its requests, its
+    process dies, or the request outran its deadline): the answer goes into a reset connection."""
+    source = _ParkedSource()
+    server = HttpExchangeServer(source, host="127.0.0.1", port=0, max_wait=5.0).start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        sock.sendall(
+            f"GET /v1/task/{T}/results/0/0 HTTP/1.1\r\nHost: x\r\nX-Presto-Max-Wait: 5s\r\n\r\n".encode()
+        )
+        assert source.entered.wait(TIMEOUT), "the GET never reached its long-poll"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # linger 0: a reset, as when the consumer's process dies
+        source.buffers.add_pages(T, 0, [b"page"])
+        source.release.set()  # the long-poll ends with a page, written into the reset connection
+    finally:
+        server.close()  # joins every request thread
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert server.counters["disconnects"] == 1 and server.counters["errors"] == 0
+
+
+class _BrokenSource(_ParkedSource):
+    def read_wait(self, *args: Any, **kw: Any) -> Any:
+        raise RuntimeError("a bug in the source")
+
+
+def test_any_other_failure_of_a_request_is_still_printed(capfd: pytest.CaptureFixture[str]) -> None:
+    server = HttpExchangeServer(_BrokenSource(), host="127.0.0.1", port=0).start()
+    try:
+        client = HttpExchangeClient("127.0.0.1", server.port, timeout=TIMEOUT)
+        with client, pytest.raises(http.client.RemoteDisconnected):  # no answer: the thread failed
+            client.get(T, 0, 0)
+    finally:
+        server.close()
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug in the source" in err, err
+    assert server.counters["disconnects"] == 0
