@@ -54,7 +54,8 @@ from _common import cpu_seconds, parser, table, write
 
 from sparkbus.bus import BusConfig, allocator
 from sparkbus.bus.contract import LocalCall, MessageReceived, PeerUp, Reply, Send
-from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
+from sparkbus.bus.http_exchange import HttpExchangeServer
+from sparkbus.bus.http_fetch import HttpExchangeClient
 from sparkbus.bus.node import Node
 from sparkbus.codecs import EnvelopeCodec, Limits
 from sparkbus.roles.exchange import BinxClient, BinxServer, HttpClient, OutputBuffers

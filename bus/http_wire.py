@@ -1,5 +1,7 @@
 """The HTTP exchange's text and body formats: airlift DataSize and Duration strings (Presto's headers), and
-the pages body (each page as a u32 little-endian length and its bytes; docs/EXCHANGE.md section 4)."""
+the pages body (each page as a u32 little-endian length and its bytes; docs/EXCHANGE.md section 4), the
+HTTP status of each BinX error code, and what one read of a buffer returns (``BufferRead``): what both the
+server (``http_exchange``) and the client (``http_fetch``) speak."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import math
 import re
 import struct
 from collections.abc import Sequence
+from typing import Protocol
 
 _LENGTH = struct.Struct("<I")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|kB|MB|GB|TB|PB)\s*$")
@@ -66,3 +69,30 @@ def unframe_pages(body: bytes) -> list[bytes]:
         pages.append(bytes(view[at : at + n]))
         at += n
     return pages
+
+
+#: HTTP status for each BinX error code (``sparkbus.roles.exchange.ErrorCode`` values).
+ERROR_STATUS = {1: 404, 2: 500, 3: 410, 4: 400, 5: 400, 6: 503}
+
+
+class BufferRead(Protocol):
+    """What one read of a buffer returns (``sparkbus.roles.exchange.PageResult`` satisfies it)."""
+
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def next_token(self) -> int: ...
+    @property
+    def pages(self) -> Sequence[bytes]: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def remaining(self) -> bytes: ...
+    @property
+    def remaining_bytes(self) -> Sequence[int]: ...
+    @property
+    def error_code(self) -> int: ...
+    @property
+    def error_message(self) -> str: ...

@@ -52,7 +52,8 @@ from sparkbus.bus import allocator, security, sockets
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
-from sparkbus.bus.http_exchange import HttpExchangeServer, HttpFetcher, LoopBuffers
+from sparkbus.bus.http_exchange import HttpExchangeServer, LoopBuffers
+from sparkbus.bus.http_fetch import HttpFetcher
 from sparkbus.bus.refusals import CurveRefusals
 from sparkbus.bus.sockets import context
 from sparkbus.bus.state import Completed, Transmit
@@ -247,7 +248,10 @@ class Node:
             self._http_server.start()
         if c.HTTP_CLIENT in self.core.roles:
             self._http_fetcher = HttpFetcher(
-                self._on_fetched, workers=self._http_workers, name=f"sparkbus-http-{self.node_id}"
+                self._on_fetched,
+                workers=self._http_workers,
+                max_body_bytes=self.config.limits.max_message_bytes,  # an answer is no larger than a message
+                name=f"sparkbus-http-{self.node_id}",
             )
         self._thread = threading.Thread(target=self._run, name=f"sparkbus-node-{self.node_id}", daemon=True)
         self._thread.start()

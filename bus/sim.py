@@ -30,7 +30,8 @@ from urllib.parse import quote
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.core import NodeCore
-from sparkbus.bus.http_exchange import BufferRead, answer_of
+from sparkbus.bus.http_fetch import answer_of
+from sparkbus.bus.http_wire import BufferRead
 from sparkbus.bus.messages import Heartbeat
 from sparkbus.bus.state import Completed, Transmit
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError

@@ -34,7 +34,8 @@ import pyarrow as pa
 
 from sparkbus.bus import security
 from sparkbus.bus.config import BusConfig, CurveSettings
-from sparkbus.bus.http_exchange import HttpExchangeClient, HttpExchangeServer
+from sparkbus.bus.http_exchange import HttpExchangeServer
+from sparkbus.bus.http_fetch import HttpExchangeClient
 from sparkbus.bus.node import Node
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers

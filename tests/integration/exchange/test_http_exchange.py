@@ -13,15 +13,11 @@ from typing import Any
 
 import pytest
 
-from sparkbus.bus import http_exchange
+from sparkbus.bus import http_fetch
 from sparkbus.bus.contract import HttpFetch, HttpFetched
-from sparkbus.bus.http_exchange import (
-    HttpExchangeClient,
-    HttpExchangeError,
-    HttpExchangeServer,
-    HttpFetcher,
-    unframe_pages,
-)
+from sparkbus.bus.http_exchange import HttpExchangeServer
+from sparkbus.bus.http_fetch import HttpExchangeClient, HttpExchangeError, HttpFetcher
+from sparkbus.bus.http_wire import unframe_pages
 from sparkbus.roles.exchange import OutputBuffers
 
 pytestmark = pytest.mark.integration
@@ -131,7 +127,7 @@ class _PausingClient(HttpExchangeClient):
         self.pauses: list[float] = []
         self.gets = 0
 
-    def get(self, *args: Any, **kwargs: Any) -> http_exchange.HttpPages:
+    def get(self, *args: Any, **kwargs: Any) -> http_fetch.HttpPages:
         self.gets += 1
         assert self.gets <= 10, "an empty buffer is asked again at once, without a pause"
         return super().get(*args, **kwargs)
@@ -147,7 +143,7 @@ def test_fetch_all_without_a_long_poll_pauses_between_empty_answers(server: Http
     with _PausingClient(server) as client:
         assert client.fetch_all(T, 6, max_wait=0.0) == [b"late"]
     assert client.gets == 4 and len(client.pauses) == 3
-    assert all(p <= http_exchange.POLL_DELAY for p in client.pauses)
+    assert all(p <= http_fetch.POLL_DELAY for p in client.pauses)
 
 
 def test_bad_requests_are_refused(server: HttpExchangeServer, client: HttpExchangeClient) -> None:
@@ -240,13 +236,13 @@ def unanswered() -> Iterator[int]:
 def connecting(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Set when a client starts to connect (the real connect follows)."""
     started = threading.Event()
-    real = http_exchange._connect
+    real = http_fetch._connect
 
     def connect(sock: socket.socket, addr: Any, timeout: float | None, aborted: Callable[[], bool]) -> None:
         started.set()
         real(sock, addr, timeout, aborted)
 
-    monkeypatch.setattr(http_exchange, "_connect", connect)
+    monkeypatch.setattr(http_fetch, "_connect", connect)
     return started
 
 

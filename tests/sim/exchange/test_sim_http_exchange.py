@@ -13,7 +13,7 @@ import pytest
 
 from sparkbus.bus import sim as sim_module
 from sparkbus.bus.contract import HTTP_BUFFERS, Action, Event, HttpFetch, LocalCall
-from sparkbus.bus.http_exchange import HttpExchangeClient, HttpFetcher, fetch
+from sparkbus.bus.http_fetch import HttpExchangeClient, HttpFetcher, fetch
 from sparkbus.bus.sim import HTTP_TIMEOUT, SimBus
 from sparkbus.roles.exchange import (
     BackoffPolicy,
@@ -152,7 +152,7 @@ def test_a_server_that_dies_with_a_notice_under_a_long_poll_fails_the_fetch_at_o
 
 def timed_out(peer: str, task: str, wait: float, cause: str = "timed out") -> str:
     """The fetch's error once a GET for token 0 had no answer within its limit: the role's prefix and
-    ``HttpRequestTimeout``'s text as ``fetch`` passes it on (``bus/http_exchange.py``)."""
+    ``HttpRequestTimeout``'s text as ``fetch`` passes it on (``bus/http_fetch.py``)."""
     here = f"http://sim:{peer}"
     limit = HTTP_TIMEOUT + wait
     return (

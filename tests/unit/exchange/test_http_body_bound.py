@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from sparkbus.bus.contract import HttpFetch, HttpFetched
-from sparkbus.bus.http_exchange import HttpAnswerTooLarge, HttpExchangeClient, HttpFetcher, fetch
+from sparkbus.bus.http_fetch import HttpAnswerTooLarge, HttpExchangeClient, HttpFetcher, fetch
 from sparkbus.bus.http_wire import frame_pages
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -21,14 +21,8 @@ from collections.abc import Iterator
 import pytest
 
 from sparkbus.bus.contract import HttpFetch, HttpFetched
-from sparkbus.bus.http_exchange import (
-    HttpExchangeClient,
-    HttpFetcher,
-    HttpPages,
-    HttpRequestTimeout,
-    fetch,
-    frame_pages,
-)
+from sparkbus.bus.http_fetch import HttpExchangeClient, HttpFetcher, HttpPages, HttpRequestTimeout, fetch
+from sparkbus.bus.http_wire import frame_pages
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkbus.bus.http_exchange import frame_pages, parse_data_size, parse_duration, unframe_pages
+from sparkbus.bus.http_wire import frame_pages, parse_data_size, parse_duration, unframe_pages
 
 
 @given(st.lists(st.binary(max_size=300), max_size=20))

@@ -20,7 +20,7 @@ from sparkbus.bus.contract import (
     SetTimer,
     TimerFired,
 )
-from sparkbus.bus.http_exchange import answer_of
+from sparkbus.bus.http_fetch import answer_of
 from sparkbus.roles.exchange import (
     BackoffPolicy,
     BinxServer,
