@@ -10,6 +10,10 @@ and its exit status.
 
 No orphans: a child stops when its stdin closes (the launcher died, however it died), and the launcher
 kills any child's process group that does not stop in time.
+
+No leftovers: a node killed with SIGKILL cannot remove its ipc sockets (``transport = "ipc"``); the launcher
+removes them once it has stopped every node, and when the launcher died with its nodes the next ``sparkbus up``
+of the file removes those its state file records for nodes whose process is gone (``remove_stale_ipc``).
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -115,6 +122,75 @@ def process_gone(pid: int, started: str | None) -> str | None:
     if started is not None and fields[19] != started:
         return f"pid {pid} is another process now"
     return None
+
+
+#: How a bus node names the ipc directory it makes for itself when ``bus.ipc_dir`` is not set
+#: (``sparkbus.bus.node``); it removes it when it stops, which a node killed with SIGKILL never does.
+OWN_IPC_DIR = "sparkbus-ipc-"
+
+
+def _ipc_sockets(endpoints: Mapping[str, Any]) -> list[Path]:
+    return [
+        Path(v.removeprefix("ipc://"))
+        for k in ("control", "data")
+        if isinstance(v := endpoints.get(k), str) and v.startswith("ipc://")
+    ]
+
+
+def _listening(path: Path) -> bool:
+    """Something accepts connections on the unix socket ``path`` (a node of another process bound it)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # cannot tell (no permission, a timeout): keep it
+    finally:
+        probe.close()
+    return True
+
+
+def remove_ipc(endpoints: Mapping[str, Any]) -> bool:
+    """Remove the ipc socket files of a node whose process is gone, at ``endpoints`` (its control and data
+    addresses): its own directory, or its two files in a ``bus.ipc_dir`` others share. A socket
+    something still listens on is kept, with its directory. True when anything was removed."""
+    paths = _ipc_sockets(endpoints)
+    if not paths or any(_listening(p) for p in paths):
+        return False
+    removed = False
+    for directory in {p.parent for p in paths}:
+        ours = {p.name for p in paths if p.parent == directory}
+        try:
+            inside = {p.name for p in directory.iterdir()}
+        except OSError:
+            continue  # gone already (the node stopped and removed it), or not ours to read
+        if directory.name.startswith(OWN_IPC_DIR) and inside <= ours:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed = True
+            continue
+        for name in ours & inside:
+            with contextlib.suppress(OSError):
+                (directory / name).unlink()
+                removed = True
+    return removed
+
+
+def remove_stale_ipc(path: Path) -> list[str]:
+    """The nodes recorded in the state file ``path`` whose process is gone and whose ipc sockets were left
+    behind (a node killed with SIGKILL, with its launcher), after removing those sockets. Nodes whose
+    process runs are left alone."""
+    try:
+        nodes = dict(json.loads(path.read_text())["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # none, or not one of ours
+    removed = []
+    for node, info in nodes.items():
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if process_gone(int(info["pid"]), info.get("started")) and remove_ipc(info):
+                removed.append(node)
+    return removed
 
 
 def state_file(topology_path: str | os.PathLike[str]) -> Path:
@@ -368,6 +444,8 @@ class Launcher:
                 os.killpg(c.proc.pid, signal.SIGKILL)  # anything the node itself started
             if c.proc.stdout is not None:
                 c.proc.stdout.close()
+            if c.endpoints is not None and c.proc.poll() is not None:
+                remove_ipc(c.endpoints)  # a node that stopped removed its own; one killed did not
         with contextlib.suppress(OSError):  # none written, or the run directory is not usable: said already
             self.state_path.unlink()
 
@@ -428,15 +506,23 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
             file=sys.stderr,
         )
         return 1
-    launcher = Launcher(
-        path,
-        topo,
-        console=_console(),
-        ready_timeout=ready_timeout,
-        skip_unavailable=skip_unavailable,
-    )
+    console = _console()
     with lock:
-        return launcher.run()
+        # The lock is ours, so the launcher that wrote any state file here is gone: its nodes may have died
+        # with it and left their ipc sockets behind.
+        left = remove_stale_ipc(state_file(path))
+        if left:
+            console.print(
+                f"sparkbus up: removed the ipc sockets left by {', '.join(left)} (their processes are gone)",
+                markup=False,
+            )
+        return Launcher(
+            path,
+            topo,
+            console=console,
+            ready_timeout=ready_timeout,
+            skip_unavailable=skip_unavailable,
+        ).run()
 
 
 # -- status
