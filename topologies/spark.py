@@ -20,7 +20,10 @@ Sequence (the xgboost.spark / TorchDistributor pattern, see docs/TOPOLOGIES.md):
 
 A task that raises, or whose Python worker dies, fails the barrier stage; Spark then kills the other
 tasks. The driver turns the job failure into a ``SparkRuntimeError`` naming the node, its barrier task and
-the cause. A task waits for the driver at most ``ready_timeout``.
+the cause. A task waits for the driver at most ``ready_timeout``. A task that fails before it is ready also
+tells the driver ``failed``, and the driver tells every task ``abort``: until it is ready a task reads the
+channel between every step and wait (its links' in slices, the row exchange's along with its rows), so it
+stops its node before Spark kills it without its cleanup.
 
 Every node keeps its data in ``<SparkFiles root>/<job group>/<node>`` (``NodeRequest.data_dir``), which its
 task removes when the node stops, and the driver on its machine at the end (``_abort``).
@@ -503,16 +506,21 @@ class SparkRuntime:
 
         A stage that did not return its rows (it failed, or is still running) may have tasks left: Spark
         kills a failed stage's other tasks, and ``cancelJobGroup`` all of them, without their ``finally``
-        (which stops the node and removes its data). So they are told to abort first, and given up to
-        ``ABORT_WAIT`` seconds to say they have ended."""
+        (which stops the node and removes its data). So they are told to abort first (a task first heard
+        from meanwhile, again), and given up to ``ABORT_WAIT`` seconds to say they have ended."""
         if self._rows is None and self._channel is not None:
             self._send_all("abort", {"cause": "the driver is stopping"})
             deadline = time.monotonic() + ABORT_WAIT
             while self._progress.seen - self._progress.ended and time.monotonic() < deadline:
                 if self._channel.poll(POLL_MS):
                     who, event, _ = self._channel.recv_multipart()
+                    nid = who.decode()
+                    if nid not in self._progress.seen:
+                        # Its first message: the abort above went to an identity the channel did not know.
+                        self._progress.seen.add(nid)
+                        self._channel.send_multipart([who, b"abort", b'{"cause": "the driver is stopping"}'])
                     if event == b"ended":
-                        self._progress.ended.add(who.decode())
+                        self._progress.ended.add(nid)
         if self._thread is not None and self._thread.is_alive():
             self.session.sparkContext.cancelJobGroup(self._group)
             self._thread.join(30)

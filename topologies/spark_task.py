@@ -31,6 +31,8 @@ from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, Node
 POLL_MS = 100
 #: rows a barrier task gathers before it hands them to its running node (one local call each)
 FEED_ROWS = 65_536
+#: seconds of each wait for the node's links, between which the task reads the driver's channel
+READY_SLICE = 0.2
 #: when this module was imported: in a Python worker, when the first barrier task unpickled its plan
 _IMPORTED_AT = time.time()
 
@@ -139,24 +141,18 @@ class _Task:
     def run(self) -> dict[str, Any]:
         try:
             try:
-                endpoints = self._build()
-            except Exception as exc:
-                self._tell("failed", {"error": describe(exc)})
+                self._start()
+            except _Abort:
                 raise
-            self._tell("bound", endpoints.to_json())
-            peers = self._expect("peers")
-            assert self.node is not None
-            self.node.set_peers({k: Endpoints.from_json(v) for k, v in peers.items() if k != self.node_id})
-            self.node.start()
-            self.marks["node_started"] = time.time()
-            # The rows come after the start, so the node's handshakes (and, for a node that loads them, its
-            # first writes) overlap Spark sending them.
-            self._feed()
-            self.marks["data_received"] = time.time()
-            self.node.wait_ready(max(0.1, self.deadline - time.monotonic()))
-            self.marks["links_ready"] = time.time()
+            except Exception as exc:
+                # Told at once, the driver tells the other tasks to abort while Spark is still failing the
+                # stage: a task Spark kills runs no cleanup.
+                with contextlib.suppress(zmq.ZMQError):
+                    self._tell("failed", {"error": describe(exc)})
+                raise
             self._tell("ready", {"marks": self.marks, "pid": os.getpid()})
             self._serve()
+            assert self.node is not None
             counters = self.node.counters()
         except Exception as exc:
             raise RuntimeError(tagged(self.node_id, self.task, describe(exc))) from exc
@@ -176,6 +172,38 @@ class _Task:
             "status": "stopped",
             "counters": json.dumps(counters),
         }
+
+    def _start(self) -> None:
+        """Build, bind and start the node, hand it its rows, wait for its links: everything before
+        ``ready``. Raises ``_Abort`` when the driver calls the start off meanwhile."""
+        self._tell("bound", self._build().to_json())
+        peers = self._expect("peers")
+        assert self.node is not None
+        self.node.set_peers({k: Endpoints.from_json(v) for k, v in peers.items() if k != self.node_id})
+        self.node.start()
+        self.marks["node_started"] = time.time()
+        # The rows come after the start, so the node's handshakes (and, for a node that loads them, its
+        # first writes) overlap Spark sending them.
+        self._feed()
+        self.marks["data_received"] = time.time()
+        self._wait_links()
+        self.marks["links_ready"] = time.time()
+
+    def _wait_links(self) -> None:
+        """The node's ``wait_ready`` in slices of ``READY_SLICE``, reading the driver's channel between
+        them, until the task's deadline."""
+        assert self.node is not None
+        while True:
+            self._check_driver()
+            left = self.deadline - time.monotonic()
+            try:
+                self.node.wait_ready(max(0.01, min(READY_SLICE, left)))
+                return
+            except TimeoutError as exc:
+                if time.monotonic() >= self.deadline:
+                    raise TimeoutError(
+                        f"links not up within {self.plan.ready_timeout:g}s (last check: {exc})"
+                    ) from exc
 
     def _build(self) -> Endpoints:
         """The task's node, built (without rows: ``_feed`` hands them over once it runs) and bound."""
@@ -209,6 +237,7 @@ class _Task:
         if router is None or not router.exchange:
             n = len(self.plan.node_ids)
             for batch in self.batches:
+                self._check_driver()
                 if batch.num_rows:
                     self.marks.setdefault("first_rows", time.time())
                     feeder.add(batch if router is None else router(batch, n)[0])
@@ -226,18 +255,30 @@ class _Task:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no '{event}' from the driver within {self.plan.ready_timeout:g}s")
-            if self.channel.poll(min(POLL_MS, max(1, int(left * 1000)))):
-                got, body = self.channel.recv_multipart()
-                if got == event.encode():
-                    answer: dict[str, Any] = json.loads(body)
+            if (got := self._from_driver(min(POLL_MS, max(1, int(left * 1000))))) is not None:
+                if got[0] == event.encode():
+                    answer: dict[str, Any] = json.loads(got[1])
                     return answer
-                if got == b"abort":
-                    raise _Abort(json.loads(body)["cause"])
-                if got == b"stop":
-                    raise _Abort("the driver is stopping")
                 raise RuntimeError(
-                    f"expected '{event}' from the driver, got '{got.decode(errors='replace')}'"
+                    f"expected '{event}' from the driver, got '{got[0].decode(errors='replace')}'"
                 )
+
+    def _check_driver(self) -> None:
+        """Raise ``_Abort`` if the driver has called the start off; it sends nothing else unasked."""
+        if (got := self._from_driver(0)) is not None:
+            raise RuntimeError(f"unexpected '{got[0].decode(errors='replace')}' from the driver")
+
+    def _from_driver(self, timeout_ms: int) -> tuple[bytes, bytes] | None:
+        """The driver's next message (event, body) within ``timeout_ms``, or None; raises ``_Abort`` for
+        ``abort``, and for ``stop`` (which before ``ready`` calls the start off too)."""
+        if not self.channel.poll(timeout_ms):
+            return None
+        got, body = self.channel.recv_multipart()
+        if got == b"abort":
+            raise _Abort(json.loads(body)["cause"])
+        if got == b"stop":
+            raise _Abort("the driver is stopping")
+        return got, body
 
     def _serve(self) -> None:
         assert self.node is not None
@@ -276,11 +317,16 @@ class _RowExchange:
         port = self.pull.bind_to_random_port(f"tcp://{'0.0.0.0' if bind in ('*', '') else bind}")
         self.endpoint = f"tcp://{host}:{port}"
         self.done = 0
+        # The rows and the driver's channel: a start called off (``abort``) ends the wait at once.
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(task.channel, zmq.POLLIN)
 
     def run(self) -> None:
         task = self.task
         n = len(task.plan.node_ids)
         pushes: dict[int, zmq.Socket[bytes]] = {}
+        sent = False
         try:
             task._tell("rows", {"endpoint": self.endpoint})
             endpoints = task._expect("rows")["endpoints"]
@@ -318,25 +364,33 @@ class _RowExchange:
                 push.send(b"")
             while self.done < n - 1:
                 left = task.deadline - time.monotonic()
-                if left <= 0 or not self._drain(max(1, int(left * 1000))):
+                if left <= 0:
                     raise TimeoutError(
                         f"rows from {n - 1 - self.done} other task(s) did not arrive "
                         f"within {task.plan.ready_timeout:g}s"
                     )
+                self._drain(max(1, int(left * 1000)))
+            sent = True
         finally:
             for push in pushes.values():
-                push.close()
+                # Rows still queued for a task go with it when the start failed: closing the context
+                # would otherwise wait up to ready_timeout for them.
+                push.close(linger=None if sent else 0)
             self.pull.close()
 
-    def _drain(self, timeout_ms: int) -> bool:
-        """Receive what has arrived (waiting up to ``timeout_ms`` for the first message); False if none."""
-        if not self.pull.poll(timeout_ms):
-            return False
+    def _drain(self, timeout_ms: int) -> None:
+        """Receive what has arrived, waiting up to ``timeout_ms`` for the first message or for the
+        driver's; raises ``_Abort`` when the driver called the start off."""
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.task.channel in ready:
+            self.task._check_driver()
+        if self.pull not in ready:
+            return
         while True:
             try:
                 frame = self.pull.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return True
+                return
             if not len(frame.buffer):
                 self.done += 1
                 continue

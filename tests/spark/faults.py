@@ -46,7 +46,7 @@ class FailingFactory(ProbeFactory):
 
 
 class _RecordedBusNode(BusNodeHandle):
-    def __init__(self, request: NodeRequest, record: Path, *, fail: bool) -> None:
+    def __init__(self, request: NodeRequest, record: Path, *, fail: str) -> None:
         super().__init__(request)
         self.record = record
         self.fail = fail
@@ -55,9 +55,19 @@ class _RecordedBusNode(BusNodeHandle):
         ]
         (record / f"{self.node_id}.roots").write_text("".join(f"{root}\n" for root in roots))
 
+    def bind(self):  # type: ignore[no-untyped-def]
+        endpoints = super().bind()
+        (self.record / f"{self.node_id}.endpoints").write_text(f"{endpoints.control}\n{endpoints.data}\n")
+        return endpoints
+
+    def start(self) -> None:
+        if self.fail == "start":
+            raise ValueError("disk on fire")
+        super().start()
+
     def wait_ready(self, timeout: float) -> None:
         super().wait_ready(timeout)
-        if self.fail:
+        if self.fail == "ready":
             raise ValueError("disk on fire")
 
     def stop(self) -> None:
@@ -68,11 +78,14 @@ class _RecordedBusNode(BusNodeHandle):
 @dataclass(frozen=True)
 class RecordingBusFactory(BusNodeFactory):
     """Real bus nodes, each writing where its replicas live (one directory a line) to
-    ``<record>/<node>.roots`` when it is built, and ``<record>/<node>.stopped`` once it has stopped;
-    ``victim`` fails once its links are up."""
+    ``<record>/<node>.roots`` when it is built, its endpoints to ``<node>.endpoints`` when it is bound, and
+    ``<record>/<node>.stopped`` once it has stopped; ``victim`` fails in ``when``: ``ready`` (once its links
+    are up) or ``start`` (its node never starts, so the others wait for their links to it)."""
 
     record: str = ""
     victim: str = ""
+    when: str = "ready"
 
     def __call__(self, request: NodeRequest) -> NodeHandle:
-        return _RecordedBusNode(request, Path(self.record), fail=request.node_id == self.victim)
+        fail = self.when if request.node_id == self.victim else ""
+        return _RecordedBusNode(request, Path(self.record), fail=fail)

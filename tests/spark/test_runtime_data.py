@@ -4,13 +4,14 @@ workers inherited."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark import cloudpickle
 
-from sparkbus.topologies.schema import load, shipped
+from sparkbus.topologies.schema import load, loads, shipped
 from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError
 
 from . import faults
@@ -26,15 +27,26 @@ def recorded(record: Path) -> list[Path]:
 
 
 @pytest.mark.timeout(120)
-def test_a_node_that_fails_leaves_no_node_data_behind(spark: Any, tmp_path: Path) -> None:
-    topo = load(shipped("local.toml"))
-    factory = faults.RecordingBusFactory(record=str(tmp_path), victim="store-1")
-    with pytest.raises(SparkRuntimeError, match="store-1"):
+def test_a_node_that_fails_leaves_no_node_running_and_no_node_data_behind(spark: Any, tmp_path: Path) -> None:
+    # store-1 fails in start(): its node never comes up, so store-0 is still waiting for its link to it when
+    # the stage fails, and Spark kills a task without its cleanup. Over ipc each node's socket files live in
+    # a directory of its own, which only its stop removes.
+    text = shipped("local.toml").read_text().replace('transport = "tcp"', 'transport = "ipc"')
+    topo = loads(re.sub(r"(?m)^(host|ports) = .*$", "", text))
+    factory = faults.RecordingBusFactory(record=str(tmp_path), victim="store-1", when="start")
+    with pytest.raises(SparkRuntimeError, match="store-1") as err:
         SparkRuntime(topo, spark, factory, ready_timeout=30).start()
+    assert "ValueError: disk on fire" in str(err.value)
+    assert sorted(p.stem for p in tmp_path.glob("*.stopped")) == ["coordinator", "store-0", "store-1"]
     roots = recorded(tmp_path)
     assert len(roots) == 2  # store-0's and store-1's
-    # store-0 was serving when store-1 failed: the stage's failure would have Spark kill its task.
     assert [p for p in roots if p.exists()] == []
+    sockets = [
+        Path(line.removeprefix("ipc://"))
+        for f in tmp_path.glob("*.endpoints")
+        for line in f.read_text().split()
+    ]
+    assert len(sockets) == 6 and [p.parent for p in sockets if p.parent.exists()] == []
 
 
 @pytest.mark.timeout(120)
