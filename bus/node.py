@@ -60,6 +60,10 @@ from sparkbus.bus.state import Completed, Transmit
 
 log = logging.getLogger("sparkbus.bus")
 
+#: The prefix of the ipc directory a node makes for itself under /tmp when ``bus.ipc_dir`` is not set; it
+#: removes it when it stops, which a node killed with SIGKILL never does (``sparkbus up`` removes those).
+OWN_IPC_DIR_PREFIX = "sparkbus-ipc-"
+
 
 @dataclass(frozen=True)
 class Endpoints:
@@ -183,7 +187,7 @@ class Node:
             if base is None:
                 # A directory of this node's own (under /tmp: ipc paths have a length limit), so two
                 # clusters with the same node ids never bind one path; removed when the node stops.
-                base = self._own_ipc_dir = tempfile.mkdtemp(prefix="sparkbus-ipc-", dir="/tmp")
+                base = self._own_ipc_dir = tempfile.mkdtemp(prefix=OWN_IPC_DIR_PREFIX, dir="/tmp")
             control, data = f"ipc://{base}/{self.node_id}-ctl", f"ipc://{base}/{self.node_id}-data"
             router.bind(control)
             pull.bind(data)

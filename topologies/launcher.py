@@ -43,6 +43,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from sparkbus.bus.node import OWN_IPC_DIR_PREFIX
 from sparkbus.topologies.busnode import unavailable
 from sparkbus.topologies.keys import ensure_keys, run_dir
 from sparkbus.topologies.model import Topology
@@ -124,9 +125,7 @@ def process_gone(pid: int, started: str | None) -> str | None:
     return None
 
 
-#: How a bus node names the ipc directory it makes for itself when ``bus.ipc_dir`` is not set
-#: (``sparkbus.bus.node``); it removes it when it stops, which a node killed with SIGKILL never does.
-OWN_IPC_DIR = "sparkbus-ipc-"
+OWN_IPC_DIR = OWN_IPC_DIR_PREFIX  # the prefix of the ipc directory a node makes for itself
 
 
 def _ipc_sockets(endpoints: Mapping[str, Any]) -> list[Path]:
