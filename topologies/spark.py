@@ -81,6 +81,8 @@ _CRASHED = re.compile(r"Python worker exited unexpectedly \(crashed\)")
 _SPARK_TASK = re.compile(r"Task (?P<task>\d+) in stage \S+ failed")
 #: seconds the driver waits for the tasks to stop their nodes after ``abort``, before it cancels the stage
 ABORT_WAIT = 5.0
+#: seconds between the driver's cancels of the stage's job group while it waits for the stage to end
+CANCEL_EVERY = 0.5
 
 
 class SparkRuntimeError(RuntimeError):
@@ -249,6 +251,8 @@ class SparkRuntime:
         self._channel: zmq.Socket[bytes] | None = None
         self._driver_nodes: dict[str, NodeHandle] = {}
         self._thread: threading.Thread | None = None
+        #: set by ``_abort``: the stage's thread submits no job after it
+        self._called_off = threading.Event()
         self._rows: list[dict[str, Any]] | None = None
         self._error: BaseException | None = None
         self._progress = _Progress()
@@ -382,6 +386,8 @@ class SparkRuntime:
 
         def run() -> None:
             sc.setJobGroup(self._group, f"sparkbus {self.topology.cluster.name}: {n} nodes", True)
+            if self._called_off.is_set():  # a driver node failed before the job was submitted
+                return
             try:
                 self._rows = job.collect()
             except BaseException as exc:
@@ -500,6 +506,16 @@ class SparkRuntime:
             raise SparkRuntimeError(f"driver nodes did not stop cleanly: {'; '.join(errors)}")
         return results
 
+    def _cancel_stage(self, timeout: float = 30.0) -> None:
+        """Cancel the stage's job and wait up to ``timeout`` for its thread. ``cancelJobGroup`` cancels
+        only jobs that exist, and the thread may be past its ``_called_off`` check without having
+        submitted the job yet: so cancel again every ``CANCEL_EVERY`` seconds while the thread runs."""
+        assert self._thread is not None
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            self.session.sparkContext.cancelJobGroup(self._group)
+            self._thread.join(min(CANCEL_EVERY, max(0.0, deadline - time.monotonic())))
+
     def _abort(self) -> list[str]:
         """Cancel the stage if it still runs, stop the driver nodes, close the channel, remove the data
         directory on this machine; returns the driver nodes' stop errors. Idempotent.
@@ -508,6 +524,7 @@ class SparkRuntime:
         kills a failed stage's other tasks, and ``cancelJobGroup`` all of them, without their ``finally``
         (which stops the node and removes its data). So they are told to abort first (a task first heard
         from meanwhile, again), and given up to ``ABORT_WAIT`` seconds to say they have ended."""
+        self._called_off.set()
         if self._rows is None and self._channel is not None:
             self._send_all("abort", {"cause": "the driver is stopping"})
             deadline = time.monotonic() + ABORT_WAIT
@@ -522,8 +539,7 @@ class SparkRuntime:
                     if event == b"ended":
                         self._progress.ended.add(nid)
         if self._thread is not None and self._thread.is_alive():
-            self.session.sparkContext.cancelJobGroup(self._group)
-            self._thread.join(30)
+            self._cancel_stage()
         errors: list[str] = []
         for nid, node in self._driver_nodes.items():
             try:

@@ -200,6 +200,22 @@ def test_a_dying_node_fails_the_stage_with_its_name(spark: Any, mode: str, cause
         assert len(rt2.stop()) == 3
 
 
+@pytest.mark.timeout(120)
+def test_a_driver_node_that_cannot_bind_leaves_no_spark_job_running(spark: Any) -> None:
+    # The driver's node fails within milliseconds of the stage's thread starting, before that thread has
+    # submitted the job: a job submitted after the cancel would wait ready_timeout for a peer table.
+    topo = load(shipped("local.toml"))
+    rt = SparkRuntime(
+        topo, spark, faults.FailingFactory(victim="coordinator", mode="bind"), ready_timeout=120
+    )
+    try:
+        with pytest.raises(OSError, match="address already in use"):
+            rt.start()
+        assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    finally:
+        spark.sparkContext.cancelAllJobs()  # a stage left running would hold the slots the next test needs
+
+
 def test_explain_names_the_node_from_spark_messages() -> None:
     ids = ("store-0", "store-1")
     crash = RuntimeError(
