@@ -4,7 +4,10 @@ A role is a state machine with no I/O. The bus (the ZeroMQ node loop, or the det
 calls ``role.handle(event, now)`` and carries out the actions it returns. Time is given, never read.
 
 Routing:
-    * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class.
+    * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class. From a thin
+      client's session (peer ``"client:..."``) only to a role with ``serves_clients = True`` (the
+      ``client.gateway``); the node answers any other role's message from a client with ERROR
+      ``OUT_OF_STATE`` and drops a client's stream batches.
     * Stream events go to the role whose ``name`` is the stream key's first ``/``-separated part: a role
       names its streams ``f"{receiving role name}/..."``. A key names one stream each way between two peers (a
       query edge between two participants uses one key both ways; ``CloseStream`` after the incoming
@@ -329,7 +332,9 @@ class Role(Protocol):
 
     A role may also define ``close()``: ``Node.stop`` calls it once the loop has stopped (on every stop,
     so it must be idempotent), for what the role holds outside the bus, e.g. the replication role's
-    data directory lock, which a node started again in the same process must be able to take.
+    data directory lock, which a node started again in the same process must be able to take. A role that
+    serves thin clients defines ``serves_clients: ClassVar[bool] = True``; no other role gets a message from a
+    client's session.
 
     Attributes:
         name: unique on a node, e.g. ``"query"``; also the first part of the stream keys it receives.

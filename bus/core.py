@@ -90,6 +90,11 @@ class NodeCore(LinkLayer, StreamLayer):
                         f"{cls.__name__} is routed to both {self._by_message[cls].name} and {role.name}"
                     )
                 self._by_message[cls] = role
+        # What a thin client's session may send: the messages of the roles that serve thin clients (the
+        # client.gateway). Any other role's message from a client is refused; its batches too.
+        self._client_messages = frozenset(
+            cls for role in roles if getattr(role, "serves_clients", False) for cls in role.messages
+        )
         self._entropy = entropy
         self._incarnation = entropy(63) or 1  # this process, named in every HELLO (``INCARNATION``)
         self._features = features_to_bits(config.features)
@@ -202,7 +207,11 @@ class NodeCore(LinkLayer, StreamLayer):
             return
         role = self._by_message.get(type(msg))
         peer = inbound.peer
-        if role is not None and self._peers[peer].up:  # the hot path: a role's message on an open link
+        if (  # the hot path: a role's message on an open link (a thin client's: to a role serving clients)
+            role is not None
+            and self._peers[peer].up
+            and (inbound.kind == "node" or type(msg) in self._client_messages)
+        ):
             self._n_messages_in += 1
             self._dispatch(role, c.MessageReceived(peer=peer, message=msg), now)
         else:
@@ -313,6 +322,11 @@ class NodeCore(LinkLayer, StreamLayer):
         inbound = self._by_session.get(session)
         if inbound is None or type(msg) is not StreamBatch or stream is None:
             self._refusal(ErrorCode.STALE_SESSION if inbound is None else ErrorCode.UNKNOWN_MESSAGE)
+            return
+        if inbound.kind == "client":
+            # A thin client has no streams: it speaks to the gateway on ctl only.
+            self._refusal(ErrorCode.OUT_OF_STATE)
+            log.info("node %s: dropped a stream batch from thin client %s", self.node_id, inbound.peer)
             return
         if seq != inbound.data_seq + 1:
             reason = f"sequence gap on data from {inbound.peer}: expected {inbound.data_seq + 1}, got {seq}"
@@ -496,6 +510,17 @@ class NodeCore(LinkLayer, StreamLayer):
                 inbound,
                 ErrorCode.NO_ROLE,
                 f"node {self.node_id} runs no role for {type(msg).__name__}",
+                REGISTRY.code_of(type(msg)),
+                now,
+            )
+            return
+        if inbound.kind == "client":
+            # Not an error of the session: the node answers ERROR and serves the client on.
+            self._error_to(
+                inbound,
+                ErrorCode.OUT_OF_STATE,
+                f"{type(msg).__name__} is not a thin-client message: a client session speaks only to the "
+                "roles that serve thin clients (the client.gateway)",
                 REGISTRY.code_of(type(msg)),
                 now,
             )

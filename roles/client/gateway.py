@@ -215,6 +215,8 @@ class Gateway:
 
     name = NAME
     messages: ClassVar[tuple[type, ...]] = (Request, Restore, Ack)
+    #: a thin client's session reaches this role only (bus/core.py refuses its other messages)
+    serves_clients: ClassVar[bool] = True
 
     def __init__(
         self,
