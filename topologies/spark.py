@@ -33,6 +33,7 @@ This module is the driver's side; what runs in the barrier tasks is ``sparkbus.t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +192,20 @@ def _explain(exc: BaseException, node_ids: tuple[str, ...]) -> SparkRuntimeError
     )
 
 
+def _driver_failure(node_id: str, cause: str) -> SparkRuntimeError:
+    return SparkRuntimeError(f"sparkbus node {node_id} (driver) failed: {cause}", node=node_id, cause=cause)
+
+
+@contextlib.contextmanager
+def _driver_step(node_id: str) -> Iterator[None]:
+    """A driver node's step (build, bind, start, wait for its links): what it raises, as the
+    ``SparkRuntimeError`` naming the node, which a caller such as ``sparkbus run`` reports in one line."""
+    try:
+        yield
+    except Exception as exc:
+        raise _driver_failure(node_id, describe(exc)) from exc
+
+
 @dataclass
 class _Progress:
     rows: dict[str, str] = field(default_factory=dict)
@@ -325,8 +341,9 @@ class SparkRuntime:
             self._start_driver_nodes()
             self._await(lambda p: p.ready >= set(self.executor_ids), "complete their handshakes")
             self._mark("driver:all_tasks_ready")
-            for node in self._driver_nodes.values():
-                node.wait_ready(max(0.1, self.ready_timeout - (time.monotonic() - started)))
+            for nid, node in self._driver_nodes.items():
+                with _driver_step(nid):
+                    node.wait_ready(max(0.1, self.ready_timeout - (time.monotonic() - started)))
             self._mark("driver:driver_nodes_ready")
         except BaseException:
             self._abort()  # the failure that brought us here is the one to report
@@ -356,9 +373,10 @@ class SparkRuntime:
                 advertise_host=advertise_host(self.topology.bus.host, host),
                 data_dir=str(self._data_dir / nid) if self._data_dir is not None else None,
             )
-            node = self.factory(request)
-            self._driver_nodes[nid] = node
-            self.endpoints[nid] = node.bind()
+            with _driver_step(nid):
+                node = self.factory(request)
+                self._driver_nodes[nid] = node
+                self.endpoints[nid] = node.bind()
 
     def _driver_host(self) -> str:
         spark = self.topology.spark
@@ -405,9 +423,7 @@ class SparkRuntime:
                 raise SparkRuntimeError("the sparkbus barrier stage ended before every node was ready")
             for nid, node in self._driver_nodes.items():
                 if (failure := node.failure()) is not None:
-                    raise SparkRuntimeError(
-                        f"sparkbus node {nid} (driver) failed: {failure}", node=nid, cause=failure
-                    )
+                    raise _driver_failure(nid, failure)
             if time.monotonic() >= deadline:
                 late = sorted(set(self.executor_ids) - (self._progress.ready | self._progress.bound))
                 raise SparkRuntimeError(
@@ -454,8 +470,9 @@ class SparkRuntime:
     def _start_driver_nodes(self) -> None:
         # By now self.endpoints holds the driver nodes' and, from the tasks' "bound" reports, the executors'.
         for nid, node in self._driver_nodes.items():
-            node.set_peers({k: v for k, v in self.endpoints.items() if k != nid})
-            node.start()
+            with _driver_step(nid):
+                node.set_peers({k: v for k, v in self.endpoints.items() if k != nid})
+                node.start()
 
     # -- running and stopping
 
@@ -466,9 +483,7 @@ class SparkRuntime:
             raise SparkRuntimeError("the sparkbus barrier stage ended unexpectedly")
         for nid, node in self._driver_nodes.items():
             if (failure := node.failure()) is not None:
-                raise SparkRuntimeError(
-                    f"sparkbus node {nid} (driver) failed: {failure}", node=nid, cause=failure
-                )
+                raise _driver_failure(nid, failure)
 
     def stop(self, timeout: float = 30.0) -> list[NodeResult]:
         """Tell every task to stop, collect their results, stop the driver nodes.

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from sparkbus.topologies import spark as runtime
+from sparkbus.topologies.mainjob import Options, main_job
+from sparkbus.topologies.schema import shipped
 
 pytestmark = pytest.mark.spark
 
@@ -91,3 +100,40 @@ def test_csv_without_a_required_column_is_a_clear_error(tmp_path: Path) -> None:
     csv.write_text("user_id,kind,ts\n1,click,2024-01-01 00:00:00\n")
     done = sparkbus("run", "--data", str(csv), cwd=tmp_path, timeout=110)
     one_line_error(done, "missing column(s) value")
+
+
+@contextmanager
+def held_ports(size: int) -> Iterator[int]:
+    """The first of ``size`` consecutive ports of 127.0.0.1, each held by a listening socket meanwhile."""
+    for first in range(47100, 60000, size):
+        with ExitStack() as stack:
+            try:
+                for port in range(first, first + size):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+                    s.listen()
+            except OSError:
+                continue
+            yield first
+            return
+    raise RuntimeError("no free range of ports")
+
+
+@pytest.mark.timeout(180)
+def test_a_driver_node_that_cannot_bind_ends_the_run_in_one_line(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In this process, on the test session's SparkSession; the coordinator runs in the driver.
+    monkeypatch.setattr(runtime, "embedded_session", lambda *_, **__: spark)
+    topology = tmp_path / "busy.toml"
+    with held_ports(9) as first:
+        text = shipped("local.toml").read_text()
+        topology.write_text(text.replace('ports = "ephemeral"', f'ports = "{first}-{first + 8}"', 1))
+        opts = Options(topology=topology, rows=1000, report=tmp_path / "r.json", chart=tmp_path / "r.png")
+        code = main_job(replace(opts, spark_reps=1))  # `sparkbus run`, with one timed run of each Spark query
+    err = capsys.readouterr().err
+    assert code == 1
+    assert [ln for ln in err.splitlines() if ln.startswith("sparkbus run:")] == [
+        f"sparkbus run: sparkbus node coordinator (driver) failed: NoFreePort: [Errno 98] node coordinator "
+        f"(control): every port of bus.ports {first}-{first + 8} is in use; widen the range"
+    ], err[-3000:]

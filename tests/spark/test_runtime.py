@@ -201,7 +201,7 @@ def test_a_dying_node_fails_the_stage_with_its_name(spark: Any, mode: str, cause
 
 
 @pytest.mark.timeout(120)
-def test_a_driver_node_that_cannot_bind_leaves_no_spark_job_running(spark: Any) -> None:
+def test_a_driver_node_that_cannot_bind_is_named_and_leaves_no_spark_job_running(spark: Any) -> None:
     # The driver's node fails within milliseconds of the stage's thread starting, before that thread has
     # submitted the job: a job submitted after the cancel would wait ready_timeout for a peer table.
     topo = load(shipped("local.toml"))
@@ -209,11 +209,14 @@ def test_a_driver_node_that_cannot_bind_leaves_no_spark_job_running(spark: Any) 
         topo, spark, faults.FailingFactory(victim="coordinator", mode="bind"), ready_timeout=120
     )
     try:
-        with pytest.raises(OSError, match="address already in use"):
+        with pytest.raises(SparkRuntimeError) as err:
             rt.start()
         assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
     finally:
         spark.sparkContext.cancelAllJobs()  # a stage left running would hold the slots the next test needs
+    # Named, as a task node's failure is: `sparkbus run` reports it in one line.
+    assert (err.value.node, err.value.task) == ("coordinator", None)
+    assert str(err.value) == "sparkbus node coordinator (driver) failed: OSError: address already in use"
 
 
 def test_explain_names_the_node_from_spark_messages() -> None:

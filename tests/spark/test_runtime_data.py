@@ -83,8 +83,9 @@ def test_a_start_the_driver_calls_off_stops_every_task_node_before_the_stage_is_
     # cancelled task is killed without its finally (which stops the node and removes its data).
     topo = load(shipped("local.toml"))
     factory = faults.RecordingBusFactory(record=str(tmp_path), victim="coordinator")
-    with pytest.raises(ValueError, match="disk on fire"):
+    with pytest.raises(SparkRuntimeError) as err:
         SparkRuntime(topo, spark, factory, ready_timeout=30).start()
+    assert str(err.value) == "sparkbus node coordinator (driver) failed: ValueError: disk on fire"
     assert sorted(p.name for p in tmp_path.glob("*.stopped")) == [
         "coordinator.stopped",
         "store-0.stopped",
