@@ -15,7 +15,9 @@ Transitions (anything else is answered with an error response or a ``RestoreRefu
 context state          event                                  result
 =====================  =====================================  ===================================
 (none)                 PeerUp(client, connection_id)          attached, fresh
-attached               Request                                the op runs; attached
+attached               Request                                the op runs; attached (past MAX_HELD
+                                                              with no result sent whole to drop:
+                                                              refused LIMIT_EXCEEDED, not run)
 attached               Ack                                    chunks freed, more sent; attached
 attached, fresh        Restore(id of a live context)          that context attached here; this one
                                                               released; Restored + held results
@@ -62,7 +64,8 @@ CLIENT_PREFIX = "client:"
 DEFAULT_RESTORE_TIMEOUT = 10.0
 #: bytes of result per Response message (well below the codec's 64 MiB frame limit)
 DEFAULT_CHUNK_BYTES = 1 * MiB
-#: results held per logical connection before the oldest unacknowledged ones are dropped
+#: results held or on their way per logical connection: past it the oldest result already sent whole is
+#: dropped, and a request that would need more room is refused (LIMIT_EXCEEDED) without being run
 MAX_HELD = 1024
 
 #: op -> (role, local call) for the operations the gateway forwards; anything else is refused.
@@ -311,6 +314,15 @@ class Gateway:
         if msg.op == Op.PING:
             return [c.Send(peer=peer, message=r) for r in encode_response(rid, None, None)]
         window = min(MAX_WINDOW, msg.window)
+        if not self._make_room(ctx):
+            # Nothing the client still waits for is dropped to make room, and nothing is run that could not
+            # be answered: the request is refused (sent, not held: held is full).
+            text = (
+                f"more than {MAX_HELD} unacknowledged results on this logical connection: request {rid} "
+                "was not run"
+            )
+            error = Response(request_id=rid, chunk=0, last=True, code=ErrorCode.LIMIT_EXCEEDED, error=text)
+            return [c.Send(peer=peer, message=error)]
         if msg.op == Op.STATUS:
             return self._complete(ctx, rid, msg.op, window, self.status(), None)
         route = ROUTES.get(msg.op)
@@ -377,9 +389,21 @@ class Gateway:
     ) -> list[c.Action]:
         chunks = encode_response(rid, result, error, self.chunk_bytes, arrow=op in ARROW_OPS)
         ctx.held[rid] = _Held(list(chunks), window)
-        while len(ctx.held) > MAX_HELD:
-            del ctx.held[next(iter(ctx.held))]
         return self._pump(ctx, rid)
+
+    @staticmethod
+    def _make_room(ctx: _Context) -> bool:
+        """Whether a new request's result can be held: fewer than ``MAX_HELD`` results held or running, or
+        else the oldest held result that was sent whole is dropped for it (its client has every chunk, and
+        only its acknowledgement is missing). A result with chunks still to send is never dropped: its
+        client is reading it and would wait for the rest for ever."""
+        if len(ctx.held) + len(ctx.running) < MAX_HELD:
+            return True
+        for rid, held in ctx.held.items():
+            if held.sent >= len(held.chunks):
+                del ctx.held[rid]
+                return True
+        return False
 
     def _on_restore(self, ctx: _Context, peer: str, msg: Restore) -> list[c.Action]:
         target = self.contexts.get(msg.connection_id)

@@ -3,6 +3,7 @@ caller consumed, through cuts and restores; requests over the message limit are 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from sparkbus.bus import BusConfig
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.codecs import Limits
 from sparkbus.roles.client import ClientConfig, ClientConnectionError, Gateway, Op, chunk_batches
+from sparkbus.roles.client.gateway import MAX_HELD
 
 from .harness import ClientSim, SimClient, error_of
 from .roles import BigQuery
@@ -114,6 +116,19 @@ def test_an_abandoned_stream_is_released_on_the_gateway() -> None:
     c.cancel(sim, handle)
     assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"  # the release rides on this request
     assert all(rid not in ctx.held for ctx in gateway.contexts.values())
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_burst_of_calls_past_the_held_limit_never_drops_a_stream_being_read(seed: int) -> None:
+    sim, c, _, gateway = cluster(seed, window=2, chunk_bytes=8 * 1024)
+    big = c.stream(sim, Op.SQL, {"sql": "select i"})
+    sim.run_until(lambda: len(c.chunks[big]) == 2, limit=5)  # the window is full; the caller reads slowly
+    small = [c.submit(sim, Op.STATUS) for _ in range(MAX_HELD)]  # meanwhile: a burst of futures
+    sim.run_until(lambda: all(h in c.done for h in small), limit=30)
+    assert all(c.done[h].error is None for h in small)  # room was made by results already sent whole
+    read_all(sim, c, big)
+    assert c.done[big].error is None and rows_of(c, big) == list(range(ROWS))
+    assert all(len(ctx.held) + len(ctx.running) <= MAX_HELD for ctx in gateway.contexts.values())
 
 
 def test_a_request_over_the_message_limit_is_refused_before_it_is_sent() -> None:
