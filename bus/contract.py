@@ -7,7 +7,8 @@ Routing:
     * ``MessageReceived`` goes to the role whose ``messages`` contains the message's class. From a thin
       client's session (peer ``"client:..."``) only to a role with ``serves_clients = True`` (the
       ``client.gateway``); the node answers any other role's message from a client with ERROR
-      ``OUT_OF_STATE`` and drops a client's stream batches.
+      ``OUT_OF_STATE`` and drops a client's stream batches. A client's message of such a role that the node
+      cannot take (over its limits, malformed) reaches that role as a ``RefusedMessage``.
     * Stream events go to the role whose ``name`` is the stream key's first ``/``-separated part: a role
       names its streams ``f"{receiving role name}/..."``. A key names one stream each way between two peers (a
       query edge between two participants uses one key both ways; ``CloseStream`` after the incoming
@@ -61,6 +62,27 @@ class MessageReceived:
 
     peer: str
     message: Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RefusedMessage:
+    """In ``MessageReceived.message``, in place of a thin client's message that the node could not take (over
+    its decoder limits: ``code`` LIMIT_EXCEEDED; not decoding: MALFORMED), for the role serving thin clients
+    whose ``messages`` hold its type. The node has answered ERROR and the session goes on; the role can end
+    what the message asked for with its own answer. Not a wire message.
+
+    Attributes:
+        type_code: the message's type code (from its header).
+        code: the refusal, an ``ErrorCode``.
+        reason: why, naming the message and the field or limit.
+        fields: the int fields at the top level of the message's body, when that is a plain msgpack map (a
+            REQUEST's ``request_id``); empty when it is not.
+    """
+
+    type_code: int
+    code: int
+    reason: str
+    fields: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -28,6 +28,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgpack
+
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.credit import CreditSender, check_receiver_credit
@@ -188,7 +190,8 @@ class NodeCore(LinkLayer, StreamLayer):
             code, session, seq, stream, zmask, size = self._read_header(frames)
         except DecodeError as exc:
             self._n_bytes_in += sum(map(len, frames))
-            self._refuse_rid(rid, _refusal_code(exc), str(exc), now)
+            if not self._refused_in_session(rid, frames, exc, now):
+                self._refuse_rid(rid, _refusal_code(exc), str(exc), now)
             return
         self._n_bytes_in += size
         inbound = self._by_rid.get(rid)
@@ -204,6 +207,8 @@ class NodeCore(LinkLayer, StreamLayer):
             msg = self._read_body(frames, code, zmask, copy_blobs=False)
         except DecodeError as exc:
             self._body_refused(inbound, code, exc, now)
+            if inbound.kind == "client":
+                self._client_refused(inbound, code, exc, frames, now)
             return
         role = self._by_message.get(type(msg))
         peer = inbound.peer
@@ -280,6 +285,43 @@ class NodeCore(LinkLayer, StreamLayer):
             code,
             now,
         )
+
+    def _refused_in_session(self, rid: bytes, frames: Sequence[Buffer], exc: DecodeError, now: float) -> bool:
+        """A thin client's message over this node's limits whose header (a frame of its own) is the next on
+        the client's session: refused as a message whose body does not decode, and the session goes on (a
+        client cannot know a node's limits, which may be below its own). Anything else: False."""
+        inbound = self._by_rid.get(rid)
+        if inbound is None or inbound.kind != "client" or not frames:
+            return False
+        try:
+            code, session, seq, _, _, _ = self._read_header(frames[:1])
+        except DecodeError:
+            return False
+        if code == _HELLO or session != inbound.session or seq != inbound.seq + 1:
+            return False
+        inbound.seq = seq
+        inbound.last_recv = now
+        cls = REGISTRY.class_of(code)
+        if exc.message_type == "?" and cls is not None:  # named now that its header was read
+            exc = type(exc)(cls.__name__, exc.field, exc.reason)
+        self._body_refused(inbound, code, exc, now)
+        self._client_refused(inbound, code, exc, frames, now)
+        return True
+
+    def _client_refused(
+        self, inbound: _Inbound, code: int, exc: DecodeError, frames: Sequence[Buffer], now: float
+    ) -> None:
+        """The role serving thin clients that takes this refused message hears of it (a ``RefusedMessage``),
+        so that it can end what the message asked for with its own answer (the gateway: a REQUEST's error
+        RESPONSE)."""
+        cls = REGISTRY.class_of(code)
+        if cls not in self._client_messages or not self._peers[inbound.peer].up:
+            return
+        refused = c.RefusedMessage(
+            type_code=code, code=_refusal_code(exc), reason=str(exc), fields=_int_fields(frames)
+        )
+        self._dispatch(self._by_message[cls], c.MessageReceived(peer=inbound.peer, message=refused), now)
+        self._drain_local(now)
 
     def on_reply(self, peer: str, frames: Sequence[Buffer], now: float) -> None:
         """Frames that arrived on our DEALER towards ``peer`` (answers to our HELLO, errors)."""
@@ -761,6 +803,20 @@ class NodeCore(LinkLayer, StreamLayer):
         while self._local:
             role, event = self._local.popleft()
             self._dispatch(role, event, now)
+
+
+def _int_fields(frames: Sequence[Buffer]) -> dict[str, int]:
+    """The int fields at the top level of a message's body (its second frame), when that is a plain msgpack
+    map; empty otherwise (compressed, not msgpack, not a map)."""
+    if len(frames) < 2:
+        return {}
+    try:
+        body = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return {}
+    if not isinstance(body, dict):
+        return {}
+    return {k: v for k, v in body.items() if type(k) is str and type(v) is int}
 
 
 def _refusal_code(exc: DecodeError) -> ErrorCode:

@@ -42,6 +42,7 @@ from sparkbus.bus.config import ALL_FEATURES, SUPPORTED_VERSIONS
 from sparkbus.bus.messages import (
     FINAL_CODES,
     MAGIC,
+    SESSION_ENDING_CODES,
     Error,
     ErrorCode,
     Hello,
@@ -391,14 +392,16 @@ class ClientCore:
         if isinstance(msg, Reject):
             if msg.code in FINAL_CODES:
                 self._refused(link, f"{msg.code.name}: {msg.message}", now)
-            else:
+            elif msg.code in SESSION_ENDING_CODES and header.session == link.session:
                 self._broken(link, f"node ended the session: {msg.code.name}: {msg.message}", now)
+            else:  # a message refused, or an old session's end: this session goes on
+                self._refusal_noted(link, msg.code, msg.message)
             return
         if isinstance(msg, Error):
             if msg.code == ErrorCode.NO_ROLE:
                 self._refused(link, f"node {link.node_id} runs no client.gateway role: {msg.message}", now)
             else:
-                log.warning("client: node %s refused a message: %s", link.node_id, msg.message)
+                self._refusal_noted(link, msg.code, msg.message)
             return
         if link.state not in ("up", "restoring"):
             return
@@ -416,6 +419,13 @@ class ClientCore:
             self._on_restored(link, msg, now)
         elif isinstance(msg, RestoreRefused) and link.state == "restoring":
             self._on_restore_refused(link, msg, now)
+
+    @staticmethod
+    def _refusal_noted(link: Link, code: ErrorCode, text: str) -> None:
+        """The node refused a message of this session and serves on; a REQUEST it refused is answered on
+        its own, as an error result (docs/CLIENT.md)."""
+        log.warning("client: node %s refused a message: %s: %s", link.node_id, code.name, text)
+        link.note(f"refused: {code.name}: {text}")
 
     def _undecodable(self, link: Link, exc: DecodeError, now: float) -> None:
         """A message from ``link``'s node does not decode (over this client's limits, or malformed)."""
@@ -668,6 +678,9 @@ class ClientCore:
         )
         name = Op(op.op).name if op.op in Op._value2member_map_ else str(op.op)
         try:
+            names = [k for k in op.args if type(k) is not str]
+            if names:  # msgpack carries it; a node takes argument names as str only
+                raise TypeError(f"argument names are str, got {names[0]!r}")
             frames = self.codec.encode(request, session=link.session, seq=link.seq + 1)
         except (EncodeError, TypeError, ValueError, OverflowError) as exc:
             # A caller's argument msgpack cannot carry (a numpy scalar, an object): that call fails.

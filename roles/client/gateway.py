@@ -19,6 +19,8 @@ attached               Request                                the op runs; attac
                                                               with no result sent whole to drop:
                                                               refused LIMIT_EXCEEDED, not run)
 attached               Ack                                    chunks freed, more sent; attached
+attached               RefusedMessage of a REQUEST            its error result held (the node's
+                                                              code and reason); attached
 attached, fresh        Restore(id of a live context)          that context attached here; this one
                                                               released; Restored + held results
 attached, fresh        Restore(unknown id)                    RestoreRefused RESOURCE_NOT_FOUND
@@ -40,7 +42,7 @@ import msgpack
 
 from sparkbus.bus import contract as c
 from sparkbus.bus.messages import ErrorCode
-from sparkbus.codecs import MiB
+from sparkbus.codecs import REGISTRY, MiB
 from sparkbus.codecs.errors import DecodeError
 from sparkbus.roles.client.chunks import split_ipc
 from sparkbus.roles.client.messages import (
@@ -67,6 +69,8 @@ DEFAULT_CHUNK_BYTES = 1 * MiB
 #: results held or on their way per logical connection: past it the oldest result already sent whole is
 #: dropped, and a request that would need more room is refused (LIMIT_EXCEEDED) without being run
 MAX_HELD = 1024
+
+_REQUEST = REGISTRY.code_of(Request)
 
 #: op -> (role, local call) for the operations the gateway forwards; anything else is refused.
 ROUTES: dict[int, tuple[str, str]] = {
@@ -248,6 +252,8 @@ class Gateway:
             if isinstance(event.message, Restore):
                 return self._on_restore(ctx, event.peer, event.message)
             ctx.fresh = False
+            if isinstance(event.message, c.RefusedMessage):
+                return self._on_refused(ctx, event.peer, event.message)
             if isinstance(event.message, Ack):
                 return self._on_ack(ctx, event.peer, event.message)
             return self._on_request(ctx, event.peer, event.message)
@@ -337,6 +343,24 @@ class Gateway:
             return self._complete(ctx, rid, msg.op, window, None, f"{Op(msg.op).name}: {exc}")
         ctx.running[rid] = (msg.op, window)
         return [c.Call(role=route[0], name=route[1], args=args, tag=_tag(ctx, rid))]
+
+    def _on_refused(self, ctx: _Context, peer: str, msg: c.RefusedMessage) -> list[c.Action]:
+        """A REQUEST the node could not take (over its limits, malformed): its call ends with the node's
+        reason, as an error result, when its request id can be read."""
+        rid = msg.fields.get("request_id")
+        if msg.type_code != _REQUEST or rid is None or rid < 0 or rid in ctx.running or rid in ctx.held:
+            return []
+        error = Response(
+            request_id=rid,
+            chunk=0,
+            last=True,
+            code=msg.code,
+            error=f"request {rid} refused by node {self.node_id}: {msg.reason}",
+        )
+        if not self._make_room(ctx):
+            return [c.Send(peer=peer, message=error)]
+        ctx.held[rid] = _Held([error], DEFAULT_WINDOW)
+        return self._pump(ctx, rid)
 
     def _on_ack(self, ctx: _Context, peer: str, msg: Ack) -> list[c.Action]:
         for rid in msg.release:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from sparkbus.bus import BusConfig
-from sparkbus.bus.messages import ErrorCode
-from sparkbus.codecs import Limits, MiB
+from sparkbus.bus.messages import ErrorCode, Reject
+from sparkbus.codecs import REGISTRY, EnvelopeCodec, Limits, MiB
 from sparkbus.roles.client import ArrowParts, ClientConfig, ClientConnectionError, Gateway, Op
 from sparkbus.roles.client.core import MAX_LINK_ERRORS
 
@@ -16,6 +16,7 @@ from .harness import ClientSim, error_of
 from .roles import BigQuery, CountingWrites, SlowQuery
 
 SEEDS = [1, 2, 3]
+CODEC = EnvelopeCodec(REGISTRY)
 #: what ``Client.sql`` waits for a query by default: its 30 s timeout + 5 s
 SQL_CALL_TIMEOUT = 35.0
 
@@ -104,6 +105,67 @@ def test_a_reply_over_the_clients_frame_limit_fails_its_call_after_one_restore(s
     # The next session is a new logical connection (the old one would send the chunk again) and serves.
     assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"
     assert link.connection_id not in ("", first) and link.restores == 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_argument_name_that_is_not_a_str_fails_that_call_at_once(seed: int) -> None:
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim"))
+    query = SlowQuery(delay=0.1)
+    sim.add_node("n1", [query, Gateway("n1", ["query"])])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: c.core.connected, limit=5)
+    seq = c.core.links["n1:1"].seq
+    handle = c.submit(sim, Op.SQL, {1: "select 1"})  # type: ignore[dict-item]  # msgpack carries it
+    err = error_of(sim.wait(c, handle, limit=1))
+    assert err.code == ErrorCode.MALFORMED and "argument names are str, got 1" in err.message
+    assert c.core.links["n1:1"].seq == seq and not query.calls  # nothing was sent
+    assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_request_over_the_nodes_limits_fails_with_the_nodes_reason_and_the_session_serves_on(
+    seed: int,
+) -> None:
+    # The node's limits are below the client's, which are all the client checks before sending.
+    node_limits = Limits(max_frame_bytes=1 * MiB, max_message_bytes=4 * MiB)
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim", limits=node_limits))
+    writes = CountingWrites(delay=0.1)
+    sim.add_node("n1", [writes, Gateway("n1", ["replication"])])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: c.core.connected, limit=5)
+    link = c.core.links["n1:1"]
+    session = link.session
+    handle = c.submit(sim, Op.WRITE, {"partition": "p/0", "rows": b"x" * (2 * MiB)})
+    err = error_of(sim.wait(c, handle, limit=5))
+    assert err.code == ErrorCode.LIMIT_EXCEEDED and "limit is 1048576" in err.message, link.errors
+    assert writes.writes == 0
+    small = c.submit(sim, Op.WRITE, {"partition": "p/0", "rows": b"x"})
+    assert sim.outcome(c, small) == {"rows": 1}
+    assert link.session == session and link.restores == 0  # one session throughout
+
+
+def test_a_reject_that_ends_no_session_of_this_connection_leaves_it_up() -> None:
+    sim = ClientSim(1, config=BusConfig(cluster_tag="sim"))
+    sim.add_node("n1", [Gateway("n1")])
+    sim.start()
+    c = sim.add_client("c", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: c.core.connected, limit=5)
+    link = c.core.links["n1:1"]
+    for code, session in (
+        (ErrorCode.LIMIT_EXCEEDED, 0),  # a message refused, not the session
+        (ErrorCode.SEQUENCE_GAP, link.session + 1),  # another session's end
+    ):
+        reject = Reject(code=code, message="refused", version=(1, 0, 0))
+        c.core.on_frames("n1:1", CODEC.encode(reject, session=session), sim.now)
+        sim.flush_client(c)
+        assert link.state == "up" and link.errors[-1] == f"refused: {code.name}: refused"
+    assert sim.outcome(c, c.submit(sim, Op.STATUS))["node"] == "n1" and link.restores == 0
+    gap = Reject(code=ErrorCode.SEQUENCE_GAP, message="gap", version=(1, 0, 0))
+    c.core.on_frames("n1:1", CODEC.encode(gap, session=link.session), sim.now)  # this session's end
+    sim.flush_client(c)
+    assert link.state != "up"
 
 
 def test_a_handshake_answer_that_does_not_decode_fails_the_node() -> None:

@@ -12,7 +12,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.core import NodeCore
 from sparkbus.bus.messages import MAGIC, Error, Hello, StreamBatch, Welcome, features_to_bits
 from sparkbus.bus.state import Transmit
-from sparkbus.codecs import REGISTRY, EnvelopeCodec
+from sparkbus.codecs import REGISTRY, EnvelopeCodec, Limits, MiB
 from sparkbus.roles.client import Gateway, Op, Request, Response
 from sparkbus.roles.exchange.buffers import BufferState
 from sparkbus.roles.exchange.messages import BinRequest, RequestType
@@ -65,8 +65,9 @@ def assert_served(client: ThinClient, request_id: int) -> None:
     assert isinstance(answer, Response) and answer.request_id == request_id and answer.code == 0
 
 
-def node(*roles: Any) -> NodeCore:
-    return NodeCore("n1", BusConfig(cluster_tag="t"), list(roles), random.Random(7).getrandbits)
+def node(*roles: Any, limits: Limits | None = None) -> NodeCore:
+    config = BusConfig(cluster_tag="t", limits=limits or Limits())
+    return NodeCore("n1", config, list(roles), random.Random(7).getrandbits)
 
 
 def test_a_message_of_a_role_that_serves_no_clients_is_refused_and_the_session_serves_on() -> None:
@@ -118,3 +119,27 @@ def test_a_thin_client_cannot_delete_a_querys_binx_buffer_and_its_requests_still
     buf = server.buffers.get("q1.0.1", 0)
     assert buf is not None and buf.state is not BufferState.DESTROYED
     assert_served(client, 1)
+
+
+def test_a_request_that_does_not_decode_on_the_node_fails_with_malformed_and_the_session_goes_on() -> None:
+    core = node(Gateway("n1"))
+    client = ThinClient(core, b"\x00c4")
+    # A top-level argument name that is not a str: msgpack carries it, the node's decoder refuses it.
+    error, answer = client.send(Request(request_id=1, op=Op.SQL, args={1: "x"}, ack=(), window=8))  # type: ignore[dict-item]
+    assert isinstance(error, Error) and error.code == ErrorCode.MALFORMED
+    assert isinstance(answer, Response) and (answer.request_id, answer.last) == (1, True)
+    assert answer.code == ErrorCode.MALFORMED and "Request.args" in answer.error
+    assert_served(client, 2)
+
+
+def test_a_request_over_the_nodes_limits_fails_with_limit_exceeded_and_the_session_goes_on() -> None:
+    core = node(Gateway("n1"), limits=Limits(max_frame_bytes=1 * MiB))
+    client = ThinClient(core, b"\x00c5")
+    big = Request(request_id=1, op=Op.WRITE, args={"rows": b"x" * (2 * MiB)}, ack=(), window=8)
+    error, answer = client.send(big)
+    assert isinstance(error, Error) and error.code == ErrorCode.LIMIT_EXCEEDED
+    assert isinstance(answer, Response) and answer.request_id == 1
+    assert answer.code == ErrorCode.LIMIT_EXCEEDED
+    assert "Request.<frame 1>: 2097198 bytes, limit is 1048576" in answer.error
+    assert_served(client, 2)  # the refused message took its sequence number: no gap
+    assert core.is_up(client.peer)
