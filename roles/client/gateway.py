@@ -27,7 +27,8 @@ attached, fresh        Restore(unknown id)                    RestoreRefused RES
 attached, not fresh    Restore                                RestoreRefused OUT_OF_STATE
 attached               PeerLost                               detached, restore timer set
 detached               CallResult                             result held
-detached               restore timer fires                    released (connection unknown)
+detached               restore timer fires                    released (connection unknown); its
+                                                              running SQL queries cancelled
 =====================  =====================================  ===================================
 """
 
@@ -270,11 +271,9 @@ class Gateway:
             return self._on_lost(event.peer, now)
         if isinstance(event, c.TimerFired):
             ctx = self.contexts.get(event.key)
-            if ctx is not None and ctx.peer is None:
-                del self.contexts[event.key]
-                self.counters["released"] += 1
-                log.info("gateway %s: logical connection %s released", self.node_id, event.key[:8])
-            return []
+            if ctx is None or ctx.peer is not None:
+                return []
+            return self._release(ctx)
         if isinstance(event, c.LocalCall):
             return [c.Reply(call_id=event.call_id, result=self.status())]
         return []
@@ -306,6 +305,20 @@ class Gateway:
             return []
         ctx.peer = None
         return [c.SetTimer(key=ctx.connection_id, at=now + self.restore_timeout)]
+
+    def _release(self, ctx: _Context) -> list[c.Action]:
+        """The restore timeout of a detached connection passed: it goes, with what it holds on the node
+        (IEP-90). Its SQL queries still running are cancelled; their answers and the cancels' find no
+        context and are dropped."""
+        del self.contexts[ctx.connection_id]
+        self.counters["released"] += 1
+        log.info("gateway %s: logical connection %s released", self.node_id, ctx.connection_id[:8])
+        role, name = ROUTES[Op.QUERY_CANCEL]
+        return [
+            c.Call(role=role, name=name, args={"owner": _tag(ctx, rid)}, tag=_tag(ctx, rid))
+            for rid, (op, _) in ctx.running.items()
+            if op == Op.SQL
+        ]
 
     def _on_request(self, ctx: _Context, peer: str, msg: Any) -> list[c.Action]:
         assert isinstance(msg, Request)

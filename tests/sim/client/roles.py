@@ -1,5 +1,5 @@
-"""Stand-in roles for the client sim tests: a ``query`` whose answer takes a set time, and a
-``replication`` that counts writes."""
+"""Stand-in roles for the client sim tests: a ``query`` whose answer takes a set time, one that runs until
+cancelled, and a ``replication`` that counts writes."""
 
 from __future__ import annotations
 
@@ -66,4 +66,25 @@ class BigQuery:
         if isinstance(event, c.TimerFired):
             table = pa.table({"i": pa.array(range(self.rows), pa.int64())})
             return [c.Reply(call_id=int(event.key), result=table_to_ipc(table))]
+        return []
+
+
+@dataclass
+class Endless:
+    """A ``query`` whose ``execute`` runs until its owner cancels it (``cancel`` by ``owner``)."""
+
+    name: str = "query"
+    messages: ClassVar[tuple[type, ...]] = ()
+    running: dict[str, int] = field(default_factory=dict)  # owner -> call id
+
+    def handle(self, event: c.Event, now: float) -> Iterable[c.Action]:
+        if isinstance(event, c.LocalCall) and event.name == "execute":
+            self.running[event.args["owner"]] = event.call_id
+            return []
+        if isinstance(event, c.LocalCall) and event.name == "cancel":
+            call_id = self.running.pop(event.args.get("owner", ""), None)
+            out: list[c.Action] = [c.Reply(call_id=event.call_id, result=call_id is not None)]
+            if call_id is not None:
+                out.append(c.Reply(call_id=call_id, error="[1003 CANCELLED_BY_USER] cancelled"))
+            return out
         return []

@@ -1,10 +1,11 @@
 """QUERY_CANCEL cancels only a request of the client's own connection, named by its request id: call ids are
 a counter of the node's and query ids show in error texts, so naming either let any client cancel any
-other's query."""
+other's query. A connection released after its restore timeout cancels the queries it still runs."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from sparkbus.bus import BusConfig
 from sparkbus.roles.client import ClientConfig, Gateway, Op
@@ -12,6 +13,7 @@ from sparkbus.roles.query import QueryRole, table_to_ipc
 from sparkbus.roles.query.errors import ErrorCode
 
 from .harness import ClientSim, SimClient, error_of
+from .roles import Endless
 
 SQL = {"sql": "SELECT count(*) AS n FROM t"}
 
@@ -86,3 +88,25 @@ def test_an_operation_given_up_before_any_connection_is_never_sent() -> None:
     sim.run_until(lambda: alice.core.connected, limit=5)
     assert sim.outcome(alice, alice.submit(sim, Op.SQL, SQL)).table().to_pylist() == [{"n": 100}]
     assert role.counters["started"] == 1 and query not in alice.done
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_released_logical_connection_cancels_the_queries_it_still_runs(seed: int) -> None:
+    sim = ClientSim(seed, config=BusConfig(cluster_tag="sim"))
+    query = Endless()
+    gateway = Gateway("n1", ["query"], restore_timeout=10.0)
+    sim.add_node("n1", [query, gateway])
+    sim.start()
+    gone = sim.add_client("gone", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    stays = sim.add_client("stays", ["n1:1"], ClientConfig(cluster_tag="sim"))
+    sim.run_until(lambda: gone.core.connected and stays.core.connected, limit=5)
+    gone.submit(sim, Op.SQL, {"sql": "select * from big"})
+    kept = stays.submit(sim, Op.SQL, {"sql": "select * from big"})
+    sim.run_until(lambda: len(query.running) == 2, limit=5)
+    sim.block("gone", "n1")  # a host gone, a process killed: the client never comes back
+    sim.run_until(lambda: gateway.counters["released"] == 1, limit=60)
+    sim.run_for(1.0)
+    (cid,) = gateway.contexts  # the other client's connection
+    # The released connection's query was cancelled; the other client's runs on.
+    assert list(query.running) == [f"{cid}/{stays.core.ops[kept].request_id}"], query.running
+    assert kept not in stays.done and sim.node("n1").core.counters["role_errors"] == 0
