@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,11 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import zmq
 from pyspark.sql import SparkSession
 
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
+from sparkbus.topologies.spark_channel import DriverChannel
 from sparkbus.topologies.spark_task import (
     FEED_ROWS,
     POLL_MS,
@@ -65,6 +66,8 @@ from sparkbus.topologies.spark_task import (
     tagged,
     warm_task,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ABORT_WAIT",
@@ -227,7 +230,8 @@ class SparkRuntime:
             per node, whose task's node loads it. When ``data`` has a ``router`` attribute (a
             ``RowRouter``, not None), each task passes its input batches through it; a router with
             ``exchange`` names the task each row goes to instead, and the tasks hand each other the rows
-            (``mainjob.RoutedFrame``). None gives each node no data.
+            (``mainjob.RoutedFrame``; plain ZeroMQ between the tasks, so refused in a CURVE topology).
+            None gives each node no data.
         ready_timeout: seconds for every node to complete its handshakes once the stage runs.
 
     Use as a context manager, or call ``start`` and then ``stop``.
@@ -247,6 +251,11 @@ class SparkRuntime:
                 f"{topology.source}: no [spark] section; run it with `sparkbus up` instead"
             )
         _check_session(session)
+        if getattr(getattr(data, "router", None), "exchange", False) and topology.bus.security.mode == "curve":
+            raise SparkRuntimeError(
+                f"{topology.source}: the tasks' row exchange is plain ZeroMQ, and this topology's bus is "
+                "CURVE: give the data a RowRouter without exchange (Spark routes the rows)"
+            )
         self.topology = topology
         self.session = session
         self.factory = node_factory
@@ -263,8 +272,7 @@ class SparkRuntime:
         self.worker_pids: dict[str, int] = {}
         self._t0 = 0.0
         self._group = f"sparkbus-{topology.cluster.name}-{uuid.uuid4().hex[:8]}"
-        self._zctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._channel: zmq.Socket[bytes] | None = None
+        self._channel: DriverChannel | None = None
         self._driver_nodes: dict[str, NodeHandle] = {}
         self._thread: threading.Thread | None = None
         #: set by ``_abort``: the stage's thread submits no job after it
@@ -354,15 +362,15 @@ class SparkRuntime:
         self.timeline[name] = round((time.time() if at is None else at) - self._t0, 3)
 
     def _open_channel(self) -> None:
-        self._zctx = zmq.Context()
-        self._channel = self._zctx.socket(zmq.ROUTER)
-        self._channel.setsockopt(zmq.LINGER, 0)
-        host = self._driver_host()
         spark = self.topology.spark
         # Local tasks reach the driver on loopback; cluster executors reach it on spark.driver.host.
         bind = "127.0.0.1" if spark is not None and spark.is_local else "*"
-        port = self._channel.bind_to_random_port(f"tcp://{bind}")
-        self._channel_endpoint = f"tcp://{host}:{port}"
+        try:
+            self._channel = DriverChannel(self.topology, self.executor_ids, bind, self._driver_host())
+        except Exception as exc:
+            raise SparkRuntimeError(
+                f"the sparkbus runtime channel: {describe(exc)}", cause=describe(exc)
+            ) from exc
 
     def _build_driver_nodes(self) -> None:
         host = self._driver_host()
@@ -386,11 +394,12 @@ class SparkRuntime:
         return host
 
     def _launch(self) -> None:
+        assert self._channel is not None
         n = len(self.executor_ids)
         plan = TaskPlan(
             topology=self.topology,
             node_ids=self.executor_ids,
-            channel=self._channel_endpoint,
+            channel=self._channel.endpoint,
             factory=self.factory,
             ready_timeout=self.ready_timeout,
             with_data=self.data is not None,
@@ -430,38 +439,51 @@ class SparkRuntime:
                     f"nodes {', '.join(late) or '(all bound)'} did not {what} within {self.ready_timeout:g}s "
                     f"(are there {len(self.executor_ids)} free task slots?)"
                 )
-            if self._channel.poll(POLL_MS):
-                who, event, body = self._channel.recv_multipart()
-                self._on_task_event(who.decode(), event.decode(), json.loads(body))
+            if self._channel.poll(POLL_MS) and (got := self._channel.receive()) is not None:
+                self._on_task_event(*got)
 
     def _on_task_event(self, node_id: str, event: str, body: dict[str, Any]) -> None:
-        self._progress.seen.add(node_id)
+        progress = self._progress
+        progress.seen.add(node_id)
+        try:  # the body's fields, checked before anything is taken from them
+            if event == "rows":
+                endpoint = body["endpoint"]
+                if not isinstance(endpoint, str):
+                    raise TypeError(f"endpoint {endpoint!r} is not a string")
+            elif event == "failed":
+                cause = f"could not start: {body['error']}"
+            elif event == "bound":
+                endpoints = Endpoints.from_json(body)
+            elif event == "ready":
+                pid = int(body.get("pid", 0))
+                marks = {f"{node_id}:{k}": float(at) for k, at in dict(body.get("marks", {})).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("the runtime channel dropped '%s' from %s: %s", event, node_id, describe(exc))
+            return
         if event == "ended":
-            self._progress.ended.add(node_id)
+            progress.ended.add(node_id)
         elif event == "rows":
-            self._progress.rows[node_id] = body["endpoint"]
-            if len(self._progress.rows) == len(self.executor_ids):
+            progress.rows[node_id] = endpoint
+            if len(progress.rows) == len(self.executor_ids):
                 self._mark("driver:rows_rendezvous")
-                self._send_all("rows", {"endpoints": [self._progress.rows[n] for n in self.executor_ids]})
+                self._send_all("rows", {"endpoints": [progress.rows[n] for n in self.executor_ids]})
         elif event == "failed":
             task = self.executor_ids.index(node_id)
-            cause = f"could not start: {body['error']}"
             self._send_all("abort", {"cause": f"node {node_id} failed: {cause}"})
             raise SparkRuntimeError(tagged(node_id, task, cause), node=node_id, task=task, cause=cause)
         elif event == "bound":
-            self.endpoints[node_id] = Endpoints.from_json(body)
-            self._progress.bound.add(node_id)
+            self.endpoints[node_id] = endpoints
+            progress.bound.add(node_id)
         elif event == "ready":
-            self._progress.ready.add(node_id)
-            self.worker_pids[node_id] = int(body.get("pid", 0))
-            for mark, at in body.get("marks", {}).items():
-                self._mark(f"{node_id}:{mark}", at)
+            progress.ready.add(node_id)
+            self.worker_pids[node_id] = pid
+            for mark, at in marks.items():
+                self._mark(mark, at)
 
     def _send_all(self, event: str, body: dict[str, Any]) -> None:
         assert self._channel is not None
-        payload = json.dumps(body).encode()
         for nid in self.executor_ids:
-            self._channel.send_multipart([nid.encode(), event.encode(), payload])
+            self._channel.send(nid, event, body)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -495,8 +517,7 @@ class SparkRuntime:
         results: list[NodeResult] = []
         try:
             if self._channel is not None:
-                for nid in self.executor_ids:
-                    self._channel.send_multipart([nid.encode(), b"stop", b"{}"])
+                self._send_all("stop", {})
             if self._thread is not None:
                 self._thread.join(timeout)
                 if self._thread.is_alive():
@@ -544,14 +565,13 @@ class SparkRuntime:
             self._send_all("abort", {"cause": "the driver is stopping"})
             deadline = time.monotonic() + ABORT_WAIT
             while self._progress.seen - self._progress.ended and time.monotonic() < deadline:
-                if self._channel.poll(POLL_MS):
-                    who, event, _ = self._channel.recv_multipart()
-                    nid = who.decode()
+                if self._channel.poll(POLL_MS) and (got := self._channel.receive()) is not None:
+                    nid, event, _ = got
                     if nid not in self._progress.seen:
                         # Its first message: the abort above went to an identity the channel did not know.
                         self._progress.seen.add(nid)
-                        self._channel.send_multipart([who, b"abort", b'{"cause": "the driver is stopping"}'])
-                    if event == b"ended":
+                        self._channel.send(nid, "abort", {"cause": "the driver is stopping"})
+                    if event == "ended":
                         self._progress.ended.add(nid)
         if self._thread is not None and self._thread.is_alive():
             self._cancel_stage()
@@ -563,11 +583,8 @@ class SparkRuntime:
                 errors.append(f"{nid}: {describe(exc)}")
         self._driver_nodes.clear()
         if self._channel is not None:
-            self._channel.close(linger=0)
+            self._channel.close()
             self._channel = None
-        if self._zctx is not None:
-            self._zctx.term()
-            self._zctx = None
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)  # in local mode, the tasks' too
         return errors

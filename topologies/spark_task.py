@@ -25,8 +25,10 @@ import pyarrow.ipc
 import zmq
 from pyspark import BarrierTaskContext, SparkFiles
 
+from sparkbus.bus.sockets import bind_tcp
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
+from sparkbus.topologies.spark_channel import task_socket
 
 POLL_MS = 100
 #: rows a barrier task gathers before it hands them to its running node (one local call each)
@@ -132,9 +134,12 @@ class _Task:
         #: the address this task's node and row exchange advertise (set by ``_build``)
         self.host = ""
         self.zctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.channel = self.zctx.socket(zmq.DEALER)
-        self.channel.setsockopt(zmq.LINGER, 1000)
-        self.channel.setsockopt(zmq.IDENTITY, self.node_id.encode())
+        try:
+            self.channel = task_socket(self.zctx, plan.topology, self.node_id)
+        except Exception as exc:  # a CURVE key missing on this machine: no way to tell the driver
+            self.zctx.term()
+            cause = f"the runtime channel: {describe(exc)}"
+            raise RuntimeError(tagged(self.node_id, self.task, cause)) from exc
         self.channel.connect(plan.channel)
         self.deadline = time.monotonic() + plan.ready_timeout
 
@@ -310,12 +315,21 @@ class _RowExchange:
         self.task = task
         self.router = router
         self.sink = sink
-        bind = task.plan.topology.bus.host
+        bus = task.plan.topology.bus
         self.pull = task.zctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.RCVHWM, 0)
-        port = self.pull.bind_to_random_port(f"tcp://{'0.0.0.0' if bind in ('*', '') else bind}")
-        self.endpoint = f"tcp://{host}:{port}"
+        try:
+            bound = bind_tcp(
+                self.pull,
+                "0.0.0.0" if bus.host in ("*", "") else bus.host,
+                None if bus.ports is None else (bus.ports.first, bus.ports.last),
+                f"node {task.node_id} (row exchange)",
+            )
+        except BaseException:
+            self.pull.close()  # the task's context waits for every socket when it ends
+            raise
+        self.endpoint = f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
         self.done = 0
         # The rows and the driver's channel: a start called off (``abort``) ends the wait at once.
         self.poller = zmq.Poller()

@@ -104,16 +104,19 @@ def test_csv_without_a_required_column_is_a_clear_error(tmp_path: Path) -> None:
 
 @contextmanager
 def held_ports(size: int) -> Iterator[int]:
-    """The first of ``size`` consecutive ports of 127.0.0.1, each held by a listening socket meanwhile."""
+    """The first of ``size`` consecutive ports of 127.0.0.1; meanwhile each of the others is held by a
+    listening socket."""
     for first in range(47100, 60000, size):
         with ExitStack() as stack:
+            held = []
             try:
                 for port in range(first, first + size):
-                    s = stack.enter_context(socket.socket())
+                    held.append(s := stack.enter_context(socket.socket()))
                     s.bind(("127.0.0.1", port))
                     s.listen()
             except OSError:
                 continue
+            held[0].close()  # the one port left free
             yield first
             return
     raise RuntimeError("no free range of ports")
@@ -123,7 +126,8 @@ def held_ports(size: int) -> Iterator[int]:
 def test_a_driver_node_that_cannot_bind_ends_the_run_in_one_line(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # In this process, on the test session's SparkSession; the coordinator runs in the driver.
+    # In this process, on the test session's SparkSession. The runtime channel takes the one free port of
+    # bus.ports, and the coordinator, which runs in the driver, finds none.
     monkeypatch.setattr(runtime, "embedded_session", lambda *_, **__: spark)
     topology = tmp_path / "busy.toml"
     with held_ports(9) as first:
