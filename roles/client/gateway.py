@@ -23,7 +23,8 @@ attached               RefusedMessage of a REQUEST            its error result h
                                                               code and reason); attached
 attached, fresh        Restore(id of a live context)          that context attached here; this one
                                                               released; Restored + held results
-attached, fresh        Restore(unknown id)                    RestoreRefused RESOURCE_NOT_FOUND
+attached, fresh        Restore(unknown id)                    RestoreRefused RESOURCE_NOT_FOUND;
+                                                              not fresh
 attached, not fresh    Restore                                RestoreRefused OUT_OF_STATE
 attached               PeerLost                               detached, restore timer set
 detached               CallResult                             result held
@@ -443,9 +444,9 @@ class Gateway:
         return False
 
     def _on_restore(self, ctx: _Context, peer: str, msg: Restore) -> list[c.Action]:
+        fresh, ctx.fresh = ctx.fresh, False  # a RESTORE, answered either way, is the session's first message
         target = self.contexts.get(msg.connection_id)
-        if not ctx.fresh or target is ctx:
-            ctx.fresh = False
+        if not fresh or target is ctx:
             return self._refuse(
                 peer, ErrorCode.OUT_OF_STATE, "RESTORE must be the first message of a new session"
             )
