@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,8 +14,9 @@ import pytest
 import zmq
 from pyspark import BarrierTaskContext, cloudpickle
 
+from sparkbus.bus import security
 from sparkbus.topologies.probe import ProbeFactory
-from sparkbus.topologies.schema import load, shipped
+from sparkbus.topologies.schema import load, loads, shipped
 from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, _explain
 
 from . import faults
@@ -81,6 +83,17 @@ def test_runtime_brings_every_node_up_and_stops(spark: Any) -> None:
         assert r.counters["peers"] == 2
         assert r.counters["peers_welcomed"] == 2  # every peer answered this node's hello ...
         assert r.counters["peers_greeted"] == 2  # ... and said hello to it
+
+
+def test_a_curve_topologys_tasks_meet_through_a_curve_channel(spark: Any, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    text = shipped("local.toml").read_text()
+    topo = loads(
+        text.replace("[spark]\n", f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"\n\n[spark]\n', 1)
+    )
+    security.generate(keys, topo.node_ids())
+    with SparkRuntime(topo, spark, ProbeFactory(), ready_timeout=30) as rt:
+        assert sorted(r.node for r in rt.stop()) == ["coordinator", "store-0", "store-1"]
 
 
 def test_each_node_gets_its_input_partition(spark: Any) -> None:
