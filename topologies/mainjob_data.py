@@ -90,13 +90,20 @@ def read_events(spark: Any, path: Path) -> tuple[Any, bool]:
 
 
 def _refuse_malformed(df: Any, path: Path, *, keyed: bool) -> None:
-    """JobError naming the first column holding a value that does not cast to its type (with one such
-    value and how many), or, when the data has its own keys, rows without one."""
+    """JobError naming the first column holding a value that does not cast to its type, or a number with a
+    fraction in a whole-number column (with one such value and how many), or, when the data has its own
+    keys, rows without one."""
     from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql.types import DecimalType, DoubleType, FloatType  # noqa: PLC0415
 
+    fractional = (DecimalType, DoubleType, FloatType)
     checks = []
     for c, t in COLUMN_TYPES.items():
         bad = F.col(c).isNotNull() & F.col(c).try_cast(t).isNull()
+        if t == "long" and isinstance(df.schema[c].dataType, fractional):
+            # try_cast makes 42.9 the whole number 42 (only an overflow is null); compared exactly (a
+            # double holds no fraction beyond 2**53, a decimal is compared as a decimal)
+            bad = bad | (F.col(c) != F.col(c).try_cast(t))
         checks += [
             F.count_if(bad).alias(f"{c}:n"),
             F.first(F.when(bad, F.col(c).cast("string")), ignorenulls=True).alias(f"{c}:e"),

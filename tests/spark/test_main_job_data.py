@@ -37,8 +37,14 @@ def run(session: Any, data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytes
          "column value holds 2 value(s) that are not a number, such as 'n/a'"),
         ("1,1,click,1.5,2024-01-01 00:00:00\n2,2,view,2.0,yesterday\n", "column ts holds 1 value(s) that are not "
          "a timestamp, such as 'yesterday'"),
+        # Read as doubles: Spark's try_cast to a whole number truncates them (42.9 to 42) instead of failing.
+        ("1,1,click,1.5,2024-01-01 00:00:00\n2,42.9,view,2.0,2024-01-01 00:00:01\n3,-7.5,view,1.0,2024-01-01 "
+         "00:00:02\n4,8.0,view,1.0,2024-01-01 00:00:03\n", "column user_id holds 2 value(s) that are not a whole "
+         "number, such as '42.9'"),
+        ("1,1,click,1.5,2024-01-01 00:00:00\n3.7,2,view,2.0,2024-01-01 00:00:01\n", "column event_id holds 1 "
+         "value(s) that are not a whole number, such as '3.7'"),
     ],
-    ids=["user_id", "value", "ts"],
+    ids=["user_id", "value", "ts", "user_id_fraction", "event_id_fraction"],
 )  # fmt: skip
 def test_a_value_not_of_its_columns_type_is_named_in_one_line(
     spark: Any,
