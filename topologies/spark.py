@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sparkbus.topologies.model import Topology
@@ -122,18 +123,22 @@ class NodeResult:
 
 
 def embedded_session(topology: Topology, **extra_conf: str) -> Any:
-    """Build (or get) the SparkSession a topology asks for, with the settings barrier stages need.
+    """Build the SparkSession a topology asks for, with the settings barrier stages need, or return the
+    one already running when it has them.
 
     Sets ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` to this interpreter (the one with sparkbus
     installed), ``spark.barrier.sync.timeout`` from ``spark.barrier_timeout``,
     ``spark.stage.maxConsecutiveAttempts`` 1 (a failed barrier stage is reported, not retried) and
     ``spark.ui.enabled`` false, then the topology's ``[spark.conf]`` and ``extra_conf``.
+
+    Raises:
+        SparkRuntimeError: a SparkContext already runs in this process with another master, Python, or
+            value of one of these settings other than ``spark.sql.*`` (which Spark applies to the running
+            session): Spark would ignore them, and hand back the running session as it is.
     """
     spark = topology.spark
     if spark is None:
         raise SparkRuntimeError(f"{topology.source}: no [spark] section; run it with `sparkbus up` instead")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     conf = {
         "spark.barrier.sync.timeout": f"{max(1, round(spark.barrier_timeout))}s",
         "spark.stage.maxConsecutiveAttempts": "1",
@@ -141,10 +146,33 @@ def embedded_session(topology: Topology, **extra_conf: str) -> Any:
         **dict(spark.conf),
         **extra_conf,
     }
+    running = SparkContext._active_spark_context
+    if running is not None:
+        _check_running(running, spark.master, conf)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     builder = SparkSession.builder.master(spark.master).appName(spark.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _check_running(sc: Any, master: str, conf: dict[str, str]) -> None:
+    """Refuse a running SparkContext that differs from what ``embedded_session`` would build."""
+    got = sc.getConf()
+    differ = [] if sc.master == master else [f"master {sc.master} (the topology asks {master})"]
+    if sc.pythonExec != sys.executable:
+        differ.append(f"Python workers running {sc.pythonExec} (not {sys.executable})")
+    differ += [
+        f"{key} {got.get(key) or 'unset'} (asked: {value})"
+        for key, value in conf.items()
+        if not key.startswith("spark.sql.") and got.get(key) != value
+    ]
+    if differ:
+        raise SparkRuntimeError(
+            f"a SparkSession already runs in this process with {'; '.join(differ)}: stop it first, or build "
+            "the SparkRuntime on it with a topology it matches"
+        )
 
 
 def _check_session(session: Any) -> None:
@@ -251,7 +279,10 @@ class SparkRuntime:
                 f"{topology.source}: no [spark] section; run it with `sparkbus up` instead"
             )
         _check_session(session)
-        if getattr(getattr(data, "router", None), "exchange", False) and topology.bus.security.mode == "curve":
+        if (
+            getattr(getattr(data, "router", None), "exchange", False)
+            and topology.bus.security.mode == "curve"
+        ):
             raise SparkRuntimeError(
                 f"{topology.source}: the tasks' row exchange is plain ZeroMQ, and this topology's bus is "
                 "CURVE: give the data a RowRouter without exchange (Spark routes the rows)"

@@ -12,20 +12,19 @@ pyspark = pytest.importorskip("pyspark")
 from sparkbus.topologies.schema import load, shipped  # noqa: E402
 from sparkbus.topologies.spark import embedded_session  # noqa: E402
 
+#: the session's settings beyond local.toml's
+SESSION_CONF = {
+    "spark.barrier.sync.timeout": "10s",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    # a killed task's Python worker is reaped this long after the kill
+    "spark.python.task.killTimeout": "1s",
+}
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    topo = load(shipped("local.toml"))
-    session = embedded_session(
-        topo,
-        **{
-            "spark.barrier.sync.timeout": "10s",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            # a killed task's Python worker is reaped this long after the kill
-            "spark.python.task.killTimeout": "1s",
-        },
-    )
+    session = embedded_session(load(shipped("local.toml")), **SESSION_CONF)
     session.sparkContext.setLogLevel(
         "ERROR"
     )  # failure tests fail stages on purpose; keep the output readable

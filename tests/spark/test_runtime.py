@@ -17,9 +17,10 @@ from pyspark import BarrierTaskContext, cloudpickle
 from sparkbus.bus import security
 from sparkbus.topologies.probe import ProbeFactory
 from sparkbus.topologies.schema import load, loads, shipped
-from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, _explain
+from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, _explain, embedded_session
 
 from . import faults
+from .conftest import SESSION_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -249,6 +250,27 @@ def test_explain_names_the_node_from_spark_messages() -> None:
     assert str(err) == "sparkbus node store-1 (barrier task 1) failed: ValueError: disk on fire"
     unknown = _explain(RuntimeError("something else\nentirely"), ids)
     assert (unknown.node, str(unknown)) == (None, "the sparkbus barrier stage failed: something else")
+
+
+def test_embedded_session_returns_the_running_session_only_if_it_has_the_topologys_settings(
+    spark: Any,
+) -> None:
+    local = shipped("local.toml").read_text()
+    assert embedded_session(load(shipped("local.toml")), **SESSION_CONF) is spark
+    # One store node on local[1]: Spark would keep the running session's master and barrier timeout, so
+    # this topology's SparkRuntime would get neither.
+    one = local.replace('"local[2]"', '"local[1]"').replace("count = 2", "count = 1")
+    other = loads(one.replace("replication = 2", "replication = 1"))
+    with pytest.raises(SparkRuntimeError) as err:
+        embedded_session(
+            other, **{**SESSION_CONF, "spark.barrier.sync.timeout": "7s", "spark.sql.shuffle.partitions": "9"}
+        )
+    assert str(err.value) == (
+        "a SparkSession already runs in this process with master local[2] (the topology asks local[1]); "
+        "spark.barrier.sync.timeout 10s (asked: 7s): stop it first, or build the SparkRuntime on it with a "
+        "topology it matches"
+    )
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"  # refused before Spark applied anything
 
 
 class _Conf:
