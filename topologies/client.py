@@ -701,7 +701,7 @@ def connect(
     Args:
         target: node addresses (``"tcp://127.0.0.1:5555"`` or ``"host:port"``, one string or a list), or a
             topology file a running ``sparkbus up`` was started from (its gateway nodes are found through
-            the state file ``sparkbus status`` reads).
+            the state file ``sparkbus status`` reads): a name ending in ``.toml`` or any existing file.
         cluster_tag: the cluster to join; taken from the topology file when one is given.
         curve: CURVE keys; overrides ``key_dir``.
         key_dir: a key directory (``sparkbus keys generate``): the client's pair is ``key_name`` (or the
@@ -719,7 +719,7 @@ def connect(
         AuthenticationError: the nodes refused this client's key (or no key could be found).
         ClusterMismatchError: no node could be connected, and one is in another cluster than ``cluster_tag``.
     """
-    if isinstance(target, str | os.PathLike) and Path(target).suffix == ".toml":
+    if isinstance(target, str | os.PathLike) and (Path(target).suffix == ".toml" or Path(target).is_file()):
         found = topology_target(target)
         addresses = found.addresses
         if node is not None:

@@ -64,3 +64,14 @@ def test_connect_to_a_node_without_a_gateway_names_it(topology: Path) -> None:
         connect(topology, node="store-7")
     with pytest.raises(ValueError, match="needs a topology file"):
         connect("tcp://127.0.0.1:6000", cluster_tag="processes/dev", node="store-0")
+
+
+def test_a_topology_file_of_any_name_is_read_as_one(topology: Path, tmp_path: Path) -> None:
+    # `sparkbus up FILE` takes any file name; connect reads such a file as a topology, not an address
+    conf = tmp_path / "cluster.conf"
+    conf.write_text(topology.read_text())
+    with pytest.raises(ConnectTimeoutError, match=r"no running cluster recorded for .*cluster\.conf"):
+        connect(str(conf), connect_timeout=1)
+    write_state(conf, NODES)
+    with pytest.raises(ConnectTimeoutError, match=r"node store-7 runs no client.gateway"):
+        connect(conf, node="store-7")
