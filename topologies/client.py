@@ -27,7 +27,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -687,7 +687,7 @@ class AsyncClient:
 
 
 def connect(
-    target: str | os.PathLike[str] | Sequence[str],
+    target: str | os.PathLike[str] | Sequence[str] | Mapping[str, str],
     *,
     cluster_tag: str | None = None,
     curve: ClientCurve | None = None,
@@ -701,11 +701,13 @@ def connect(
     Args:
         target: node addresses (``"tcp://127.0.0.1:5555"`` or ``"host:port"``, one string or a list), or a
             topology file a running ``sparkbus up`` was started from (its gateway nodes are found through
-            the state file ``sparkbus status`` reads): a name ending in ``.toml`` or any existing file.
+            the state file ``sparkbus status`` reads): a name ending in ``.toml`` or any existing file. A
+            mapping node id -> address names each address's node, for a ``key_dir`` with per-node keys.
         cluster_tag: the cluster to join; taken from the topology file when one is given.
         curve: CURVE keys; overrides ``key_dir``.
         key_dir: a key directory (``sparkbus keys generate``): the client's pair is ``key_name`` (or the
-            shared ``cluster`` pair), each node's public key its own or ``cluster``. With a topology file
+            shared ``cluster`` pair), each node's public key its own when its node id is known (a topology
+            file, or a mapping target), else the shared ``public/cluster.key``. With a topology file
             whose ``[bus.security]`` is CURVE, its key directory is the default; a ``{run_dir}`` one made
             by ``sparkbus up`` for this user also lends a gateway node's pair when it has no client pair.
         key_name: the client's key pair in ``key_dir``.
@@ -716,7 +718,8 @@ def connect(
 
     Raises:
         ConnectTimeoutError: no node connection within ``connect_timeout``; lists what was tried and why.
-        AuthenticationError: the nodes refused this client's key (or no key could be found).
+        AuthenticationError: the nodes refused this client's key (or no key could be found: e.g. an address
+            whose node id is unknown, with a ``key_dir`` that has no shared ``cluster`` public key).
         ClusterMismatchError: no node could be connected, and one is in another cluster than ``cluster_tag``.
     """
     if isinstance(target, str | os.PathLike) and (Path(target).suffix == ".toml" or Path(target).is_file()):
@@ -739,14 +742,22 @@ def connect(
         raise ValueError("connect(node=...) needs a topology file (it finds the node's gateway there)")
     if cluster_tag is None:
         raise ValueError("connect needs cluster_tag= with plain addresses (a topology file names its own)")
-    addresses = [str(target)] if isinstance(target, str | os.PathLike) else list(target)
+    named: dict[str, str] = {}  # address -> node id
+    if isinstance(target, Mapping):
+        named = {str(address): str(node_id) for node_id, address in target.items()}
+        addresses = list(named)
+    else:
+        addresses = [str(target)] if isinstance(target, str | os.PathLike) else list(target)
     if curve is None and key_dir is not None:
-        curve = ClientCurve.from_key_dir(key_dir, name=key_name)
+        curve = ClientCurve.from_key_dir(key_dir, name=key_name, nodes=named, addresses=addresses)
     return Client(addresses, cluster_tag=cluster_tag, curve=curve, **kw)
 
 
 async def connect_async(
-    target: str | os.PathLike[str] | Sequence[str], *, cluster_tag: str | None = None, **kw: Any
+    target: str | os.PathLike[str] | Sequence[str] | Mapping[str, str],
+    *,
+    cluster_tag: str | None = None,
+    **kw: Any,
 ) -> AsyncClient:
     """``connect`` for asyncio (the handshake runs off the event loop)."""
     client = await asyncio.to_thread(connect, target, cluster_tag=cluster_tag, **kw)

@@ -72,6 +72,7 @@ class ClientCurve:
         name: str = CLIENT_KEY_NAME,
         nodes: Mapping[str, str] | None = None,
         fallback_names: Sequence[str] = (),
+        addresses: Sequence[str] = (),
     ) -> ClientCurve:
         """Keys from a key directory laid out as ``sparkbus keys generate`` writes it.
 
@@ -83,9 +84,12 @@ class ClientCurve:
                 other addresses use the shared ``public/cluster.key``.
             fallback_names: further pairs the client may use (``connect`` by topology file: the gateway
                 nodes' own pairs in a key directory ``sparkbus up`` made for this user).
+            addresses: the addresses the client will connect to; each needs a server key now: its node's
+                (in ``nodes``) or the shared one.
 
         Raises:
-            AuthenticationError: no usable client pair, or no server key for a node.
+            AuthenticationError: no usable client pair, or no server key for a node: among ``addresses``,
+                one whose node id is unknown when the directory has no shared ``public/cluster.key``.
         """
         pair: security.KeyPair | None = None
         tried = [name, security.SHARED_NAME, *fallback_names]
@@ -110,6 +114,12 @@ class ClientCurve:
             default: bytes | None = security.server_key(key_dir, security.SHARED_NAME)
         except security.MissingKey:
             default = None
+        unnamed = [address for address in addresses if address not in servers]
+        if unnamed and default is None:
+            raise AuthenticationError(
+                f"{key_dir} has no public/{security.SHARED_NAME}.key and the node id of {unnamed[0]} is "
+                "unknown: name its node (connect({NODE: ADDRESS}, ...)), or connect by topology file"
+            )
         return cls(public=pair.public, secret=pair.secret, server_keys=servers, default_server_key=default)
 
 

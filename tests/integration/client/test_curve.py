@@ -80,6 +80,16 @@ def test_key_dir_with_a_shared_cluster_pair(tmp_path: Path) -> None:
         n.stop()
 
 
+def test_key_dir_with_per_node_keys_by_node_id(node: Node, keys: Path) -> None:
+    # `keys` holds n1's own pair and a client pair, no shared one: the address must name its node
+    address = control(node)
+    with sparkbus.connect({"n1": address}, cluster_tag=TAG, key_dir=keys, connect_timeout=10) as client:
+        assert client.sql("SELECT SUM(x) AS s FROM t").to_pylist() == [{"s": 6}]
+    with pytest.raises(AuthenticationError, match=r"no public/cluster\.key and the node id of tcp://"):
+        sparkbus.connect([address], cluster_tag=TAG, key_dir=keys, connect_timeout=10)
+    assert curve_denied(node) == 0
+
+
 def test_an_unknown_key_is_an_authentication_error_naming_the_address(
     node: Node, keys: Path, tmp_path: Path
 ) -> None:
