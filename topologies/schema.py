@@ -374,11 +374,15 @@ def _security(c: _Checker, bus: Mapping[str, Any]) -> SecuritySettings:
     elif mode == "none" and key_dir is not None:
         c.bad(f"{p}.key_dir", "only meaningful with mode = 'curve'")
     allow: list[str] = []
-    for i, item in enumerate(c.names(t, "allow", p)):
+    listed = c.names(t, "allow", p)
+    for i, item in enumerate(listed):
         try:
             allow.append(_address(item))
         except ValueError as exc:
             c.bad(f"{p}.allow[{i}]", str(exc))
+    if listed and c.accepted(f"{p}.mode") and mode == "none":
+        # the addresses are checked by CURVE's ZAP handler; without CURVE no connection would be limited
+        c.bad(f"{p}.allow", "only meaningful with mode = 'curve' (CURVE's ZAP handler checks the addresses)")
     return SecuritySettings(mode=mode, key_dir=key_dir, allow=tuple(allow))
 
 

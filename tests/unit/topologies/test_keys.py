@@ -96,7 +96,9 @@ def test_key_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     relative = loads(CURVE.format(key_dir="keys"), str(tmp_path / "t.toml"))
     assert keys.key_dir(relative) == tmp_path / "keys"
     assert keys.ensure_keys(relative) == []  # keys outside the run directory are the operator's
-    plain = loads(CURVE.replace('mode = "curve"\nkey_dir = "{key_dir}"', 'mode = "none"'))
+    plain = loads(
+        CURVE.replace('mode = "curve"\nkey_dir = "{key_dir}"\nallow = ["127.0.0.1"]', 'mode = "none"')
+    )
     assert keys.key_dir(plain) is None and keys.curve_settings(plain) is None
 
 

@@ -205,10 +205,16 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
         ('[bus.security]\nmode = "curve"', "bus.security.key_dir: missing: mode = 'curve' needs"),
         ('[bus.security]\nmode = "tls"', "bus.security.mode: must be 'none' or 'curve'"),
         (
-            '[bus.security]\nallow = ["db1.example.com"]',
+            '[bus.security]\nmode = "curve"\nkey_dir = "/k"\nallow = ["db1.example.com"]',
             "bus.security.allow[0]: 'db1.example.com' is not an IP",
         ),
         ('[bus.security]\nkey_dir = "/k"', "bus.security.key_dir: only meaningful with mode = 'curve'"),
+        # without CURVE no ZAP handler runs, so an allow-list would limit nothing
+        ('[bus.security]\nallow = ["10.0.0.1"]', "bus.security.allow: only meaningful with mode = 'curve'"),
+        (
+            '[bus.security]\nmode = "none"\nallow = ["10.0.0.1", "10.0.0.2"]',
+            "bus.security.allow: only meaningful with mode = 'curve'",
+        ),
         # the refused value alone: not also a comparison with the default it is read back as
         ('heartbeat = "0.2"\npeer_timeout = "1s"', "bus.heartbeat: '0.2' has no unit"),
         ('heartbeat = "0s"\npeer_timeout = "1500ms"', "bus.heartbeat: must be greater than zero"),
@@ -223,6 +229,12 @@ def test_bad_values(old: str, new: str, expected: str) -> None:
 )
 def test_bad_bus_settings(bus: str, expected: str) -> None:
     assert only_problem(BASE + "\n[bus]\n" + bus + "\n").startswith(expected)
+
+
+def test_an_empty_allow_list_needs_no_curve() -> None:
+    # empty means any address: it promises nothing, so a plain topology may keep it
+    topo = loads(BASE + '\n[bus.security]\nmode = "none"\nallow = []\n', "t.toml")
+    assert topo.bus.security.allow == ()
 
 
 @pytest.mark.parametrize(
