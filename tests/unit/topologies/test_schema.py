@@ -86,6 +86,15 @@ def test_cluster_example_has_curve_and_a_port_range() -> None:
     assert keys["events"] == ("event_id",)  # what sparkbus run loads
 
 
+def test_cluster_example_says_what_barrier_timeout_bounds() -> None:
+    # only Spark's barrier calls; the rendezvous goes through the driver, bounded by ready_timeout
+    text = shipped("cluster.example.toml").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("barrier_timeout"))
+    comment = line.partition("#")[2]
+    assert "spark.barrier.sync.timeout" in comment and "ready_timeout" in comment, line
+    assert load(shipped("cluster.example.toml")).spark is not None
+
+
 def test_defaults() -> None:
     topo = loads(BASE)
     assert topo.bus.transport == "tcp"
