@@ -393,8 +393,12 @@ class Launcher:
             },
         }
         tmp = self.state_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(body, indent=2))
-        tmp.replace(self.state_path)
+        try:
+            tmp.write_text(json.dumps(body, indent=2))
+            tmp.replace(self.state_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a state file that cannot be written leaves no temp file behind
+            raise
 
     def print_endpoints(self) -> None:
         table = Table(title=f"sparkbus up: {self.topo.cluster.name} ready ({len(self.children)} nodes)")

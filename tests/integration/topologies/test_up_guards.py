@@ -157,6 +157,8 @@ def test_a_state_file_that_cannot_be_written_stops_the_nodes_in_one_line(
         "sparkbus up: cannot write the state file: [Errno 21] Is a directory"
     ), done.stdout
     assert done.stdout.splitlines()[-1].endswith("; stopping the other nodes"), done.stdout
+    left = sorted(p.name for p in state_file(path).parent.iterdir() if p.suffix == ".tmp")
+    assert left == [], left  # the temp file the write began is removed with it
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
