@@ -134,7 +134,9 @@ def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
     ``cluster_command`` has resolved, ``_topology_path``); with ``node``, to that node's gateway only.
 
     ``--topology`` always names a topology file, whatever its name, so it is read here (``topology_target``)
-    rather than handed to ``connect``, which takes a target for a topology only when it ends in ``.toml``.
+    rather than handed to ``connect``, which would take a file name that is not a file for an address.
+    ``--address NODE=tcp://HOST:PORT`` names the address's node (``connect({NODE: ADDRESS})``), so a key
+    directory with a pair per node serves it.
     """
     from sparkbus.roles.client import ConnectTimeoutError  # noqa: PLC0415
     from sparkbus.topologies.client import (  # noqa: PLC0415 (pulls in pyarrow and the client)
@@ -150,7 +152,11 @@ def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
     if args.address:
         if not args.cluster_tag:
             raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
-        return connect(args.address, cluster_tag=args.cluster_tag, key_dir=args.key_dir, **options)
+        node_id, named, address = str(args.address).partition("=")
+        if named and not (node_id and address):
+            raise CommandError(f"--address {args.address}: expected [NODE=]tcp://HOST:PORT")
+        target: str | dict[str, str] = {node_id: address} if named else node_id
+        return connect(target, cluster_tag=args.cluster_tag, key_dir=args.key_dir, **options)
     topology = args.topology
     if not Path(topology).exists():
         raise CommandError(f"{topology}: no such topology file (give --topology FILE or --address tcp://...)")
@@ -565,11 +571,19 @@ def _client_options(p: argparse.ArgumentParser) -> None:
         "directory, else the one cluster `sparkbus up` is running); its gateway nodes and keys are found "
         "through the state file `up` writes",
     )
-    where.add_argument("--address", default=None, help="a gateway node's control endpoint, tcp://HOST:PORT")
+    where.add_argument(
+        "--address",
+        default=None,
+        metavar="[NODE=]tcp://HOST:PORT",
+        help="a gateway node's control endpoint; NODE= names its node, whose own public key in --key-dir "
+        "is then used (without it, the key directory's shared cluster key)",
+    )
     where.add_argument(
         "--cluster-tag", default=None, help="the nodes' bus tag NAME/TAG (needed with --address)"
     )
-    where.add_argument("--key-dir", default=None, help="CURVE keys: a directory with a client pair")
+    where.add_argument(
+        "--key-dir", default=None, help="CURVE keys: a directory with a client (or shared cluster) pair"
+    )
     where.add_argument(
         "--connect-timeout", type=float, default=10.0, help="seconds to reach a node (default 10)"
     )

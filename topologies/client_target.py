@@ -118,7 +118,8 @@ class ClientCurve:
         if unnamed and default is None:
             raise AuthenticationError(
                 f"{key_dir} has no public/{security.SHARED_NAME}.key and the node id of {unnamed[0]} is "
-                "unknown: name its node (connect({NODE: ADDRESS}, ...)), or connect by topology file"
+                "unknown: name its node (connect({NODE: ADDRESS}, ...), sparkbus --address NODE=ADDRESS), or "
+                "connect by topology file"
             )
         return cls(public=pair.public, secret=pair.secret, server_keys=servers, default_server_key=default)
 

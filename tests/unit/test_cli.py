@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sparkbus.topologies import cli
+from sparkbus.topologies import cli, client
 from sparkbus.topologies.keys import run_dir
 
 
@@ -101,6 +101,19 @@ def test_address_needs_a_cluster_tag_and_a_missing_file_is_named(
     assert "--address needs --cluster-tag" in capsys.readouterr().err
     assert cli.main(["sql", "SELECT 1", "--topology", str(tmp_path / "none.toml")]) == 1
     assert "no such topology file" in capsys.readouterr().err
+
+
+def test_an_address_may_name_its_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    targets: list[object] = []
+    monkeypatch.setattr(client, "connect", lambda target, **kw: targets.append(target) or "client")
+    where = ["--cluster-tag", "processes/dev", "--key-dir", "/k"]
+    for address in ("store-0=tcp://127.0.0.1:1", "tcp://127.0.0.1:1"):
+        assert cli._connect(cli.build_parser().parse_args(["sql", "SELECT 1", "--address", address, *where]))
+    assert targets == [{"store-0": "tcp://127.0.0.1:1"}, "tcp://127.0.0.1:1"]  # a node id, for its own key
+    assert cli.main(["sql", "SELECT 1", "--address", "=tcp://127.0.0.1:1", *where]) == 1
+    assert "--address =tcp://127.0.0.1:1: expected [NODE=]tcp://HOST:PORT" in capsys.readouterr().err
 
 
 def test_without_a_topology_the_one_running_cluster_is_used(

@@ -1,0 +1,75 @@
+"""``sparkbus load`` and ``sparkbus sql`` by ``--address`` against a real ``sparkbus up processes.toml`` (CURVE,
+a pair per node as ``up`` makes them, and a ``client`` pair): an address named by its node reaches a node with
+per-node keys. Loopback only; one cluster for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparkbus.topologies import shipped
+
+from ..client.test_up import stop
+from .test_up import READY_TIMEOUT, Up, cli
+
+# One cluster of four node processes (up to READY_TIMEOUT + 10 s), then `sparkbus` processes, each importing
+# pyarrow and the client: every step has its own deadline, this bounds their sum.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TOPOLOGY = str(shipped("processes.toml"))
+TAG = "processes/dev"
+
+
+@dataclass
+class Cluster:
+    up: Up
+    keys: Path  # the run directory's key directory: a pair per node and a client pair
+    control: dict[str, str]  # node -> its control endpoint
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return cli(
+            {**self.up.env, "COLUMNS": "200"}, *args, "--connect-timeout", "20", "--timeout", "30", timeout=90
+        )
+
+    def by_address(self, node: str) -> list[str]:
+        address = f"{node}={self.control[node]}"
+        return ["--address", address, "--cluster-tag", TAG, "--key-dir", str(self.keys)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    where = tmp_path_factory.mktemp("load")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(where)}
+    keys = where / f"sparkbus-{os.getuid()}" / "keys-processes"
+    # the pairs `up` would make, and the client pair the nodes then admit
+    for extra in (("--topology", TOPOLOGY), ("--names", "client")):
+        made = cli(env, "keys", "generate", str(keys), *extra)
+        assert made.returncode == 0, made.stderr
+    running = Up(env)
+    try:
+        running.wait_for("ready (4 nodes)", READY_TIMEOUT + 10)
+        running.wait_for("state:", 10)
+        state = next((where / f"sparkbus-{os.getuid()}").glob("up-processes-*.json"))
+        nodes = json.loads(state.read_text())["nodes"]
+        yield Cluster(running, keys, {node: info["control"] for node, info in nodes.items()})
+    finally:
+        stop(running)
+
+
+def test_an_address_named_by_its_node_reaches_a_node_with_its_own_keys(cluster: Cluster) -> None:
+    query = "SELECT COUNT(*) AS n FROM sparkbus_replicas"
+    done = cluster.run("sql", query, "--json", *cluster.by_address("coordinator"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["n"] > 0
+    unnamed = cluster.by_address("coordinator")
+    unnamed[1] = cluster.control["coordinator"]
+    refused = cluster.run("sql", query, *unnamed)
+    assert refused.returncode == 1
+    assert "has no public/cluster.key and the node id of tcp://" in refused.stderr, refused.stderr
+    assert "--address NODE=" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
