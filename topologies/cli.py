@@ -131,7 +131,8 @@ def _topology_path(args: argparse.Namespace, hint: tuple[str, str, str] = CLIENT
 
 def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
     """The thin client, by ``--address`` (with ``--cluster-tag``) or by ``args.topology`` (which
-    ``cluster_command`` has resolved, ``_topology_path``); with ``node``, to that node's gateway only.
+    ``cluster_command`` has resolved, ``_topology_path``); with ``node``, to that node's gateway only, found by
+    topology even with ``--address`` (a declared table's rows go to each partition's leader, ``_load``).
 
     ``--topology`` always names a topology file, whatever its name, so it is read here (``topology_target``)
     rather than handed to ``connect``, which would take a file name that is not a file for an address.
@@ -149,7 +150,7 @@ def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
     )
 
     options: dict[str, Any] = {"connect_timeout": args.connect_timeout, "op_timeout": args.timeout + 5.0}
-    if args.address:
+    if args.address and node is None:
         if not args.cluster_tag:
             raise CommandError("--address needs --cluster-tag (the nodes' bus tag, NAME/TAG of the topology)")
         node_id, named, address = str(args.address).partition("=")
@@ -266,7 +267,24 @@ def _topology_table(args: argparse.Namespace) -> TableSpec | None:
 
 
 def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
-    """A function connecting to one node's gateway, by the same topology and options as ``_connect``."""
+    """A function connecting to one node's gateway, by the same topology and options as ``_connect``.
+
+    Raises:
+        CommandError: with ``--address``, the topology's cluster is not recorded as running on this machine
+            (its state file names the gateways); checked now, before anything is written.
+    """
+    if args.address:
+        from sparkbus.roles.client import ConnectTimeoutError  # noqa: PLC0415
+        from sparkbus.topologies.client import topology_target  # noqa: PLC0415
+
+        try:
+            topology_target(args.topology)
+        except ConnectTimeoutError as exc:
+            raise CommandError(
+                f"table {args.table} is declared in {args.topology}, so its rows go to each partition's "
+                f"leader, whose gateway that cluster's state file names: {_one_line(exc)} (without --topology "
+                "--address loads into the gateway node's own catalog)"
+            ) from None
 
     def to_node(node: str) -> Client:
         return _connect(args, node)
