@@ -204,23 +204,27 @@ def _slices(table: pa.Table) -> list[pa.Table]:
 
 def _load(client: Client, args: argparse.Namespace) -> str:
     """``sparkbus load``: into the replicated store for a table of the topology, else into the gateway
-    node's query catalog; then, unless ``--no-views``, into the compute controller's table."""
+    node's query catalog; then, unless ``--no-views``, into the compute controller's table. Whether both
+    tables take the rows is checked before anything is written."""
     from sparkbus.roles.client import Op  # noqa: PLC0415
     from sparkbus.roles.query import table_to_ipc  # noqa: PLC0415
 
     rows = _read_rows(Path(args.path))
     spec = _topology_table(args)
+    if spec is not None and args.replace:
+        raise CommandError(
+            f"--replace: {spec.name} is a replicated table of the topology; its rows are upserted by "
+            f"key {', '.join(spec.key)}, never replaced"
+        )
+    if not args.replace:  # --replace: the SQL table takes the file as it is
+        rows = _as_existing(rows, _sql_schema(client, args.table), f"table {args.table}")
+    views = rows
+    if not args.no_views:
+        where = f"the compute controller's table {args.table}"
+        views = _as_existing(rows, _views_schema(client, args.table), where)
     if spec is not None:
-        if args.replace:
-            raise CommandError(
-                f"--replace: {spec.name} is a replicated table of the topology; its rows are upserted by "
-                f"key {', '.join(spec.key)}, never replaced"
-            )
-        rows = _as_existing(client, args.table, rows)
         done = routed_load(client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path)
     else:
-        if not args.replace:
-            rows = _as_existing(client, args.table, rows)
         held = 0
         for i, part in enumerate(_slices(rows)):
             request = {
@@ -233,7 +237,7 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
     if args.no_views:
         return done
-    _write_views(client, args.table, rows, None if spec is None else spec.key)
+    _write_views(client, args.table, views, None if spec is None else spec.key)
     how = "appended" if spec is None else f"upserted by {', '.join(spec.key)}"
     return f"{done} and into the compute controller's table {args.table} for views ({how})"
 
@@ -439,22 +443,43 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
         time.sleep(poll)
 
 
-def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
-    """``rows`` in the column order of the table they are added to and cast to its schema (a file may
+def _sql_schema(client: Client, table: str) -> pa.Schema | None:
+    """The schema of SQL table ``table``, or None when there is none yet."""
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+    try:
+        return client.sql(f"SELECT * FROM {table} LIMIT 0").schema
+    except ClientError:
+        return None
+
+
+def _views_schema(client: Client, table: str) -> pa.Schema | None:
+    """The schema of the compute controller's table ``table`` (what views read), or None when there is none
+    yet."""
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+    try:
+        return client.peek(table, finishing={"limit": 0}).schema
+    except ClientError as exc:
+        if "no table or view named" in str(exc):
+            return None
+        raise
+
+
+def _as_existing(rows: pa.Table, schema: pa.Schema | None, table: str) -> pa.Table:
+    """``rows`` in the column order of the table they are added to and cast to its ``schema`` (a file may
     order its columns otherwise, and CSV type inference may differ from the first load: ``1`` is an
-    integer, ``1.5`` a double).
+    integer, ``1.5`` a double); as they are when there is no such table yet (``schema`` None). ``table``
+    names it in errors.
 
     Raises:
         CommandError: the file's columns are not the table's, or do not cast to its types. Checked before
             anything is written: a partition without rows yet would take the file's schema, and every
-            query of the table would then fail on the mix.
+            query of the table would then fail on the mix; the compute controller's table refuses rows of
+            another schema.
     """
-    from sparkbus.roles.client import ClientError  # noqa: PLC0415
-
-    try:
-        schema = client.sql(f"SELECT * FROM {table} LIMIT 0").schema
-    except ClientError:
-        return rows  # no such table yet
+    if schema is None:
+        return rows
     ours, theirs = schema.names, rows.schema.names
     if sorted(ours) != sorted(theirs):
         missing = [n for n in ours if n not in theirs]
@@ -462,7 +487,7 @@ def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
         differences = [f"missing {', '.join(missing)}"] if missing else []
         differences += [f"not in the table: {', '.join(extra)}"] if extra else []
         raise CommandError(
-            f"the file's columns ({', '.join(theirs)}) are not those of table {table} ({', '.join(ours)}): "
+            f"the file's columns ({', '.join(theirs)}) are not those of {table} ({', '.join(ours)}): "
             f"{'; '.join(differences) or 'a column is repeated'}"
         )
     rows = rows.select(ours)
@@ -471,7 +496,7 @@ def _as_existing(client: Client, table: str, rows: pa.Table) -> pa.Table:
     try:
         return rows.cast(schema)
     except (ValueError, TypeError) as exc:
-        raise CommandError(f"rows do not fit table {table}: {_one_line(exc)}") from None
+        raise CommandError(f"rows do not fit {table}: {_one_line(exc)}") from None
 
 
 def _print_table(table: pa.Table, args: argparse.Namespace, title: str) -> None:

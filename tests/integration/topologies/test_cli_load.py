@@ -1,7 +1,8 @@
 """``sparkbus load`` and ``sparkbus sql`` by ``--address`` against a real ``sparkbus up processes.toml`` (CURVE,
 a pair per node as ``up`` makes them, and a ``client`` pair): an address named by its node reaches a node with
-per-node keys, and a declared table loaded by address and topology goes to its partitions' leaders.
-Loopback only; one cluster for the module."""
+per-node keys, a declared table loaded by address and topology goes to its partitions' leaders, and a
+``--replace`` the compute controller's table refuses changes nothing. Loopback only; one cluster for the
+module."""
 
 from __future__ import annotations
 
@@ -92,3 +93,33 @@ def test_a_declared_table_by_address_and_topology_goes_to_its_partitions(
     count = cluster.run("sql", "SELECT COUNT(*) AS n FROM orders", "--json", "--topology", TOPOLOGY)
     assert count.returncode == 0, count.stderr
     assert json.loads(count.stdout) == {"n": 300}  # upserted by order_id: loaded twice, counted once
+
+
+def test_replace_refused_by_the_views_table_leaves_the_sql_table_as_it_was(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    first = tmp_path / "a.csv"
+    first.write_text("event_id,kind,value\n1,click,1.5\n2,view,2.5\n3,buy,3.5\n")
+    loaded = cluster.run("load", "ev", str(first), "--topology", TOPOLOGY)
+    assert loaded.returncode == 0, loaded.stderr
+
+    def sql_rows() -> int:
+        count = cluster.run("sql", "SELECT COUNT(*) AS n FROM ev", "--json", "--topology", TOPOLOGY)
+        assert count.returncode == 0, count.stderr
+        return int(json.loads(count.stdout)["n"])
+
+    other = tmp_path / "b.csv"
+    other.write_text("event_id,kind,value,colour\n9,click,7,red\n")
+    refused = cluster.run("load", "ev", str(other), "--replace", "--topology", TOPOLOGY)
+    assert refused.returncode == 1
+    assert "not those of the compute controller's table ev" in refused.stderr, refused.stderr
+    assert sql_rows() == 3  # nothing was written
+    # `value` reads as int64 from this file: the views' table takes it cast to its double
+    ints = tmp_path / "c.csv"
+    ints.write_text("event_id,kind,value\n9,click,7\n")
+    replaced = cluster.run("load", "ev", str(ints), "--replace", "--topology", TOPOLOGY)
+    assert replaced.returncode == 0, replaced.stderr
+    assert sql_rows() == 1
+    peek = cluster.run("view", "peek", "ev", "--json", "--topology", TOPOLOGY)
+    assert peek.returncode == 0, peek.stderr
+    assert sorted(json.loads(line)["value"] for line in peek.stdout.splitlines()) == [1.5, 2.5, 3.5, 7.0]
