@@ -593,17 +593,24 @@ def _check_ports(c: _Checker, topo: Topology) -> None:
             per_host.setdefault(spec.host, []).extend([spec] * len(spec.node_ids))
     crowded = max(per_host.values(), key=lambda specs: sum(map(binds, specs)), default=[])
     sharing = crowded + floating
-    need = sum(map(binds, sharing))
+    # The Spark runtime binds in the range too: the driver's runtime channel on every start, and each
+    # executor node's task a PULL for the row exchange (when the rows are routed with it: counted always).
+    channel = 1 if topo.spark is not None else 0
+    exchange = len(topo.placed("executor"))
+    need = sum(map(binds, sharing)) + channel + exchange
     if need > ports.size:
         http = (
             " and one more for each that serves the HTTP exchange (binx.server)"
             if any(HTTP_BUFFERS in spec.runs for spec in sharing)
             else ""
         )
+        runtime = [f"{channel} for the driver's runtime channel"] if channel else []
+        runtime += [f"{exchange} for the tasks' row exchange (one per executor node)"] if exchange else []
+        plus = f", plus {' and '.join(runtime)}" if runtime else ""
         c.bad(
             "bus.ports",
             f"{ports} holds {ports.size} ports, but up to {len(sharing)} nodes may share one machine "
-            f"and each binds {PORTS_PER_NODE} (control and data){http}; widen it to at least "
+            f"and each binds {PORTS_PER_NODE} (control and data){http}{plus}; widen it to at least "
             f"{need} ports or use 'ephemeral'",
         )
 

@@ -354,22 +354,46 @@ def test_missing_sections() -> None:
 
 
 def test_port_range_must_fit_the_nodes_sharing_a_machine() -> None:
-    text = BASE + '\n[bus]\nports = "7100-7104"\n'
+    text = BASE + '\n[bus]\nports = "7100-7107"\n'
     assert only_problem(text) == (
-        "bus.ports: 7100-7104 holds 5 ports, but up to 3 nodes may share one machine and each binds 2 "
-        "(control and data); widen it to at least 6 ports or use 'ephemeral'"
+        "bus.ports: 7100-7107 holds 8 ports, but up to 3 nodes may share one machine and each binds 2 "
+        "(control and data), plus 1 for the driver's runtime channel and 2 for the tasks' row exchange "
+        "(one per executor node); widen it to at least 9 ports or use 'ephemeral'"
     )
-    assert loads(BASE + '\n[bus]\nports = "7100-7105"\n').bus.ports == PortRange(first=7100, last=7105)
+    assert loads(BASE + '\n[bus]\nports = "7100-7108"\n').bus.ports == PortRange(first=7100, last=7108)
 
 
 def test_port_range_counts_the_http_exchange_port_of_a_node_serving_it() -> None:
     serving = BASE.replace('roles = ["replication"]', 'roles = ["replication", "binx.server"]')
-    assert only_problem(serving + '\n[bus]\nports = "7100-7106"\n') == (
-        "bus.ports: 7100-7106 holds 7 ports, but up to 3 nodes may share one machine and each binds 2 "
-        "(control and data) and one more for each that serves the HTTP exchange (binx.server); widen it "
-        "to at least 8 ports or use 'ephemeral'"
+    assert only_problem(serving + '\n[bus]\nports = "7100-7109"\n') == (
+        "bus.ports: 7100-7109 holds 10 ports, but up to 3 nodes may share one machine and each binds 2 "
+        "(control and data) and one more for each that serves the HTTP exchange (binx.server), plus 1 for "
+        "the driver's runtime channel and 2 for the tasks' row exchange (one per executor node); widen it "
+        "to at least 11 ports or use 'ephemeral'"
     )
-    assert loads(serving + '\n[bus]\nports = "7100-7107"\n').bus.ports == PortRange(first=7100, last=7107)
+    assert loads(serving + '\n[bus]\nports = "7100-7110"\n').bus.ports == PortRange(first=7100, last=7110)
+
+
+def test_port_range_counts_the_spark_runtimes_channel_and_row_exchange() -> None:
+    # local.toml's 3 nodes bind 9 ports (all serve the HTTP exchange); in local mode the driver's runtime
+    # channel and both tasks' row exchange PULLs bind on the same machine, in the same range: 12 in all.
+    local = shipped("local.toml").read_text().replace('ports = "ephemeral"', 'ports = "7100-7108"')
+    assert 'ports = "7100-7108"' in local
+    assert only_problem(local) == (
+        "bus.ports: 7100-7108 holds 9 ports, but up to 3 nodes may share one machine and each binds 2 "
+        "(control and data) and one more for each that serves the HTTP exchange (binx.server), plus 1 for "
+        "the driver's runtime channel and 2 for the tasks' row exchange (one per executor node); widen it "
+        "to at least 12 ports or use 'ephemeral'"
+    )
+    assert loads(local.replace("7100-7108", "7100-7111")).bus.ports == PortRange(first=7100, last=7111)
+    # without Spark nothing else binds: processes.toml's 4 nodes need their 11 ports only
+    processes = shipped("processes.toml").read_text().replace('ports = "ephemeral"', 'ports = "7100-7110"')
+    assert loads(processes).bus.ports == PortRange(first=7100, last=7110)
+    assert only_problem(processes.replace("7100-7110", "7100-7109")) == (
+        "bus.ports: 7100-7109 holds 10 ports, but up to 4 nodes may share one machine and each binds 2 "
+        "(control and data) and one more for each that serves the HTTP exchange (binx.server); widen it "
+        "to at least 11 ports or use 'ephemeral'"
+    )
 
 
 def test_ipc_needs_one_machine() -> None:
