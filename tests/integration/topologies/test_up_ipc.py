@@ -77,12 +77,14 @@ def test_the_next_up_removes_the_ipc_directories_of_nodes_gone_and_keeps_live_on
     try:
         first.wait_for("state:", READY_TIMEOUT + 10)
         nodes = recorded(path, seen)
-        # Held, the nodes cannot stop when their launcher dies; then all die at once, as in a crash.
-        for pid, _ in nodes.values():
-            os.kill(pid, signal.SIGSTOP)
-        first.kill()
+        # A crash of all: the launcher held (so it cannot clean up after its nodes), the nodes killed, then
+        # the launcher. Holding the nodes instead does not work: once the launcher dies, the kernel sends
+        # each held node of its orphaned process group SIGHUP and SIGCONT, and a node that stops on SIGHUP
+        # removes its directory before a SIGKILL sent after reaches it.
+        os.kill(first.proc.pid, signal.SIGSTOP)
         for pid, _ in nodes.values():
             os.kill(pid, signal.SIGKILL)
+        first.kill()
         assert wait_gone([pid for pid, _ in nodes.values()]) == []
     finally:
         first.kill()
