@@ -130,14 +130,14 @@ def test_a_driver_node_that_cannot_bind_ends_the_run_in_one_line(
     # bus.ports, and the coordinator, which runs in the driver, finds none.
     monkeypatch.setattr(runtime, "embedded_session", lambda *_, **__: spark)
     topology = tmp_path / "busy.toml"
-    with held_ports(9) as first:
+    with held_ports(12) as first:  # the least bus.ports validation takes for local.toml
         text = shipped("local.toml").read_text()
-        topology.write_text(text.replace('ports = "ephemeral"', f'ports = "{first}-{first + 8}"', 1))
+        topology.write_text(text.replace('ports = "ephemeral"', f'ports = "{first}-{first + 11}"', 1))
         opts = Options(topology=topology, rows=1000, report=tmp_path / "r.json", chart=tmp_path / "r.png")
         code = main_job(replace(opts, spark_reps=1))  # `sparkbus run`, with one timed run of each Spark query
     err = capsys.readouterr().err
     assert code == 1
     assert [ln for ln in err.splitlines() if ln.startswith("sparkbus run:")] == [
         f"sparkbus run: sparkbus node coordinator (driver) failed: NoFreePort: [Errno 98] node coordinator "
-        f"(control): every port of bus.ports {first}-{first + 8} is in use; widen the range"
+        f"(control): every port of bus.ports {first}-{first + 11} is in use; widen the range"
     ], err[-3000:]
