@@ -8,7 +8,7 @@ answers first (protocol-facts 5.5).
 
 Local calls (``LocalCall.name`` and its ``args``):
 
-* ``create_table(name, schema, key=None)``: ``schema`` a ``pyarrow.Schema`` or its IPC bytes, with distinct
+* ``create_table(name, schema, key=None)``: ``name`` a non-empty str, ``schema`` a ``pyarrow.Schema`` or its IPC bytes, with distinct
   column names, none starting with ``__``, of types Arrow can group by (no list, struct or map). With ``key``
   (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
   replaces the row with the same key. Result ``{"upper"}``.
@@ -233,7 +233,12 @@ class ComputeController:
             self._on_call(event)
         elif isinstance(event, HandlerFailed):
             log.warning("compute.controller: handling %r failed: %s", event.event, event.error)
-        self._compact()
+        try:
+            self._compact()
+        except Exception:
+            # The event's actions are sent all the same: a reply or a write's update lost here would leave
+            # its caller waiting for ever, with the controller's own state already moved on.
+            log.exception("compute.controller: compaction after %r failed", event)
         out, self._out = self._out, []
         return out
 
@@ -288,8 +293,10 @@ class ComputeController:
                 for table in self.tables:
                     self._send_to(replica, self._snapshot(table))
 
-    def _snapshot(self, table: str) -> AppendUpdates:
-        data = self._table_data[table]
+    def _snapshot(self, table: str, data: Arrangement | None = None) -> AppendUpdates:
+        """Table ``table``'s contents (``data``, else what the controller holds of it) as one append."""
+        if data is None:
+            data = self._table_data[table]
         return AppendUpdates(
             id=table, lower=0, upper=self.upper, since=data.since[0], updates=encode_table(data.updates)
         )
@@ -522,6 +529,7 @@ class ComputeController:
 
     def _call_create_table(self, call: LocalCall) -> Any:
         name, schema = call.args["name"], call.args["schema"]
+        _check_name(name, "table")
         if not isinstance(schema, pa.Schema):
             schema = pa.ipc.read_schema(pa.py_buffer(schema))
         if name in self.tables or name in self.views:
@@ -539,22 +547,26 @@ class ComputeController:
         if why is not None:
             raise LocalProtocolError(f"table {name!r}: its rows cannot be consolidated ({why})")
         key = call.args.get("key")
+        if key is not None and (
+            not isinstance(key, list | tuple)
+            or not key
+            or len(set(key)) != len(key)
+            or any(k not in schema.names for k in key)
+        ):
+            raise LocalProtocolError(
+                f"table {name!r}: key {key!r} is not a list of distinct columns of {schema.names}"
+            )
+        data = Arrangement(schema)
+        # Built before the table is registered: a table registered with a snapshot that cannot be built
+        # would stay in every later snapshot and compaction.
+        snapshot = self._snapshot(name, data)
         if key is not None:
-            if (
-                not isinstance(key, list | tuple)
-                or not key
-                or len(set(key)) != len(key)
-                or any(k not in schema.names for k in key)
-            ):
-                raise LocalProtocolError(
-                    f"table {name!r}: key {key!r} is not a list of distinct columns of {schema.names}"
-                )
             self.table_keys[name] = list(key)
             self._current[name] = schema.empty_table()
         self.tables[name] = schema
         self._used_ids.add(name)
-        self._table_data[name] = Arrangement(schema)
-        self._storage(self._snapshot(name))
+        self._table_data[name] = data
+        self._storage(snapshot)
         return {"upper": self.upper}
 
     def _call_write(self, call: LocalCall) -> Any:
@@ -624,6 +636,7 @@ class ComputeController:
 
     def _call_create_view(self, call: LocalCall) -> Any:
         name, view = call.args["name"], call.args["view"]
+        _check_name(name, "view")
         if not isinstance(view, ViewDef):
             raise LocalProtocolError(f"view {name!r}: expected a ViewDef, got {type(view).__name__}")
         if name in self.tables or name in self.views:
@@ -750,6 +763,12 @@ class ComputeController:
             self.read_only = False
             self._broadcast(AllowWrites())
         return None
+
+
+def _check_name(name: object, what: str) -> None:
+    """A table or view name is a non-empty str: it is (or starts) the collection's id in every command."""
+    if type(name) is not str or not name:
+        raise LocalProtocolError(f"a {what} name must be a non-empty str, got {name!r}")
 
 
 _PENDING = object()
