@@ -290,8 +290,9 @@ class RoutedFrame:
     (``SparkRuntime``'s row exchange). Spark only converts the cached rows to Arrow: a hash and a string
     per row as Spark expressions cost the first run of the load plan more than the whole task-side work.
     Spark's own shuffle (``repartition(n, key)``, whose hash partition is that same leader) writes every
-    row to disk and reads it back in a stage of its own; it still routes the rows of CURVE topologies
-    (``exchange=False``), as the exchange sockets are plain.
+    row to disk and reads it back in a stage of its own; ``exchange=False`` has it route the rows instead
+    (the tasks then only add the partition name). In a CURVE topology the exchange speaks CURVE with the
+    nodes' key pairs, as the bus does.
     """
 
     def __init__(self, frame: Any, partitions: int, *, exchange: bool = True) -> None:
@@ -636,7 +637,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
             topo,
             spark,
             BusNodeFactory(),
-            data=RoutedFrame(frame, partitions, exchange=bus_config(topo).curve is None),
+            data=RoutedFrame(frame, partitions),
             ready_timeout=max(60.0, rows / 10_000),
         )
         coordinator = _coordinator(topo)

@@ -258,7 +258,8 @@ class SparkRuntime:
             per node, whose task's node loads it. When ``data`` has a ``router`` attribute (a
             ``RowRouter``, not None), each task passes its input batches through it; a router with
             ``exchange`` names the task each row goes to instead, and the tasks hand each other the rows
-            (``mainjob.RoutedFrame``; plain ZeroMQ between the tasks, so refused in a CURVE topology).
+            (``mainjob.RoutedFrame``; ZeroMQ between the tasks, CURVE with the nodes' key pairs in a CURVE
+            topology).
             None gives each node no data.
         ready_timeout: seconds for every node to complete its handshakes once the stage runs.
 
@@ -279,14 +280,6 @@ class SparkRuntime:
                 f"{topology.source}: no [spark] section; run it with `sparkbus up` instead"
             )
         _check_session(session)
-        if (
-            getattr(getattr(data, "router", None), "exchange", False)
-            and topology.bus.security.mode == "curve"
-        ):
-            raise SparkRuntimeError(
-                f"{topology.source}: the tasks' row exchange is plain ZeroMQ, and this topology's bus is "
-                "CURVE: give the data a RowRouter without exchange (Spark routes the rows)"
-            )
         self.topology = topology
         self.session = session
         self.factory = node_factory

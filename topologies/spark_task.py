@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -25,10 +26,13 @@ import pyarrow.ipc
 import zmq
 from pyspark import BarrierTaskContext, SparkFiles
 
-from sparkbus.bus.sockets import bind_tcp
+from sparkbus.bus import security, sockets
+from sparkbus.topologies.keys import curve_settings
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
 from sparkbus.topologies.spark_channel import task_socket
+
+log = logging.getLogger(__name__)
 
 POLL_MS = 100
 #: rows a barrier task gathers before it hands them to its running node (one local call each)
@@ -302,11 +306,12 @@ class _Task:
 class _RowExchange:
     """Every task's input rows to the task the router names, over ZeroMQ between the tasks.
 
-    Each task binds a PULL socket, the driver hands every task the others' (the "rows" round of the
-    rendezvous), and each task splits its input batches by the router's task index as they arrive: its
-    own share it keeps, the others' it sends as Arrow IPC streams, then an empty message that says it is
-    done. This replaces Spark's shuffle (a stage of its own that writes every row to disk and reads it
-    back).
+    Each task binds a PULL socket (``_ExchangeInbox``), the driver hands every task the others' (the
+    "rows" round of the rendezvous), and each task splits its input batches by the router's task index as
+    they arrive: its own share it keeps, the others' it sends as Arrow IPC streams from a PUSH per task
+    (``_exchange_push``), then an empty message that says it is done. This replaces Spark's shuffle (a
+    stage of its own that writes every row to disk and reads it back). In a CURVE topology both ends speak
+    CURVE with their nodes' key pairs, as the bus does.
     """
 
     def __init__(
@@ -315,30 +320,18 @@ class _RowExchange:
         self.task = task
         self.router = router
         self.sink = sink
-        bus = task.plan.topology.bus
-        self.pull = task.zctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        self.pull.setsockopt(zmq.RCVHWM, 0)
-        try:
-            bound = bind_tcp(
-                self.pull,
-                "0.0.0.0" if bus.host in ("*", "") else bus.host,
-                None if bus.ports is None else (bus.ports.first, bus.ports.last),
-                f"node {task.node_id} (row exchange)",
-            )
-        except BaseException:
-            self.pull.close()  # the task's context waits for every socket when it ends
-            raise
-        self.endpoint = f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
+        self.inbox = _ExchangeInbox(task.plan.topology, task.plan.node_ids, task.node_id, host)
+        self.endpoint = self.inbox.endpoint
         self.done = 0
         # The rows and the driver's channel: a start called off (``abort``) ends the wait at once.
         self.poller = zmq.Poller()
-        self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self.inbox.sock, zmq.POLLIN)
         self.poller.register(task.channel, zmq.POLLIN)
 
     def run(self) -> None:
         task = self.task
-        n = len(task.plan.node_ids)
+        plan = task.plan
+        n = len(plan.node_ids)
         pushes: dict[int, zmq.Socket[bytes]] = {}
         sent = False
         try:
@@ -346,11 +339,9 @@ class _RowExchange:
             endpoints = task._expect("rows")["endpoints"]
             for i, ep in enumerate(endpoints):
                 if i != task.task:
-                    push = task.zctx.socket(zmq.PUSH)
-                    push.setsockopt(zmq.SNDHWM, 0)
-                    push.setsockopt(zmq.LINGER, int(task.plan.ready_timeout * 1000))
-                    push.connect(ep)
-                    pushes[i] = push
+                    pushes[i] = _exchange_push(
+                        task.zctx, plan.topology, (task.node_id, plan.node_ids[i]), ep, plan.ready_timeout
+                    )
             for batch in task.batches:
                 if not batch.num_rows:
                     continue
@@ -381,7 +372,7 @@ class _RowExchange:
                 if left <= 0:
                     raise TimeoutError(
                         f"rows from {n - 1 - self.done} other task(s) did not arrive "
-                        f"within {task.plan.ready_timeout:g}s"
+                        f"within {plan.ready_timeout:g}s"
                     )
                 self._drain(max(1, int(left * 1000)))
             sent = True
@@ -390,7 +381,7 @@ class _RowExchange:
                 # Rows still queued for a task go with it when the start failed: closing the context
                 # would otherwise wait up to ready_timeout for them.
                 push.close(linger=None if sent else 0)
-            self.pull.close()
+            self.inbox.close()
 
     def _drain(self, timeout_ms: int) -> None:
         """Receive what has arrived, waiting up to ``timeout_ms`` for the first message or for the
@@ -398,20 +389,117 @@ class _RowExchange:
         ready = dict(self.poller.poll(timeout_ms))
         if self.task.channel in ready:
             self.task._check_driver()
-        if self.pull not in ready:
-            return
+        if self.inbox.sock in ready:
+            self.done += self.inbox.drain(self.sink)
+
+
+class _ExchangeInbox:
+    """A task's end of the row exchange: a PULL bound on the bus host, in ``bus.ports`` when it is a range,
+    in the process's ZeroMQ context (whose ZAP handler serves the task's node too).
+
+    In a CURVE topology it is a CURVE server with its node's key pair under a ZAP domain of its own with
+    the bus's key directory and ``bus.security.allow``: a connection without CURVE, with a key that is not
+    in the directory or from an address outside the list is refused in its handshake, and a message on a
+    connection whose key is not another task's node's (or the shared ``cluster`` pair) is dropped. A
+    message that is not one frame holding an Arrow IPC stream, or the empty one that says a task is done,
+    is dropped and logged too, never raised.
+    """
+
+    def __init__(self, topology: Topology, node_ids: tuple[str, ...], node_id: str, host: str) -> None:
+        self.node_id = node_id
+        self._ctx = sockets.context()
+        self._domain: str | None = None
+        #: the key names whose messages are taken (None: any, in a plain topology)
+        self._senders: frozenset[str] | None = None
+        self.sock: zmq.Socket[bytes] = self._ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        bus = topology.bus
+        try:
+            curve = curve_settings(topology)
+            if curve is not None:
+                keys = security.node_keys(curve.key_dir, node_id)
+                domain = f"sparkbus/row-exchange/{node_id}/{id(self):x}"
+                security.register(self._ctx, domain, curve, self._refused)
+                self._domain = domain
+                self._senders = frozenset({*node_ids, security.SHARED_NAME} - {node_id})
+                security.apply_server(self.sock, keys, domain)
+            bound = sockets.bind_tcp(
+                self.sock,
+                "0.0.0.0" if bus.host in ("*", "") else bus.host,
+                None if bus.ports is None else (bus.ports.first, bus.ports.last),
+                f"node {node_id} (row exchange)",
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.endpoint = f"tcp://{host}:{bound.rsplit(':', 1)[1]}"
+
+    def drain(self, sink: Callable[[pa.RecordBatch], None]) -> int:
+        """Hand ``sink`` the rows of every message that has arrived; returns how many said a task is done."""
+        done = 0
         while True:
             try:
-                frame = self.pull.recv(zmq.NOBLOCK, copy=False)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
-            if not len(frame.buffer):
-                self.done += 1
+                return done
+            if len(frames) != 1:
+                self._drop(f"{len(frames)} frames, not 1")
                 continue
-            with pa.ipc.open_stream(pa.py_buffer(frame.buffer)) as reader:
-                for batch in reader:
-                    if batch.num_rows:
-                        self.sink(batch)
+            frame = frames[0]
+            if self._senders is not None and (name := security.user_id(frame)) not in self._senders:
+                self._drop(f"on a connection with the key of {name!r}, which is no other task's node's")
+                continue
+            if not len(frame.buffer):
+                done += 1
+                continue
+            try:  # read whole before any row is taken: a stream cut short gives none
+                with pa.ipc.open_stream(pa.py_buffer(frame.buffer)) as reader:
+                    table = reader.read_all()
+            except (pa.ArrowException, ValueError, OSError) as exc:
+                self._drop(f"not an Arrow IPC stream ({describe(exc)})")
+                continue
+            for batch in table.to_batches():
+                if batch.num_rows:
+                    sink(batch)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        if self._domain is not None:
+            security.unregister(self._ctx, self._domain)
+            self._domain = None
+
+    def _drop(self, why: str) -> None:
+        log.warning("the row exchange of node %s dropped a message: %s", self.node_id, why)
+
+    def _refused(self, address: str, reason: str) -> None:
+        log.warning(
+            "the row exchange of node %s refused a connection from %s: %s", self.node_id, address, reason
+        )
+
+
+def _exchange_push(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    topology: Topology,
+    pair: tuple[str, str],
+    endpoint: str,
+    linger: float,
+) -> zmq.Socket[bytes]:
+    """The PUSH from node ``pair[0]``'s task to node ``pair[1]``'s at ``endpoint``, connected: in a CURVE
+    topology a CURVE client with ``pair[0]``'s key pair and ``pair[1]``'s public key."""
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.setsockopt(zmq.LINGER, int(linger * 1000))
+    try:
+        curve = curve_settings(topology)
+        if curve is not None:
+            keys = security.node_keys(curve.key_dir, pair[0])
+            security.apply_client(push, keys, security.server_key(curve.key_dir, pair[1]))
+        push.connect(endpoint)
+    except BaseException:
+        push.close(linger=0)
+        raise
+    return push
 
 
 class _Feeder:

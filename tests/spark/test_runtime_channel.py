@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from sparkbus.bus import security
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import load, loads, shipped
 from sparkbus.topologies.spark_channel import DriverChannel, task_socket
 
+from .zmq_peers import WAIT_MS, Sockets, handshake
+
 NODES = ("store-0", "store-1", "store-2", "store-3")
-WAIT_MS = 10_000
 
 
 def curve_topology(tmp_path: Path, allow: list[str]) -> Topology:
@@ -31,36 +31,10 @@ def curve_topology(tmp_path: Path, allow: list[str]) -> Topology:
     return topo
 
 
-class Sockets:
-    """The test's ZeroMQ context and every socket made in it, all closed at the end."""
-
-    def __init__(self) -> None:
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.opened: list[zmq.Socket[bytes]] = []
-
-    def add(self, sock: zmq.Socket[bytes]) -> zmq.Socket[bytes]:
-        sock.setsockopt(zmq.LINGER, 0)
-        self.opened.append(sock)
-        return sock
-
-    def dealer(self, identity: bytes) -> zmq.Socket[bytes]:
-        sock = self.add(self.ctx.socket(zmq.DEALER))
-        sock.setsockopt(zmq.IDENTITY, identity)
-        return sock
-
-    def task(self, topo: Topology, node_id: str) -> zmq.Socket[bytes]:
-        return self.add(task_socket(self.ctx, topo, node_id))
-
-
 @pytest.fixture
 def zsockets() -> Iterator[Sockets]:
-    made = Sockets()
-    try:
+    with Sockets() as made:
         yield made
-    finally:
-        for sock in made.opened:
-            sock.close(linger=0)
-        made.ctx.term()
 
 
 @pytest.fixture
@@ -71,24 +45,6 @@ def channels() -> Iterator[list[DriverChannel]]:
     finally:
         for channel in opened:
             channel.close()
-
-
-def handshake(sock: zmq.Socket[bytes], endpoint: str) -> int:
-    """Connect ``sock`` to ``endpoint``; the monitor event that ends its first handshake."""
-    monitor = sock.get_monitor_socket()
-    monitor.setsockopt(zmq.RCVTIMEO, WAIT_MS)
-    ends = (
-        zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    )
-    try:
-        sock.connect(endpoint)
-        while True:
-            event: int = recv_monitor_message(monitor)["event"]
-            if event & ends:
-                return event
-    finally:
-        sock.disable_monitor()
-        monitor.close()
 
 
 class _Conf:
@@ -114,7 +70,7 @@ def test_a_curve_channel_binds_in_bus_ports_and_admits_no_address_outside_allow(
     assert topo.bus.ports is not None
     assert topo.bus.ports.first <= int(channel.endpoint.rsplit(":", 1)[1]) <= topo.bus.ports.last
     # The node's own key pair, from an address outside the allow list: refused by ZAP.
-    task = zsockets.task(topo, "store-0")
+    task = zsockets.add(task_socket(zsockets.ctx, topo, "store-0"))
     assert handshake(task, channel.endpoint) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
     # No CURVE at all: refused by the mechanism.
     plain = zsockets.dealer(b"store-0")
@@ -128,12 +84,12 @@ def test_a_curve_channel_takes_a_nodes_messages_on_its_own_key_only(
     topo = curve_topology(tmp_path, ["127.0.0.1"])
     channels.append(channel := DriverChannel(topo, NODES, "127.0.0.1", "127.0.0.1"))
     # store-1's key pair speaking as store-0: admitted (the key is the cluster's), its messages dropped.
-    impostor = zsockets.task(topo, "store-1")
+    impostor = zsockets.add(task_socket(zsockets.ctx, topo, "store-1"))
     impostor.setsockopt(zmq.IDENTITY, b"store-0")
     assert handshake(impostor, channel.endpoint) == zmq.EVENT_HANDSHAKE_SUCCEEDED
     impostor.send_multipart([b"failed", b'{"error": "spoofed"}'])
     assert received(channel) is None
-    task = zsockets.task(topo, "store-1")
+    task = zsockets.add(task_socket(zsockets.ctx, topo, "store-1"))
     assert handshake(task, channel.endpoint) == zmq.EVENT_HANDSHAKE_SUCCEEDED
     task.send_multipart([b"ended", b"{}"])
     assert received(channel) == ("store-1", "ended", {})
@@ -178,14 +134,12 @@ def test_a_task_event_whose_fields_are_wrong_is_dropped() -> None:
     assert rt._progress.seen == {"store-0"}
 
 
-def test_a_curve_topology_refuses_the_tasks_plain_row_exchange(tmp_path: Path) -> None:
+def test_a_curve_topology_takes_a_router_that_exchanges_rows(tmp_path: Path) -> None:
+    # The tasks' row exchange speaks CURVE like the bus (test_row_exchange.py): nothing to refuse.
     pytest.importorskip("pyspark")
     from sparkbus.topologies.probe import ProbeFactory
-    from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError
+    from sparkbus.topologies.spark import SparkRuntime
 
-    session = stand_in_session()
     data = type("Routed", (), {"router": type("Router", (), {"exchange": True})()})()
-    with pytest.raises(
-        SparkRuntimeError, match="row exchange is plain ZeroMQ, and this topology's bus is CURVE"
-    ):
-        SparkRuntime(curve_topology(tmp_path, []), session, ProbeFactory(), data=data)
+    rt = SparkRuntime(curve_topology(tmp_path, []), stand_in_session(), ProbeFactory(), data=data)
+    assert rt.topology.bus.security.mode == "curve" and rt.data.router.exchange is True
