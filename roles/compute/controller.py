@@ -522,8 +522,12 @@ class ComputeController:
         return coll.schema, coll.since, coll.id
 
     def _new_id(self, name: str) -> str:
+        """``name``, or ``name.N`` if that is taken: an id no collection has had (a view may be named so)."""
         self._counter += 1
-        id = name if name not in self._used_ids else f"{name}.{self._counter}"
+        id = name
+        while id in self._used_ids:
+            self._counter += 1
+            id = f"{name}.{self._counter}"
         self._used_ids.add(id)
         return id
 

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.compute.test_compute_sim import CTL, SCHEMA, batch, boot, call, controller, rows
+from sparkbus.roles.compute import Aggregate, ViewDef
+from tests.sim.compute.test_compute_sim import (
+    CTL,
+    EXPECTED,
+    ORDERED,
+    SCHEMA,
+    SUM,
+    batch,
+    boot,
+    call,
+    controller,
+    rows,
+)
 
 SEEDS = [1, 7]
 
@@ -21,3 +33,22 @@ def test_a_refused_table_name_is_answered_and_later_calls_are_too(seed: int, nam
     call(sim, "write", table="t", batch=batch(("q", 1)))
     assert {"k": "q", "n": 1, "s": 1} in rows(call(sim, "peek", view="v"))
     assert list(controller(sim).tables) == ["t"]
+
+
+TOTAL = ViewDef(source="t", aggregates=(Aggregate(func="sum", column="v", name="total"),))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_recreated_view_gets_an_id_no_other_view_has_even_one_named_like_a_generated_id(seed: int) -> None:
+    sim = boot(seed, replicas=("r1",))  # view v has id v
+    call(sim, "drop_view", name="v")
+    ctl = controller(sim)
+    taken = f"v.{ctl._counter + 2}"  # the id v would get after one more view is created
+    assert call(sim, "create_view", name=taken, view=TOTAL)["id"] == taken
+    again = call(sim, "create_view", name="v", view=SUM)["id"]
+    assert again not in ("v", taken)
+    assert sorted(ctl.views.values()) == sorted([taken, again])
+    assert rows(call(sim, "peek", view="v", finishing=ORDERED)) == EXPECTED
+    assert rows(call(sim, "peek", view=taken)) == [{"total": 12}]
+    call(sim, "drop_view", name=taken)  # drops its own index only
+    assert rows(call(sim, "peek", view="v", finishing=ORDERED)) == EXPECTED
