@@ -49,6 +49,7 @@ from sparkbus.bus.messages import (
 from sparkbus.bus.state import Completed, Output, Transmit, _Inbound, _Outbound, _Peer
 from sparkbus.bus.streams import StreamLayer
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, LimitExceeded
+from sparkbus.codecs.limits import too_many_frames
 
 log = logging.getLogger("sparkbus.bus")
 
@@ -190,8 +191,7 @@ class NodeCore(LinkLayer, StreamLayer):
             code, session, seq, stream, zmask, size = self._read_header(frames)
         except DecodeError as exc:
             self._n_bytes_in += sum(map(len, frames))
-            if not self._refused_in_session(rid, frames, exc, now):
-                self._refuse_rid(rid, _refusal_code(exc), str(exc), now)
+            self._header_refused(rid, frames, exc, now)
             return
         self._n_bytes_in += size
         inbound = self._by_rid.get(rid)
@@ -223,6 +223,34 @@ class NodeCore(LinkLayer, StreamLayer):
             self._on_session_message(inbound, stream, msg, now)
         if self._local:
             self._drain_local(now)
+
+    def _header_refused(self, rid: bytes, frames: Sequence[Buffer], exc: DecodeError, now: float) -> None:
+        if not self._refused_in_session(rid, frames, exc, now):
+            self._refuse_rid(rid, _refusal_code(exc), str(exc), now)
+
+    def on_too_many_frames(
+        self, channel: str, source: str | bytes, frames: Sequence[Buffer], count: int, size: int, now: float
+    ) -> None:
+        """A message of ``count`` frames and ``size`` bytes, more frames than ``limits.max_frames``, of
+        which the driver kept only the first ``frames`` (it dropped the rest as it read them, so that no
+        message past the limit is copied): refused as ``on_control``, ``on_data`` or ``on_reply``
+        (``channel`` "ctl", "data" or "reply"; ``source`` the routing id or the peer) refuse a message
+        over a limit."""
+        exc = too_many_frames(count, self.codec.limits)
+        self._n_bytes_in += size
+        if channel == "ctl":
+            self._n_ctl_in += 1
+            self._header_refused(source if isinstance(source, bytes) else source.encode(), frames, exc, now)
+        elif channel == "data":
+            self._n_data_in += 1
+            self._data_refused(exc)
+        else:
+            self._counts["reply_in"] += 1
+            out = self._outbound.get(source if isinstance(source, str) else source.decode())
+            if out is None:
+                self._counts["dropped_unknown_peer"] += 1
+                return
+            self._refuse_outbound(out, f"malformed answer from {out.peer}: {exc}", now)
 
     def on_wrong_key(self, rid: bytes, frames: Sequence[Buffer], key: str, now: float) -> None:
         """A control message from routing id ``rid`` (a node id with a CURVE key of its own) on a connection
@@ -358,8 +386,7 @@ class NodeCore(LinkLayer, StreamLayer):
             self._n_bytes_in += size
             msg = self._read_body(frames, code, zmask, copy_blobs=False)
         except DecodeError as exc:
-            self._refusal(_refusal_code(exc))
-            log.info("node %s: dropped malformed data message: %s", self.node_id, exc)
+            self._data_refused(exc)
             return
         inbound = self._by_session.get(session)
         if inbound is None or type(msg) is not StreamBatch or stream is None:
@@ -389,6 +416,10 @@ class NodeCore(LinkLayer, StreamLayer):
         self._on_batch(inbound.peer, stream, msg, now)
         if self._local:
             self._drain_local(now)
+
+    def _data_refused(self, exc: DecodeError) -> None:
+        self._refusal(_refusal_code(exc))
+        log.info("node %s: dropped malformed data message: %s", self.node_id, exc)
 
     def on_transport_down(self, peer: str, now: float, reason: str = "disconnected") -> None:
         """The socket towards ``peer`` reported a disconnect (fail-fast, no waiting for a timeout)."""

@@ -3,7 +3,9 @@
 Sockets, one set per node (DESIGN.md section 4): one ROUTER bound for control, one PULL bound for data; per
 peer one DEALER (identity = our node id) to its ROUTER and one PUSH to its PULL, made and
 given their options by ``sparkbus.bus.sockets`` (LINGER=0, explicit HWMs, MAXMSGSIZE, ZMTP heartbeats; ROUTER_MANDATORY
-and ROUTER_HANDOVER on the ROUTER; IMMEDIATE on DEALER and PUSH).
+and ROUTER_HANDOVER on the ROUTER; IMMEDIATE on DEALER and PUSH). MAXMSGSIZE bounds each frame; of a
+message with more than ``limits.max_frames`` frames the loop keeps only the first ones, drops the rest as
+it reads them, and the core refuses the message (``NodeCore.on_too_many_frames``).
 Sends never block the loop (NOBLOCK): a message ZeroMQ will not take is counted, and the sequence gap it
 leaves makes the peer reset the link, so nothing is lost silently. One loop thread owns every socket;
 other threads talk to it through an inproc pipe.
@@ -392,10 +394,12 @@ class Node:
         handlers: dict[zmq.Socket[bytes], Callable[[], bool]] = {
             self._wake_rx: self._on_wake,
             router: self._drain_control,
-            pull: lambda: self._drain(pull, self._on_data, copy=False),
+            pull: lambda: self._drain(pull, self._on_data, ("data", ""), copy=False),
         }
         for peer, sock in self._dealers.items():
-            handlers[sock] = functools.partial(self._drain, sock, functools.partial(self._on_reply, peer))
+            handlers[sock] = functools.partial(
+                self._drain, sock, functools.partial(self._on_reply, peer), ("reply", peer)
+            )
         for mon, peer in self._monitors.items():
             handlers[mon] = functools.partial(self._on_monitor, mon, peer)
         for mon, name in self._server_monitors.items():
@@ -532,6 +536,23 @@ class Node:
         if peer not in self._hung_up and self.core.is_refused(peer):
             self._hang_up(peer)
 
+    def _too_many_frames(self, channel: str, source: str | bytes, over: sockets.TooManyFrames) -> None:
+        """A message over ``limits.max_frames``, of which only the first frames were kept: the core
+        refuses it as it refuses any message over a limit on ``channel``."""
+        try:
+            self.core.on_too_many_frames(channel, source, over.frames, over.count, over.size, self.clock())
+        except Exception:
+            self._handler_bug()
+            return
+        peer = source if channel == "reply" and isinstance(source, str) else None
+        if peer is not None and peer not in self._hung_up and self.core.is_refused(peer):
+            self._hang_up(peer)
+
+    def _handler_bug(self) -> None:
+        """The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal."""
+        self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
+        log.exception("node %s: error handling a message", self.node_id)
+
     def _hang_up(self, peer: str) -> None:
         """Stop dialling a peer that refused our link for good (only its answers can refuse it).
 
@@ -570,6 +591,7 @@ class Node:
         assert sock is not None
         item = self._poll_items[sock]
         large = self.config.zero_copy_threshold
+        max_frames = self.config.limits.max_frames
         owned = self._owned_ids
         for i in range(_DRAIN_BUDGET):
             try:
@@ -579,7 +601,12 @@ class Node:
             rid = frame.bytes
             key = security.user_id(frame) if rid in owned else ""
             parts: list[Any] = []
+            over: sockets.TooManyFrames | None = None
             while frame.more:
+                if len(parts) == max_frames:  # the rest is read and dropped, never copied
+                    count, size = sockets.drop_rest(sock)
+                    over = sockets.TooManyFrames(parts, max_frames + count, sum(map(len, parts)) + size)
+                    break
                 frame = sock.recv(_NOBLOCK, copy=False)
                 # One length check for a small frame; the position only for a large one.
                 parts.append(frame.buffer if len(frame) >= large and len(parts) >= 2 else frame.bytes)
@@ -587,31 +614,41 @@ class Node:
                 if key and not security.key_owner(rid, key, owned):
                     self.core.on_wrong_key(rid, parts, key, clock())
                     continue
+                if over is not None:
+                    self._too_many_frames("ctl", rid, over)
+                    continue
                 on_control(rid, parts, clock())
             except Exception:
-                self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
-                log.exception("node %s: error handling a message", self.node_id)
+                self._handler_bug()
             if i == 0 and not _zmq_poll(item, 0):
                 return False
         return True
 
     def _drain(
-        self, sock: zmq.Socket[bytes], handle: Callable[[list[Any]], None], *, copy: bool = True
+        self,
+        sock: zmq.Socket[bytes],
+        handle: Callable[[list[Any]], None],
+        source: tuple[str, str],
+        *,
+        copy: bool = True,
     ) -> bool:
-        """Read and handle what ``sock`` has; True if it may have more (the budget ran out)."""
+        """Read and handle what ``sock`` has; True if it may have more (the budget ran out). ``source``: the
+        channel and the peer it comes from, for a message over ``max_frames`` (``_too_many_frames``)."""
         # Bounded per turn so one busy socket cannot starve the others or the timers. The answers leave
         # once per loop turn (``_flush``), not once per message.
+        max_frames = self.config.limits.max_frames
         for i in range(_DRAIN_BUDGET):
             try:
-                parts = sockets.recv_message(sock, zero_copy=not copy)
+                parts = sockets.recv_message(sock, zero_copy=not copy, max_frames=max_frames)
             except zmq.Again:
                 return False
+            except sockets.TooManyFrames as over:
+                self._too_many_frames(*source, over)
+                continue
             try:
                 handle(parts)
             except Exception:
-                # The core refuses bad input itself; reaching here is a bug, logged and counted, never fatal.
-                self.drops["handler_bug"] = self.drops.get("handler_bug", 0) + 1
-                log.exception("node %s: error handling a message", self.node_id)
+                self._handler_bug()
             if i == 0 and not _zmq_poll(self._poll_items[sock], 0):
                 # A lone message (a request, an answer): asking is cheaper than the failing recv that
                 # would say so. Under load, the failing recv ends the drain once.

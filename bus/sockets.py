@@ -4,6 +4,16 @@ One set per node (DESIGN.md section 4): the ROUTER and PULL it binds, and per pe
 it dials. Every socket has LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbeats (``keepalive``); the
 ROUTER has ROUTER_MANDATORY and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE and a bounded reconnect
 interval. ``sparkbus.bus.node`` binds, connects and serves them.
+
+MAXMSGSIZE is ``limits.max_frame_bytes``: libzmq checks it against each frame on its own, as the frame's
+length arrives and before the frame is buffered, and closes the connection of a peer that sends a longer
+one (nothing of that message is delivered, and nothing answers it). libzmq 4.3 has no option that bounds
+the frames of one message, or their sum: it delivers a message only once its last frame has arrived, so a
+message of many frames, each within the limit, is held whole in ZeroMQ's buffers before the node sees it.
+``recv_message`` (and the node's ROUTER drain) then keep at most ``limits.max_frames`` of its frames and
+drop the rest as they are read (``TooManyFrames``), and the core refuses the frame count and the total
+(docs/PROTOCOL.md section 3). What a peer can make ZeroMQ hold is bounded only by who can connect: anyone
+that reaches the ports without CURVE, only the admitted keys with it.
 """
 
 from __future__ import annotations
@@ -94,7 +104,7 @@ def server_sockets(ctx: Context, config: BusConfig) -> tuple[Socket, Socket]:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, config.hwm)
         sock.setsockopt(zmq.SNDHWM, config.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_frame_bytes)  # per frame (module docstring)
     return router, pull
 
 
@@ -109,7 +119,7 @@ def peer_sockets(ctx: Context, config: BusConfig, node_id: str) -> tuple[Socket,
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.SNDHWM, config.hwm)
         sock.setsockopt(zmq.RCVHWM, config.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_frame_bytes)  # per frame (module docstring)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     return dealer, push
@@ -160,17 +170,53 @@ def peer_address(fd: int) -> str:
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-def recv_message(sock: Socket, *, zero_copy: bool) -> list[Any]:
+class TooManyFrames(Exception):
+    """A message of more than ``max_frames`` frames, read to its end: only its first frames were kept.
+
+    Attributes:
+        frames: the frames kept (``max_frames`` of them; for the ROUTER, without the routing id).
+        count: how many frames the message had in all.
+        size: its bytes in all, the dropped frames included.
+    """
+
+    def __init__(self, frames: list[Any], count: int, size: int) -> None:
+        super().__init__(f"{count} frames")
+        self.frames = frames
+        self.count = count
+        self.size = size
+
+
+def drop_rest(sock: Socket) -> tuple[int, int]:
+    """Read and drop the frames left of the message whose last frame read had ``more`` set: ``(frames,
+    bytes)``. Each is let go as soon as it is read, never copied into Python."""
+    count = size = 0
+    more = True
+    while more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        count += 1
+        size += len(frame)
+        more = frame.more
+    return count, size
+
+
+def recv_message(sock: Socket, *, zero_copy: bool, max_frames: int) -> list[Any]:
     """One whole message from ``sock`` (raises ``zmq.Again`` when there is none).
 
     Frames are taken as ``zmq.Frame``s, whose ``more`` flag ends the message: asking the socket for
     ZMQ_RCVMORE costs pyzmq more than the frame object (it converts the option to an enum on every call).
     With ``zero_copy``, frames after the first two (the envelope's header and body, small) are kept as
     memoryviews on ZeroMQ's buffers; the others are copied out as bytes.
+
+    Raises:
+        TooManyFrames: the message had more than ``max_frames`` frames; it was read to its end, keeping
+            only the first ``max_frames``.
     """
     frame = sock.recv(_NOBLOCK, copy=False)
     parts: list[Any] = [frame.bytes]
     while frame.more:
+        if len(parts) == max_frames:
+            count, size = drop_rest(sock)
+            raise TooManyFrames(parts, max_frames + count, sum(map(len, parts)) + size)
         frame = sock.recv(_NOBLOCK, copy=False)
         parts.append(frame.buffer if zero_copy and len(parts) >= 2 else frame.bytes)
     return parts

@@ -1,4 +1,10 @@
-"""Size limits applied by every decoder, so that no peer can make a node allocate without bound."""
+"""Size limits applied by every decoder: what a peer's message may take once it has been received.
+
+Over the bus's ZeroMQ sockets only ``max_frame_bytes`` is enforced before a message is buffered (ZeroMQ's
+MAXMSGSIZE, checked per frame); the frame count and the total are checked after ZeroMQ delivers the whole
+message, so a peer that may connect can still make a node hold a message of many frames
+(docs/PROTOCOL.md section 3).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +22,12 @@ class Limits:
     """Bounds on what a decoder accepts.
 
     Attributes:
-        max_frame_bytes: largest single frame, compressed or not.
-        max_message_bytes: largest sum of frame sizes in one message.
-        max_frames: most frames in one message.
+        max_frame_bytes: largest single frame, compressed or not. The bus's sockets also give it to ZeroMQ
+            (MAXMSGSIZE), which closes the connection of a peer that sends a longer frame before buffering it.
+        max_message_bytes: largest sum of frame sizes in one message; checked once ZeroMQ has delivered the
+            whole message (libzmq 4.3 has no option that bounds a message's frames or total).
+        max_frames: most frames in one message; the node keeps no more than this many frames of a message,
+            drops the rest as it reads them, and refuses it.
         max_decompressed_bytes: largest frame after decompression.
     """
 
@@ -43,7 +52,7 @@ def check_frames(frames: Sequence[Sized], limits: Limits, message_type: str = "?
         LimitExceeded: naming the limit that was exceeded.
     """
     if len(frames) > limits.max_frames:
-        raise LimitExceeded(message_type, "<frames>", f"{len(frames)} frames, limit is {limits.max_frames}")
+        raise too_many_frames(len(frames), limits, message_type)
     total = 0
     for i, frame in enumerate(frames):
         n = len(frame)
@@ -54,3 +63,9 @@ def check_frames(frames: Sequence[Sized], limits: Limits, message_type: str = "?
         raise LimitExceeded(
             message_type, "<frames>", f"{total} bytes in all, limit is {limits.max_message_bytes}"
         )
+
+
+def too_many_frames(count: int, limits: Limits, message_type: str = "?") -> LimitExceeded:
+    """The refusal of a message of ``count`` frames, over ``limits.max_frames`` (a receiver that stopped
+    keeping frames past the limit still names them all)."""
+    return LimitExceeded(message_type, "<frames>", f"{count} frames, limit is {limits.max_frames}")
