@@ -26,7 +26,10 @@ from sparkbus.roles.compute.reduction import KeyedStep, Reduction, ViewError, _n
 
 _COMPARE = {"eq": pc.equal, "ne": pc.not_equal, "lt": pc.less, "le": pc.less_equal}
 _COMPARE |= {"gt": pc.greater, "ge": pc.greater_equal}
-_ARITH = {"add": pc.add, "subtract": pc.subtract, "multiply": pc.multiply, "divide": pc.divide}
+#: Checked arithmetic: an integer result out of its type's range raises (``ArrowInvalid: overflow``), which
+#: fails the view, as Materialize's overflow errors do, instead of wrapping to a wrong number.
+_ARITH = {"add": pc.add_checked, "subtract": pc.subtract_checked, "multiply": pc.multiply_checked}
+_ARITH["divide"] = pc.divide
 _N = "__n"
 
 

@@ -10,7 +10,9 @@ aggregation (an Acero plan costs about 90 us however small its input) nor per-gr
   -0.0 and 0.0 differ);
 * the accumulators are NumPy arrays indexed by slot: the row count (sum of diffs) and, per aggregate, the
   count of non-null values and the sum of ``value * diff``. A step adds the update batch into them with
-  ``np.add.at`` (exact for integers, which wrap on overflow like Arrow's unchecked arithmetic). A column's
+  ``np.add.at``, exact for integers: the int64 additions wrap, which leaves the right sum whenever it is in
+  range whatever the order, and a step whose sum leaves the range raises ``OverflowError`` (found by adding
+  the contributions in float64 too, only when their magnitudes could reach 2**62). A column's
   count of non-null values is the row count until the column's first null, so it gets an accumulator of
   its own only then (one ``np.add.at`` fewer per aggregate and per step in the common case);
 * min and max keep the multiplicity of every (slot, value) in an Arrow table (values of any orderable type),
@@ -384,6 +386,10 @@ class Reduction:
         self._started = False
         #: The changes of the last step with their slots (None without group keys or without changes).
         self.last_step: KeyedStep | None = None
+        #: Per integer total, its aggregate's name (for the overflow error); the contributions of the current
+        #: step to each in float64, which tell a sum that left the int64 range (``_check_overflow``).
+        self._int_totals = {s.total: s.agg.name for s in self.slots if s.total_type == pa.int64()}
+        self._shadows: dict[int, Nums] = {}
 
     # ---------------------------------------------------------------- state
 
@@ -437,14 +443,21 @@ class Reduction:
         if delta.num_columns and delta.column(0).num_chunks > 1:
             delta = delta.combine_chunks()  # once, rather than per column as each is read
         adds = self._contributions(delta)
+        shadows = self._shadows
         keyed = delta
         if self._map is not None and rows > _PREAGGREGATE and not self._mults:
             # A big batch (a dataflow's first step over a whole snapshot): one hash aggregation per group
             # is cheaper than interning every row, and leaves one contribution per group to add.
             names = [f"__a{i}" for i in range(len(adds))]
-            parts = pa.table({**{k: delta[k] for k in self.keys}, **dict(zip(names, adds, strict=True))})
-            keyed = parts.group_by(self.keys, use_threads=False).aggregate([(n, "sum") for n in names])
+            floats = {f"__f{i}": shadow for i, shadow in shadows.items()}
+            parts = pa.table(
+                {**{k: delta[k] for k in self.keys}, **dict(zip(names, adds, strict=True)), **floats}
+            )
+            keyed = parts.group_by(self.keys, use_threads=False).aggregate(
+                [(n, "sum") for n in [*names, *floats]]
+            )
             adds = [_np(keyed[f"{n}_sum"]) for n in names]
+            shadows = {i: _np(keyed[f"__f{i}_sum"]) for i in shadows}
             rows = keyed.num_rows
         if self._map is None:
             slots: Ints = np.zeros(rows, np.int64)
@@ -465,6 +478,8 @@ class Reduction:
         # A group whose row count returns to zero is gone: its other accumulators restart from zero too
         # (a float sum may keep a residue of rounding otherwise).
         after = [a[touched] for a in accs]
+        if shadows:
+            self._check_overflow(slots, touched, shadows, before, after)
         empty = after[0] == 0
         if empty.any():
             gone = touched[empty]
@@ -501,8 +516,30 @@ class Reduction:
             self._reclaim()
         return out
 
+    def _check_overflow(
+        self, slots: Ints, touched: Ints, shadows: dict[int, Nums], before: list[Nums], after: list[Nums]
+    ) -> None:
+        """Raise ``OverflowError`` if an integer sum of a touched group left the int64 range this step.
+
+        The int64 accumulators wrap, so a sum back in range is right whatever the order of the additions
+        (a replica that rebuilt the view agrees with one that maintained it); one out of range differs from
+        the float64 estimate (``before`` plus the step's float contributions) by about 2**64.
+        """
+        first = 1 + sum(c is not None for c in self._counts)
+        for i, shadow in shadows.items():
+            old = before[first + i].astype(np.float64)
+            if np.abs(shadow).sum() + (np.abs(old).max() if old.size else 0.0) < 2.0**62:
+                continue  # cannot have left the range
+            step = np.zeros(len(self._n), np.float64)
+            np.add.at(step, slots, shadow)
+            estimate = old + step[touched]
+            if (np.abs(estimate - after[first + i].astype(np.float64)) > 2.0**62).any():
+                raise OverflowError(f"integer overflow in {self._int_totals[i]!r}: a sum is beyond int64")
+
     def _contributions(self, delta: pa.Table) -> list[Nums]:
-        """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``)."""
+        """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``); the integer
+        totals' contributions in float64 go to ``_shadows``."""
+        self._shadows = {}
         diff = _np(delta[DIFF]).astype(np.int64, copy=False)
         counts: list[Nums | None] = [None] * len(self._counts)
         totals: list[Nums] = [diff] * len(self._totals)
@@ -527,6 +564,8 @@ class Reduction:
                 summed = _np(typed)
                 if summed.dtype == np.float64:
                     summed, specials[slot.total] = self._split_specials(slot.total, summed, diff)
+                else:
+                    self._shadows[slot.total] = summed.astype(np.float64) * diff
                 totals[slot.total] = summed * diff
         parts = (s for s in specials if s is not None)
         return [diff, *(c for c in counts if c is not None), *totals, *(a for s in parts for a in s)]
