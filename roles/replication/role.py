@@ -18,6 +18,7 @@ order, so each target sees them sequentially (spec 3.4). Choices where the spec 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -74,11 +75,13 @@ from sparkbus.roles.replication.segments import (
     is_referenced,
     latest_major_index,
 )
-from sparkbus.roles.replication.storage import Storage
+from sparkbus.roles.replication.storage import SimulatedCrash, Storage
 from sparkbus.roles.replication.store import StoreError, segment_file
 from sparkbus.roles.replication.transfers import InEvent, OutEvent, next_in, next_out
 
 TICK = "replication/tick"
+
+log = logging.getLogger(__name__)
 
 
 class ReplicationRole(Receiving, Offering, Placement, Epochs):
@@ -126,15 +129,35 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         self.damaged: dict[str, str] = {}
         self.strays: list[str] = []
         self.answered: dict[tuple[str, str], float] = {}
+        # Replicas whose procedures failed in their last run, with the error (``_run_all``).
+        self.failing: dict[str, str] = {}
 
     # ------------------------------------------------------------ entry point
 
     def handle(self, event: Event, now: float) -> Iterable[Action]:
-        """React to one event at time ``now``."""
+        """React to one event at time ``now``.
+
+        Never raises (but ``SimulatedCrash``, a process death): an error is logged once, counted
+        (``handler_errors``) and a local call it interrupted is answered with it, and the actions
+        collected before it are returned. Raised, it lost them all, the tick's re-arm, acks and replies
+        included, and the tick never fired again.
+        """
         self._now = now
-        self._actions = out = []
+        out: list[Action] = []
+        self._actions = out
+        try:
+            self._handle(event, now)
+        except SimulatedCrash:
+            raise
+        except Exception as exc:
+            self._handler_failed(event, exc)
+        return out
+
+    def _handle(self, event: Event, now: float) -> None:
+        out = self._actions
         if not self._started:
             self._started = True
+            out.append(SetTimer(key=TICK, at=now + self.config.tick))  # first: armed whatever follows
             for spec in list(self.layout.partitions.values()):
                 self._host(spec)
             self._resume_drains()  # files of partitions the layout no longer places here
@@ -143,17 +166,16 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                     self._apply_join(rep.spec.partition, placement)
             self._reapply_rejoins()
             self._elect()
-            out.append(SetTimer(key=TICK, at=now + self.config.tick))
         if isinstance(event, MessageReceived):
             self._on_message(event.peer, event.message)
         elif isinstance(event, BatchReceived):
             if not self._on_batch(event):
                 # A chunk in the middle of a transit changes nothing the procedures read: skipping them
                 # saves their cost on every chunk (time-driven work waits for the next tick at most).
-                return out
+                return
         elif isinstance(event, CreditChanged):
             self._on_credit(event)  # sends chunks; the offer stays open until its ack (same as above)
-            return out
+            return
         elif isinstance(event, PeerUp):
             if event.peer in self.live:
                 # A PeerUp is a new session: transfers of the old one get no answer on it. The bus sends
@@ -175,11 +197,25 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                         self._count("acked_saves")
         elif isinstance(event, LocalCall):
             self._on_call(event)
-            return out
+            return
         elif isinstance(event, HandlerFailed):
             self._count("handler_failed")
         self._run_all()
-        return out
+
+    def _handler_failed(self, event: Event, exc: Exception) -> None:
+        self._count("handler_errors")
+        text = f"{type(exc).__name__}: {exc}"
+        protocol = isinstance(exc, LocalProtocolError | RemoteProtocolError)
+        what = type(event).__name__
+        if isinstance(event, MessageReceived):
+            what = f"{type(event.message).__name__} from {event.peer}"
+        elif isinstance(event, LocalCall):
+            what = f"call {event.name!r}"
+        log.error("replication %s: failed on %s: %s", self.node, what, text, exc_info=not protocol)
+        if isinstance(event, LocalCall) and not any(
+            isinstance(a, Reply) and a.call_id == event.call_id for a in self._actions
+        ):
+            self._emit(Reply(call_id=event.call_id, error=f"{event.name} failed: {text}"))
 
     def _emit(self, action: Action) -> None:
         self._actions.append(action)
@@ -213,14 +249,32 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
     # ------------------------------------------------------------ the procedures (spec 3.5, 3.8)
 
     def _run_all(self) -> None:
+        """Run the procedures of every replica; one that fails stops only its own step of this turn.
+
+        The error is counted (``procedure_errors``; ``store_errors`` for a ``StoreError``) and logged
+        when it first occurs (``failing``, in status, keeps it until the step succeeds again); the other
+        replicas run on, and the next tick tries again. Raised, it lost the event's actions, the tick's
+        re-arm included, and one partition's error stopped every other partition of the node.
+        """
         steps = ((self.local, self._run, ""), (self.draining, self._drain, " (draining)"))
         for replicas, step, which in steps:
             for rep in list(replicas.values()):
+                where = f"{rep.spec.partition}{which}"
                 try:
                     step(rep)
-                except StoreError as exc:
-                    self._count("store_errors")
-                    raise LocalProtocolError(f"{rep.spec.partition}{which}: {exc}") from exc
+                except SimulatedCrash:
+                    raise
+                except Exception as exc:
+                    self._count("procedure_errors")
+                    if isinstance(exc, StoreError):
+                        self._count("store_errors")
+                    text = f"{type(exc).__name__}: {exc}"
+                    if self.failing.get(where) != text:
+                        self.failing[where] = text
+                        log.error("replication %s: %s: %s", self.node, where, text, exc_info=True)
+                else:
+                    if self.failing.pop(where, None) is not None:
+                        log.info("replication %s: %s: the procedures run again", self.node, where)
 
     def _run(self, rep: LocalReplica) -> None:
         lifecycle = rep.lifecycle
@@ -591,6 +645,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             for p, rep in self.draining.items()
         }
         out["damaged"] = dict(self.damaged)  # stores set aside for failed checksums, and why
+        out["failing"] = dict(self.failing)  # replicas whose procedures failed last time, and why
         out["strays"] = list(self.strays)  # replica files of partitions the layout does not have
         out["incoming"] = len(self.incoming)
         out["outgoing"] = len(self.outgoing)

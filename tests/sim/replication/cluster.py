@@ -159,7 +159,15 @@ class Cluster:
         return role
 
     def role_errors(self) -> dict[str, int]:
-        return {n: self.sim.node(n).core.counters["role_errors"] for n in self.nodes if self.alive(n)}
+        """Per live node: errors the node core saw raised by the role, and those the role caught itself
+        (``handle`` and each replica's procedures log and count what they raise instead)."""
+        errors = {}
+        for n in self.nodes:
+            if self.alive(n):
+                caught = self.role(n).counters
+                raised = self.sim.node(n).core.counters["role_errors"]
+                errors[n] = raised + caught.get("handler_errors", 0) + caught.get("procedure_errors", 0)
+        return errors
 
     def assert_clean(self) -> None:
         """Nothing in transit and no role raised (a role error would mean a protocol bug)."""

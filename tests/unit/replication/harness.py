@@ -63,6 +63,10 @@ def flushed(
     return store, entry
 
 
+def _errors(role: ReplicationRole) -> int:
+    return role.counters.get("handler_errors", 0) + role.counters.get("procedure_errors", 0)
+
+
 @dataclass(frozen=True)
 class _Returned:
     """Credit returned by a receiver, applied when it reaches the sender, to the stream generation it
@@ -109,6 +113,7 @@ class Cluster:
         self.replies: dict[int, Reply] = {}
         self.stats = Stats()
         self._call_id = 0
+        self.strict = True  # a role error fails the test (see _deliver)
         for n in self.nodes:
             self._boot(n)
         for n in self.nodes:
@@ -202,6 +207,7 @@ class Cluster:
         role = self.roles.get(node)
         if role is None:
             return
+        before = _errors(role)
         try:
             actions = list(role.handle(event, self.now))
         except SimulatedCrash:
@@ -209,6 +215,9 @@ class Cluster:
             return
         for action in actions:
             self._apply(node, action)
+        if self.strict and _errors(role) != before:
+            # The role logs and counts what it raised instead of raising it: a protocol bug all the same.
+            raise AssertionError(f"{node} failed on {event!r}: {role.counters}, failing: {role.failing}")
 
     def _enqueue(self, src: str, dst: str, channel: str, event: Event | _Returned) -> None:
         if not self._linked(src, dst):

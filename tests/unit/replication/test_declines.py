@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -10,7 +11,6 @@ from sparkbus.bus.contract import (
     MessageReceived,
     PeerLost,
     PeerUp,
-    RemoteProtocolError,
     Send,
 )
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
@@ -122,18 +122,15 @@ def test_leader_accepts_a_follower_push_to_merge() -> None:
     )
 
 
-def test_unknown_answers_are_remote_protocol_errors() -> None:
+def test_unknown_answers_are_remote_protocol_errors(caplog: pytest.LogCaptureFixture) -> None:
     role = make("a")
-    with pytest.raises(RemoteProtocolError, match="no offer of ours"):
-        list(
-            role.handle(
-                MessageReceived(
-                    peer="b",
-                    message=SegmentDeclined(partition=P, segment_id="1.1", reason=DeclineReason.INVALID),
-                ),
-                0.0,
-            )
-        )
+    stray = SegmentDeclined(partition=P, segment_id="1.1", reason=DeclineReason.INVALID)
+    with caplog.at_level(logging.ERROR):
+        actions = list(role.handle(MessageReceived(peer="b", message=stray), 0.0))
+    assert actions == []  # logged and counted, not raised
+    assert role.counters["handler_errors"] == 1
+    (record,) = [r for r in caplog.records if "no offer of ours" in r.getMessage()]
+    assert "RemoteProtocolError" in record.getMessage() and not record.exc_info  # no traceback
 
 
 def test_a_retried_transfer_gets_a_new_stream_key() -> None:
