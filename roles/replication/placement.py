@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkbus.roles.replication.epochs import records_of
 from sparkbus.roles.replication.layout import (
@@ -157,8 +158,8 @@ class Placement(Hooks):
 
     def _split_problem(self, partition: str, targets: tuple[SplitTarget, ...]) -> str | None:
         """Why ``partition`` cannot split into ``targets``: it split into other targets already, an
-        unknown target, or a bound that is not a value of the key's first column (it would fail every
-        rewrite of a segment for the range)."""
+        unknown target, or a bound that is not a value of the key's first column, or one its column
+        cannot be compared with (it would fail every rewrite of a segment for the range)."""
         rep = self.local.get(partition) or self.draining.get(partition)
         split = rep is not None and rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL)
         # A drainer's spec is the assign's (or the layout's), without the split: its manifest has it.
@@ -176,9 +177,11 @@ class Placement(Hooks):
                 if bound is None or key_type is None:
                     continue
                 try:
-                    pa.scalar(bound, type=key_type)
+                    # Tried as the rewrite for the range uses it: a value of the key's type that the
+                    # key column can be compared with (a float16 key has no comparison kernel).
+                    pc.less(pa.array([], key_type), pa.scalar(bound, type=key_type))
                 except (pa.ArrowException, TypeError, ValueError, OverflowError):
-                    return f"split bound {bound!r} of {t.partition} is not a {key_type} key"
+                    return f"split bound {bound!r} of {t.partition} cannot be compared with a {key_type} key"
         return None
 
     def _answer_known_split(self, peer: str, msg: SplitFinalized) -> bool:

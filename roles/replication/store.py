@@ -585,10 +585,11 @@ class PartitionStore:
         table = read_table(self.storage, segment_file(entry.segment_id))
         column = table.column(self.config.key[0])
         mask = pc.is_valid(column)  # keys are never null: an all-true mask of the right shape
+        # Compared as values of the key's type: a timestamp or date key has no kernel for a plain int.
         if low is not None:
-            mask = pc.and_(mask, pc.greater_equal(column, low))
+            mask = pc.and_(mask, pc.greater_equal(column, pa.scalar(low, type=column.type)))
         if high is not None:
-            mask = pc.and_(mask, pc.less(column, high))
+            mask = pc.and_(mask, pc.less(column, pa.scalar(high, type=column.type)))
         part = table.filter(mask)
         name = f"split-{target.replace('/', '~')}-r{receiver}-{entry.segment_id}"
         header = SegmentHeader(

@@ -81,7 +81,10 @@ def test_a_join_finalize_from_a_node_without_a_replica_is_ignored() -> None:
 @pytest.mark.parametrize(
     ("target", "problem"),
     [
-        (SplitTarget(partition="t/1", high="m"), "split bound 'm' of t/1 is not a int64 key"),
+        (
+            SplitTarget(partition="t/1", high="m"),
+            "split bound 'm' of t/1 cannot be compared with a int64 key",
+        ),
         (SplitTarget(partition="t/9"), "split target 't/9' is not another partition of the layout"),
     ],
 )
