@@ -386,10 +386,13 @@ class Reduction:
         self._started = False
         #: The changes of the last step with their slots (None without group keys or without changes).
         self.last_step: KeyedStep | None = None
-        #: Per integer total, its aggregate's name (for the overflow error); the contributions of the current
-        #: step to each in float64, which tell a sum that left the int64 range (``_check_overflow``).
-        self._int_totals = {s.total: s.agg.name for s in self.slots if s.total_type == pa.int64()}
-        self._shadows: dict[int, Nums] = {}
+        #: Per integer total, its aggregate's name (for the overflow error), a bound on the magnitude of its
+        #: sums (``_check_overflow``), and the current step's values and diffs.
+        self._int_totals = {
+            s.total: s.agg.name for s in self.slots if s.total is not None and s.total_type == pa.int64()
+        }
+        self._bounds: dict[int, float] = dict.fromkeys(self._int_totals, 0.0)
+        self._int_adds: dict[int, tuple[Ints, Ints]] = {}
 
     # ---------------------------------------------------------------- state
 
@@ -443,13 +446,16 @@ class Reduction:
         if delta.num_columns and delta.column(0).num_chunks > 1:
             delta = delta.combine_chunks()  # once, rather than per column as each is read
         adds = self._contributions(delta)
-        shadows = self._shadows
+        shadows: dict[int, Nums] | None = None
         keyed = delta
         if self._map is not None and rows > _PREAGGREGATE and not self._mults:
             # A big batch (a dataflow's first step over a whole snapshot): one hash aggregation per group
             # is cheaper than interning every row, and leaves one contribution per group to add.
             names = [f"__a{i}" for i in range(len(adds))]
-            floats = {f"__f{i}": shadow for i, shadow in shadows.items()}
+            # The int sums' contributions in float64 too, summed per group: what tells an overflow.
+            floats: dict[str, Nums] = {
+                f"__f{i}": v.astype(np.float64) * d for i, (v, d) in self._int_adds.items()
+            }
             parts = pa.table(
                 {**{k: delta[k] for k in self.keys}, **dict(zip(names, adds, strict=True)), **floats}
             )
@@ -457,7 +463,7 @@ class Reduction:
                 [(n, "sum") for n in [*names, *floats]]
             )
             adds = [_np(keyed[f"{n}_sum"]) for n in names]
-            shadows = {i: _np(keyed[f"__f{i}_sum"]) for i in shadows}
+            shadows = {i: _np(keyed[f"__f{i}_sum"]) for i in self._int_adds}
             rows = keyed.num_rows
         if self._map is None:
             slots: Ints = np.zeros(rows, np.int64)
@@ -478,7 +484,7 @@ class Reduction:
         # A group whose row count returns to zero is gone: its other accumulators restart from zero too
         # (a float sum may keep a residue of rounding otherwise).
         after = [a[touched] for a in accs]
-        if shadows:
+        if self._int_adds:
             self._check_overflow(slots, touched, shadows, before, after)
         empty = after[0] == 0
         if empty.any():
@@ -517,29 +523,47 @@ class Reduction:
         return out
 
     def _check_overflow(
-        self, slots: Ints, touched: Ints, shadows: dict[int, Nums], before: list[Nums], after: list[Nums]
+        self,
+        slots: Ints,
+        touched: Ints,
+        shadows: dict[int, Nums] | None,
+        before: list[Nums],
+        after: list[Nums],
     ) -> None:
         """Raise ``OverflowError`` if an integer sum of a touched group left the int64 range this step.
 
         The int64 accumulators wrap, so a sum back in range is right whatever the order of the additions
         (a replica that rebuilt the view agrees with one that maintained it); one out of range differs from
-        the float64 estimate (``before`` plus the step's float contributions) by about 2**64.
+        the float64 estimate (``before`` plus the step's contributions in float64, ``shadows`` if the step
+        summed them per group) by about 2**64. That is computed only once a bound on every sum's magnitude
+        (the last known largest plus the magnitudes added since) reaches 2**62: a few min/max per step
+        otherwise.
         """
         first = 1 + sum(c is not None for c in self._counts)
-        for i, shadow in shadows.items():
-            old = before[first + i].astype(np.float64)
-            if np.abs(shadow).sum() + (np.abs(old).max() if old.size else 0.0) < 2.0**62:
-                continue  # cannot have left the range
+        for i, (values, diff) in self._int_adds.items():
+            if shadows is not None:
+                added = float(np.abs(shadows[i]).sum())
+            elif values.size:
+                largest = max(abs(int(values.min())), abs(int(values.max())))
+                added = float(largest * max(abs(int(diff.min())), abs(int(diff.max()))) * values.size)
+            else:
+                added = 0.0
+            self._bounds[i] += added
+            if self._bounds[i] < 2.0**62:
+                continue  # no sum can have left the range
+            shadow = shadows[i] if shadows is not None else values.astype(np.float64) * diff
             step = np.zeros(len(self._n), np.float64)
             np.add.at(step, slots, shadow)
-            estimate = old + step[touched]
+            estimate = before[first + i].astype(np.float64) + step[touched]
             if (np.abs(estimate - after[first + i].astype(np.float64)) > 2.0**62).any():
                 raise OverflowError(f"integer overflow in {self._int_totals[i]!r}: a sum is beyond int64")
+            sums = self._totals[i][: self._size]
+            self._bounds[i] = float(np.abs(sums.astype(np.float64)).max()) if sums.size else 0.0
 
     def _contributions(self, delta: pa.Table) -> list[Nums]:
         """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``); the integer
-        totals' contributions in float64 go to ``_shadows``."""
-        self._shadows = {}
+        totals' values and diffs go to ``_int_adds``."""
+        self._int_adds = {}
         diff = _np(delta[DIFF]).astype(np.int64, copy=False)
         counts: list[Nums | None] = [None] * len(self._counts)
         totals: list[Nums] = [diff] * len(self._totals)
@@ -565,7 +589,7 @@ class Reduction:
                 if summed.dtype == np.float64:
                     summed, specials[slot.total] = self._split_specials(slot.total, summed, diff)
                 else:
-                    self._shadows[slot.total] = summed.astype(np.float64) * diff
+                    self._int_adds[slot.total] = (summed, diff)
                 totals[slot.total] = summed * diff
         parts = (s for s in specials if s is not None)
         return [diff, *(c for c in counts if c is not None), *totals, *(a for s in parts for a in s)]
