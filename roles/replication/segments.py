@@ -441,17 +441,31 @@ def parse_header(head: bytes, name: str) -> tuple[SegmentHeader, int]:
     try:
         plain = msgpack.unpackb(head[12 : 12 + hlen], raw=False)
         header = SegmentHeader(
-            segment_id=str(plain["segment_id"]),
-            base_id=plain["base_id"],
-            included=tuple(plain["included"]),
-            major=bool(plain["major"]),
-            rows=int(plain["rows"]),
-            max_lsn=int(plain["max_lsn"]),
-            partition=str(plain["partition"]),
+            segment_id=_field(plain, "segment_id", str),
+            base_id=_field(plain, "base_id", str, None),
+            included=tuple(_field(plain, "included", list)),
+            major=_field(plain, "major", bool),
+            rows=_field(plain, "rows", int),
+            max_lsn=_field(plain, "max_lsn", int),
+            partition=_field(plain, "partition", str),
         )
+        if not all(isinstance(i, str) for i in header.included):
+            raise TypeError("included holds a non-string")
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
         raise SegmentCorrupt(name, f"bad header ({exc})") from None
     return header, 12 + hlen
+
+
+def _field(plain: Any, key: str, kind: type, *allowed: None) -> Any:
+    """``plain[key]``, which must be a ``kind`` exactly (a bool is no int; a float no int), or None when
+    allowed. Raises TypeError or KeyError: converted, a header's float ``rows`` of inf raised
+    OverflowError, which nothing caught."""
+    value = plain[key]
+    if value is None and allowed:
+        return None
+    if type(value) is not kind:
+        raise TypeError(f"{key} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 def read_header(storage: Storage, name: str) -> tuple[SegmentHeader, int]:

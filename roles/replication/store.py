@@ -135,7 +135,7 @@ def listed_files(storage: Storage) -> set[str]:
 
 def _columns(schema: pa.Schema) -> str:
     """``schema`` on one line, for messages: ``(key int64, v string)``."""
-    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
+    return "(" + ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema) + ")"
 
 
 def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -361,20 +361,28 @@ class PartitionStore:
     def check_segment_schema(self, schema: pa.Schema, name: str) -> None:
         """Refuse a segment from another replica whose rows could not join this partition's.
 
+        Its schema must be exactly the one a store writes: the partition's when it has one (columns,
+        order and nullability), else the user columns and then the two nullable int64 version columns.
+        A peer can send any bytes, and a segment laid out otherwise was listed, or merged through a log
+        record the store could not replay, after which it did not open.
+
         Raises:
-            StoreError: no version columns, a key column missing, or other user columns than ours.
+            StoreError: no version columns, a key column missing, or another schema than ours.
         """
         for column in HIDDEN:
             if schema.get_field_index(column) < 0 or schema.field(column).type != pa.int64():
                 raise StoreError(f"{self.partition}: segment {name} lacks the int64 version column {column}")
-        user = pa.schema([f for f in schema if f.name not in HIDDEN])
-        missing = [k for k in self.config.key if k not in user.names]
+        user = [f for f in schema if f.name not in HIDDEN]
+        missing = [k for k in self.config.key if k not in schema.names]
         if missing:
             raise StoreError(f"{self.partition}: segment {name} lacks key column(s) {missing}")
-        if self.schema is not None and not user.equals(self._user_schema()):
+        expected = self.schema
+        if expected is None:
+            expected = pa.schema([*user, pa.field(LSN, pa.int64()), pa.field(ORIGIN, pa.int64())])
+        if not schema.equals(expected):
             raise StoreError(
-                f"{self.partition}: segment {name} has columns {_columns(user)}, "
-                f"the partition has {_columns(self._user_schema())}"
+                f"{self.partition}: segment {name} has columns {_columns(schema)}, "
+                f"the partition has {_columns(expected)}"
             )
 
     def _user_schema(self) -> pa.Schema:
@@ -414,10 +422,22 @@ class PartitionStore:
         return rows.append_column(ORIGIN, pa.repeat(pa.scalar(self.placement, pa.int64()), n))
 
     def merge(self, rows: pa.Table, now: float) -> int:
-        """Insert versioned rows (from another replica's segment) like new writes, keeping versions."""
+        """Insert versioned rows (from another replica's segment) like new writes, keeping versions.
+
+        Raises:
+            StoreError: as ``write``, no version columns, or rows that do not cast to the partition's
+                schema; checked before the log record, which ``open`` must be able to replay.
+        """
         self._check_schema(rows)
         if LSN not in rows.schema.names or ORIGIN not in rows.schema.names:
             raise StoreError(f"{self.partition}: merged rows lack the version columns")
+        if self.schema is not None:
+            try:
+                rows = rows.cast(self.schema)
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise StoreError(
+                    f"{self.partition}: merged rows do not fit the partition's schema: {exc}"
+                ) from None
         if rows.num_rows:
             top = int(pc.max(rows.column(LSN)).as_py())
             if top > MAX_LSN:

@@ -8,9 +8,11 @@ or an error ack), never with an exception that leaves the sender waiting.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 import pytest
 
@@ -26,7 +28,17 @@ from sparkbus.roles.replication.messages import (
     SegmentTransited,
 )
 from sparkbus.roles.replication.role import ReplicationConfig, ReplicationRole
-from sparkbus.roles.replication.segments import SegmentEntry, chain
+from sparkbus.roles.replication.segments import (
+    TRAILER_BYTES,
+    TRAILER_MAGIC,
+    SegmentCorrupt,
+    SegmentEntry,
+    SegmentHeader,
+    chain,
+    new_digest,
+    parse_header,
+    write_segment,
+)
 from sparkbus.roles.replication.storage import DiskStorage, FileWriter, MemoryStorage, Storage, Tap
 from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError, read_manifest
 
@@ -71,21 +83,23 @@ def sent(actions: Any) -> list[Any]:
     return [a.message for a in actions if isinstance(a, Send)]
 
 
-def answer(role: ReplicationRole, offer: SegmentOffered) -> Any:
-    (reply,) = sent(role.handle(MessageReceived(peer="a", message=offer), 1.0))
+def answer(role: ReplicationRole, offer: SegmentOffered, peer: str = "a") -> Any:
+    # The answer to the offer (a leader may offer its own segments in the same turn).
+    messages = sent(role.handle(MessageReceived(peer=peer, message=offer), 1.0))
+    (reply,) = [m for m in messages if not isinstance(m, SegmentOffered)]
     return reply
 
 
-def transfer(role: ReplicationRole, offer: SegmentOffered, data: bytes) -> SegmentAcked:
+def transfer(role: ReplicationRole, offer: SegmentOffered, data: bytes, peer: str = "a") -> SegmentAcked:
     """Offer, send the bytes in one chunk and the summary; the receiver's ack."""
-    accept = answer(role, offer)
+    accept = answer(role, offer, peer)
     assert isinstance(accept, SegmentAccepted), accept
     chunk = BatchReceived(
-        peer="a", stream=accept.stream, ordinal=0, last=True, data=data, size=len(data), remaining=0
+        peer=peer, stream=accept.stream, ordinal=0, last=True, data=data, size=len(data), remaining=0
     )
     actions = list(role.handle(chunk, 2.0))
     summary = SegmentTransited(partition=P, segment_id=offer.segment_id, size=len(data), chunks=1)
-    actions += role.handle(MessageReceived(peer="a", message=summary), 2.0)
+    actions += role.handle(MessageReceived(peer=peer, message=summary), 2.0)
     (ack,) = [m for m in sent(actions) if isinstance(m, SegmentAcked)]
     return ack
 
@@ -241,3 +255,110 @@ def test_a_clock_at_its_limit_refuses_writes_with_an_answer() -> None:
     call = LocalCall(call_id=1, name="write", args={"partition": P, "rows": bytes(encode_batch(batch))})
     (reply,) = [a for a in role.handle(call, 2.0) if isinstance(a, Reply)]
     assert reply.error is not None and "versions exhausted" in reply.error
+
+
+def laid_out(table: pa.Table, **header: Any) -> tuple[SegmentEntry, bytes]:
+    """A whole, checksummed segment of ``table`` as it is, whatever its columns (a peer's bytes)."""
+    fields: dict[str, Any] = {"segment_id": "2.00000000000000aa.1", "base_id": None, "included": ()}
+    fields.update(major=True, rows=table.num_rows, max_lsn=7, partition=P, **header)
+    storage = MemoryStorage()
+    size, checksum = write_segment(
+        storage, "f", SegmentHeader(**fields), table.schema, iter(table.to_batches())
+    )
+    entry = SegmentEntry(
+        **{k: v for k, v in fields.items() if k != "partition"}, size=size, checksum=checksum
+    )
+    return entry, storage.read("f")
+
+
+LAYOUTS = {
+    "version columns first": pa.table({"_sb_lsn": [7], "_sb_origin": [2], "key": [99], "v": ["b"]}),
+    "user columns swapped": pa.table({"v": ["b"], "key": [99], "_sb_lsn": [7], "_sb_origin": [2]}),
+    "version columns not null": pa.table(
+        {"key": [99], "v": ["b"], "_sb_lsn": [7], "_sb_origin": [2]},
+        schema=pa.schema(
+            [
+                ("key", pa.int64()),
+                ("v", pa.string()),
+                pa.field("_sb_lsn", pa.int64(), False),
+                pa.field("_sb_origin", pa.int64(), False),
+            ]
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_segment_laid_out_otherwise_is_refused_before_the_leader_merges_it(layout: str) -> None:
+    """Merged, a segment whose version columns came first was logged and then failed to cast: the log
+    held a record ``open`` could not replay, so the store, and the node's role, no longer started."""
+    disk = MemoryStorage()
+    a = ReplicationRole("a", Layout.of([SPEC]), lambda p: disk, ReplicationConfig())
+    list(a.handle(PeerUp(peer="b"), 0.0))  # a leads
+    store = a.local[P].store
+    store.write(pa.table({"key": [1], "v": ["x"]}), 0.0)
+    store.flush()  # b's major is not based on a's root: a merges it
+    entry, data = laid_out(LAYOUTS[layout])
+    offer = offer_of(entry, data, sender=2, target=1)
+    ack = transfer(a, offer, data, peer="b")
+    assert not ack.ok and "refused" in ack.error and "has columns" in ack.error, ack
+    assert not disk.exists("WAL"), "nothing was logged"
+    again = answer(a, offer, peer="b")
+    assert isinstance(again, SegmentDeclined) and again.reason is DeclineReason.INVALID
+    after = disk.crashed()
+    restarted = ReplicationRole("a", Layout.of([SPEC]), lambda p: after, ReplicationConfig())
+    list(restarted.handle(PeerUp(peer="b"), 10.0))
+    assert restarted.local[P].store.rows().to_pydict() == {"key": [1], "v": ["x"]}
+
+
+@pytest.mark.parametrize("layout", ["version columns first", "version columns not null"])
+def test_a_segment_laid_out_otherwise_is_refused_before_a_follower_lists_it(layout: str) -> None:
+    """A follower with no rows yet took the first segment's schema as the partition's: listed, it
+    failed every read once a segment laid out as stores write them came."""
+    role = follower()
+    entry, data = laid_out(LAYOUTS[layout], segment_id="1.00000000000000aa.1")
+    ack = transfer(role, offer_of(entry, data), data)
+    assert not ack.ok and "has columns" in ack.error, ack
+    assert role.local[P].store.entries == [] and role.local[P].store.schema is None
+    good, data = segment()
+    assert transfer(role, offer_of(good, data), data).ok
+    assert role.local[P].store.rows().to_pydict() == {"key": [1, 2], "v": ["x", "y"]}
+
+
+def test_merged_rows_that_do_not_fit_the_schema_are_refused_before_the_log() -> None:
+    store = PartitionStore.open(MemoryStorage(), P, 1, StoreConfig())
+    store.write(pa.table({"key": [1], "v": ["x"]}), 0.0)
+    store.flush()
+    with pytest.raises(StoreError, match="do not fit"):
+        store.merge(LAYOUTS["version columns first"], 1.0)
+    assert not store.storage.exists("WAL") and store.memtable_rows == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rows": float("inf")},
+        {"rows": 1.0},
+        {"rows": True},
+        {"major": 1},
+        {"segment_id": 5},
+        {"included": [1]},
+    ],
+)
+def test_a_header_field_of_another_type_is_refused(change: dict[str, Any]) -> None:
+    """``int(inf)`` raised OverflowError out of the header check: the transfer got no answer."""
+    entry, good = segment()
+    (hlen,) = struct.unpack(">I", good[8:12])
+    plain = {**msgpack.unpackb(good[12 : 12 + hlen]), **change}
+    head = msgpack.packb(plain, use_bin_type=True)
+    before = good[:8] + struct.pack(">I", len(head)) + head + good[12 + hlen : len(good) - TRAILER_BYTES]
+    digest = new_digest()
+    digest.update(before)
+    checksum = digest.digest()
+    data = before + TRAILER_MAGIC + struct.pack(">Q", len(before)) + checksum
+    with pytest.raises(SegmentCorrupt, match="bad header"):
+        parse_header(data, "f")
+    role = follower()
+    ack = transfer(role, offer_of(entry, data, size=len(data), checksum=checksum), data)
+    assert not ack.ok and "bad header" in ack.error, ack
+    assert role.local[P].store.entries == []
