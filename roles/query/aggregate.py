@@ -1,14 +1,19 @@
 """Grouped aggregation in three phases, vectorised on Arrow.
 
 ``partial`` turns rows into mergeable states, ``combine`` merges states (partial -> partial, so the
-initiator can fold batches as they arrive and hold one row per group), and ``finalize`` turns merged
+initiator can fold batches as they arrive and hold one row per group, and per distinct value of a
+``count_distinct``), and ``finalize`` turns merged
 states into answers. ``single(t) == finalize(partial(t))`` and for any split of ``t`` into parts,
 ``finalize(combine(concat(partial(part) ...))) == single(t)``.
 
 States per aggregate ``name``: ``count`` -> int64 count; ``sum``/``min``/``max`` -> the value; ``avg`` ->
 ``name$sum`` (float64: as Spark SQL's ``Average``, every value is cast to double before it is added, so an
 average of large integers neither overflows nor meets a lossy cast) and ``name$count``; ``count_distinct``
--> a list of the distinct non-null values.
+-> one value per row. A state table holds one *group row* per group, whose ``count_distinct`` columns are
+NULL, and one *value row* per distinct non-null value of each ``count_distinct`` (its group's keys, the
+value in that aggregate's column, NULL in every other state column; NULL is every state's neutral
+element). So no row grows with the number of distinct values: however many there are, the rows stay as
+narrow as the input's and a sender can cut the states into batches of any size.
 
 Groups are numbered densely (``dictionary_encode`` per key column, combined), then one Arrow hash
 aggregation over the group number computes every state; NULL is a group of its own, as in SQL.
@@ -16,6 +21,7 @@ aggregation over the group number computes every state; NULL is a group of its o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -82,7 +88,7 @@ def _partial_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
         if a.func == "avg":
             out += [(f"{a.name}$sum", a.column, "fsum"), (f"{a.name}$count", a.column, "count")]
         elif a.func == "count_distinct":
-            out.append((a.name, a.column, "distinct"))
+            out.append((a.name, a.column, "distinct"))  # names the column only: see ``partial``
         else:
             out.append((a.name, a.column, a.func))
     return out
@@ -93,8 +99,6 @@ def _combine_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
     for a in aggs:
         if a.func == "avg":
             out += [(f"{a.name}$sum", f"{a.name}$sum", "sum"), (f"{a.name}$count", f"{a.name}$count", "sum0")]
-        elif a.func == "count_distinct":
-            out.append((a.name, a.name, "merge_distinct"))
         elif a.func == "count":
             out.append((a.name, a.name, "sum0"))
         else:
@@ -109,21 +113,37 @@ def partial(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa
     appearance: whoever merges partial states (``combine``) orders groups by first appearance in what it
     merged, and that already depends on the order in which members' batches arrived.
     """
-    return _apply(table, keys, _partial_specs(aggs), ordered=False)
+    plain, distinct = _split(aggs)
+    if not distinct:
+        return _apply(table, keys, _partial_specs(aggs), ordered=False)
+    groups = _groups(table, keys, _partial_specs(plain), ordered=False)
+    values = {a.name: _value_rows(table, keys, _column(table, a.column or "")) for a in distinct}
+    return _states(groups, keys, aggs, values)
 
 
 def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
-    """Merge partial states (possibly several rows per group) into one row per group."""
-    return _apply(table, keys, _combine_specs(aggs))
+    """Merge partial states (possibly several rows per group) into one group row per group (and, for
+    ``count_distinct``, one value row per distinct value of the group)."""
+    plain, distinct = _split(aggs)
+    if not distinct:
+        return _apply(table, keys, _combine_specs(aggs))
+    # Value rows hold NULL in every state column: the other states of their group merge unchanged.
+    groups = _groups(table.drop_columns([a.name for a in distinct]), keys, _combine_specs(plain))
+    values = {a.name: _value_rows(table, keys, table.column(a.name)) for a in distinct}
+    return _states(groups, keys, aggs, values)
 
 
 def finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
-    """Answers from merged states (one row per group): avg divides, count_distinct counts."""
+    """Answers from merged states (one group row per group): avg divides, count_distinct counts."""
     with _arrow_errors():
         return _finalize(table, keys, aggs)
 
 
 def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
+    _, distinct = _split(aggs)
+    counts: dict[str, pa.Array] = {}
+    if distinct:
+        table, counts = _count_values(table, keys, [a.name for a in distinct])
     columns: dict[str, pa.ChunkedArray | pa.Array] = {k: table.column(k) for k in keys}
     for a in aggs:
         if a.func == "avg":
@@ -133,10 +153,110 @@ def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> 
                 pc.equal(count, 0.0), pa.scalar(None, pa.float64()), pc.divide(total, count)
             )
         elif a.func == "count_distinct":
-            columns[a.name] = pc.cast(pc.list_value_length(table.column(a.name)), pa.int64())
+            columns[a.name] = counts[a.name]
         else:
             columns[a.name] = table.column(a.name)
     return pa.table(columns)
+
+
+# ---------------------------------------------------------------- count distinct
+
+
+def _split(aggs: Sequence[AggCall]) -> tuple[list[AggCall], list[AggCall]]:
+    """``aggs`` without and with ``count_distinct``."""
+    return [a for a in aggs if a.func != "count_distinct"], [a for a in aggs if a.func == "count_distinct"]
+
+
+def _groups(table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True) -> pa.Table:
+    """One row per group with the states of ``specs`` (a global aggregate: exactly one row)."""
+    if keys or specs:
+        return _apply(table, keys, specs, ordered=ordered)
+    return pa.table({"__one": pa.nulls(1, pa.int8())})  # one row, no states: dropped by ``_states``
+
+
+def _value_rows(table: pa.Table, keys: Sequence[str], values: pa.ChunkedArray) -> pa.Table:
+    """The distinct ``(keys..., value)`` pairs of ``table`` whose value is not NULL, values normalised as
+    Spark counts them distinct (-0.0 is 0.0, every NaN one NaN); the value column is ``__v``.
+
+    Groups and values are numbered densely (``dictionary_encode``), each pair is one int64
+    (``group * values + value``), and the distinct pairs are one hash pass over those numbers: a tenth of
+    an Arrow grouping by the key columns and the value (Acero hashes the columns themselves).
+    """
+    with _arrow_errors():
+        if pa.types.is_null(values.type):
+            # Every value is NULL, so there are no value rows, in any type; int8 is the smallest. (Arrow's
+            # grouping crashes the process (SIGSEGV) on the null type.)
+            values = pc.cast(values, pa.int8())
+        values = normalised(values).combine_chunks()
+        if not keys:
+            return pa.table({"__v": _distinct(values)})
+        codes: dict[str, pa.Array] = {}
+        for k in keys:
+            col = _column(table, k).combine_chunks()
+            # A dictionary column is numbered by its indices; floats as they group (normalised).
+            codes[k] = col.indices if pa.types.is_dictionary(col.type) else normalised(col)
+        g, _ = group_ids(pa.table(codes), keys)
+        encoded = pc.dictionary_encode(values)
+        width = len(encoded.dictionary)
+        pairs = pc.unique(pc.drop_null(pc.add(pc.multiply(g, width), pc.cast(encoded.indices, pa.int64()))))
+        ids = g.to_numpy()
+        # Group numbers count up in order of first appearance: a group's first row raises the running maximum.
+        first = np.flatnonzero(np.diff(np.maximum.accumulate(ids), prepend=-1) > 0) if len(ids) else ids
+        group_keys = _decoded(table.select(list(keys)).take(pa.array(first)), keys)
+        of_group = pc.divide(pairs, width) if width else pairs
+        out = group_keys.take(of_group)
+        value_of = pc.subtract(pairs, pc.multiply(of_group, width))
+        return out.append_column("__v", encoded.dictionary.take(value_of))
+
+
+def _states(
+    groups: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall], values: dict[str, pa.Table]
+) -> pa.Table:
+    """The state table: ``groups`` (keys and the other states) as group rows, then each ``count_distinct``'s
+    value rows; columns in the order of the aggregates' states."""
+    names = [*keys, *(name for name, _, _ in _partial_specs(aggs))]
+    kinds = {name: values[name].schema.field("__v").type for name in values}
+    types = {**{f.name: f.type for f in groups.schema}, **kinds}
+    parts = [_widened(groups, names, types, groups.num_rows, {})]
+    for name, rows in values.items():
+        given = {k: rows.column(k) for k in keys} | {name: rows.column("__v")}
+        parts.append(_widened(None, names, types, rows.num_rows, given))
+    return pa.concat_tables(parts)
+
+
+def _widened(
+    base: pa.Table | None, names: list[str], types: dict[str, pa.DataType], rows: int, given: dict[str, Any]
+) -> pa.Table:
+    """``rows`` rows with columns ``names``: from ``given``, else from ``base``, else NULL."""
+    columns = []
+    for name in names:
+        if name in given:
+            columns.append(given[name])
+        elif base is not None and name in base.column_names:
+            columns.append(base.column(name))
+        else:
+            columns.append(pa.nulls(rows, types[name]))
+    return pa.table(dict(zip(names, columns, strict=True)))
+
+
+def _count_values(
+    table: pa.Table, keys: Sequence[str], names: list[str]
+) -> tuple[pa.Table, dict[str, pa.Array]]:
+    """The group rows of a state table, and per ``count_distinct`` column the number of its value rows in
+    each of those groups (aligned with them)."""
+    valid = {name: pc.is_valid(table.column(name)) for name in names}
+    is_group = pc.invert(functools.reduce(pc.or_, valid.values()))
+    groups = table.filter(is_group)
+    if not keys:
+        return groups, {n: pa.array([pc.sum(v, min_count=0).as_py()], pa.int64()) for n, v in valid.items()}
+    g, n = group_ids(table, keys)
+    ids = g.to_numpy()
+    at = np.asarray(is_group)
+    counts = {}
+    for name, v in valid.items():
+        per_group = np.bincount(ids[np.asarray(v)], minlength=n)
+        counts[name] = pa.array(per_group[ids[at]], pa.int64())
+    return groups, counts
 
 
 def final(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:
@@ -227,10 +347,6 @@ def arange(n: int) -> pa.Array:
     return _ARANGE[0].slice(0, n)
 
 
-def _list_of(values: pa.Array) -> pa.Array:
-    return pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
-
-
 #: integer types Arrow sums in their own width (wrapping on overflow), and the range of that width
 _WIDE = {pa.int64(): (INT64_MIN, INT64_MAX), pa.uint64(): (0, (1 << 64) - 1)}
 
@@ -295,12 +411,8 @@ def _apply_global(table: pa.Table, specs: list[_Spec]) -> pa.Table:
             result = pc.min_max(values)[kernel]
             if _nan_on_top(kernel, values) and pc.any(pc.is_nan(values)).as_py():
                 result = pa.scalar(float("nan"), values.type)
-        elif kernel == "distinct":
-            out[name] = _list_of(_distinct(normalised(values.combine_chunks())))
-            continue
         else:
-            out[name] = _list_of(_distinct(pc.list_flatten(values.combine_chunks())))
-            continue
+            raise ExecutionError(f"aggregate: no kernel {kernel!r}")
         out[name] = pa.array([result.as_py()], result.type)
     return pa.table(out)
 
@@ -354,15 +466,12 @@ _HASH = {
     "fsum": "sum",
     "min": "min",
     "max": "max",
-    "distinct": "distinct",
 }
 
 
 def _apply_grouped(
     table: pa.Table, keys: Sequence[str], specs: list[_Spec], *, ordered: bool = True
 ) -> pa.Table:
-    if any(kernel == "merge_distinct" for _, _, kernel in specs):
-        return _apply_numbered(table, keys, specs)
     dense = _apply_dense(table, keys, specs, ordered=ordered)
     if dense is not None:
         return dense  # its integer sums are exact in float64, far from overflowing
@@ -420,17 +529,8 @@ def _apply_hashed(
 
 
 def _hash_input(values: pa.ChunkedArray | pa.Array, kernel: str) -> pa.ChunkedArray | pa.Array:
-    """What a hash aggregation's kernel reads: AVG's sum in float64, distinct floats normalised (and the
-    null type as int8)."""
-    if kernel == "fsum":
-        return _as_float(values)
-    if kernel == "distinct":
-        if pa.types.is_null(values.type):
-            # Arrow's grouped distinct crashes the process (SIGSEGV) on the null type. Every value is NULL,
-            # so the lists come out empty in any type; int8 is the smallest.
-            return pc.cast(values, pa.int8())
-        return normalised(values)
-    return values
+    """What a hash aggregation's kernel reads: AVG's sum in float64."""
+    return _as_float(values) if kernel == "fsum" else values
 
 
 #: a key whose values span at most this many (or twice the rows) is counted in dense bins
@@ -667,7 +767,8 @@ def _dense_aggregate(
 
 
 def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) -> pa.Table:
-    """Grouping through dense group numbers, which merging distinct-value lists needs."""
+    """Grouping through dense group numbers (``group_ids``), groups in order of first appearance: a second
+    path to the same states, which the tests compare the dense and hashed paths with."""
     _check_sums(table, keys, specs)
     g, groups = group_ids(table, keys)
     inputs: dict[str, pa.Array | pa.ChunkedArray] = {"__g": g}
@@ -676,11 +777,7 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
         if not pa.types.is_null(table.schema.field(k).type):  # Arrow's "first" has no null-type kernel
             inputs[f"__k{j}"] = table.column(k)
             aggregations.append((f"__k{j}", "first"))
-    merges: list[tuple[int, str]] = []
     for i, (_, col, kernel) in enumerate(specs):
-        if kernel == "merge_distinct":
-            merges.append((i, col or ""))
-            continue
         # COUNT(*) counts the group number, which is never null.
         values = g if col is None else _column(table, col)
         inputs[f"__c{i}"] = _hash_input(values, kernel)
@@ -693,27 +790,9 @@ def _apply_numbered(table: pa.Table, keys: Sequence[str], specs: list[_Spec]) ->
     out: dict[str, pa.Array | pa.ChunkedArray] = {}
     for j, k in enumerate(keys):
         out[k] = grouped.column(f"__k{j}_first") if f"__k{j}" in inputs else pa.nulls(groups)
-    merged = {i: _merge_distinct(_column(table, col), g, groups) for i, col in merges}
     for i, (name, _, kernel) in enumerate(specs):
-        if i in merged:
-            out[name] = merged[i]
-            continue
         column = grouped.column(f"__c{i}_{_HASH[kernel]}")
         if f"__n{i}" in inputs:
             column = _nan_tops(column, grouped.column(f"__n{i}_any"))
         out[name] = pc.fill_null(column, 0) if kernel == "sum0" else column
     return pa.table(out)
-
-
-def _merge_distinct(lists: pa.ChunkedArray, g: pa.Array, groups: int) -> pa.Array:
-    """Per group, the distinct values of all its lists (aligned with group numbers 0..groups-1)."""
-    lists = lists.combine_chunks()
-    parents = pc.list_parent_indices(lists)
-    values = pc.list_flatten(lists)
-    # One NULL per group first, so every group appears (distinct drops NULLs) and in number order.
-    ids = pa.concat_arrays([arange(groups), pc.take(g, parents)])
-    vals = pa.concat_arrays([pa.nulls(groups, values.type), values])
-    merged = (
-        pa.table({"__g": ids, "v": vals}).group_by(["__g"], use_threads=False).aggregate([("v", "distinct")])
-    )
-    return merged.sort_by("__g").column("v_distinct").combine_chunks()

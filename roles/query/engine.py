@@ -2,7 +2,8 @@
 
 A node's partitions live in a ``PartitionStore``. A fragment either scans the store or receives rows
 from other members; ``Inbox`` folds received batches as they arrive so the receiver holds what the
-operator above the receive needs (one row per group for a final aggregate, ``count + offset`` rows for a
+operator above the receive needs (one row per group for a final aggregate, and one per distinct value of
+each COUNT(DISTINCT) in it; ``count + offset`` rows for a
 limit or a merge sort under a limit) rather than everything it was sent.
 
 A node holding no partition of the scanned table produces *no data* (``None``, which has no schema);
@@ -349,7 +350,8 @@ def run(
         store: the local partitions, for ``Scan``.
         params: the query's parameters.
         received: what the fragment's ``Receive`` yields (already folded by an ``Inbox``).
-        folded: ``received`` already holds one row per group for the final aggregate right above the
+        folded: ``received`` already holds merged states (one row per group, and per distinct value) for the
+            final aggregate right above the
             receive (``Inbox.folded``), which then only finishes the states.
 
     Returns:
@@ -600,7 +602,7 @@ class Inbox:
         self._above2 = ops[2] if len(ops) > 2 else None
         self.table: pa.Table | None = None
         self.batches = 0
-        #: ``table`` is one row per group of the final aggregate above (two batches or more were merged)
+        #: ``table`` holds merged states of the final aggregate above (two batches or more were merged)
         self.folded = False
 
     def add(self, data: bytes) -> int:

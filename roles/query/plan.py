@@ -113,8 +113,8 @@ class Aggregate:
     """Group ``input`` by ``keys`` (column names) and compute ``aggs``.
 
     ``single`` computes the answer in one step; ``partial`` emits mergeable states (one column per
-    aggregate, two for ``avg``: ``name$sum`` and ``name$count``, and a list of distinct values for
-    ``count_distinct``); ``final`` merges partial states and finishes them. Without keys the result has
+    aggregate, two for ``avg``: ``name$sum`` and ``name$count``; ``count_distinct`` adds a row per
+    distinct value, see ``aggregate``); ``final`` merges partial states and finishes them. Without keys the result has
     exactly one row, even for no input (SQL's global aggregate).
     """
 
