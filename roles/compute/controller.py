@@ -13,8 +13,9 @@ Local calls (``LocalCall.name`` and its ``args``):
   (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
   replaces the row with the same key. Result ``{"upper"}``.
 * ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
-  ``__diff`` without nulls (default +1 per row; not for an upsert table, whose writes are rows, the last of a key in one
-  batch winning). The controller assigns the write's time. Result ``{"time"}``.
+  ``__diff`` without nulls (default +1 per row; a retraction of a row the table does not hold leaves it at a
+  negative multiplicity, see docs/COMPUTE.md; not for an upsert table, whose writes are rows, the last of a key
+  in one batch winning). The controller assigns the write's time. Result ``{"time"}``.
 * ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
 * ``drop_view(name)``.
 * ``peek(view, timestamp=None, literal_constraints=None, finishing=None, target_replica=None)``: completes

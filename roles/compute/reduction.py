@@ -19,11 +19,14 @@ aggregation (an Acero plan costs about 90 us however small its input) nor per-gr
   re-aggregated for the touched slots only.
 
 The output changes of a step retract the touched groups' old rows and insert their new ones; a group whose
-accumulators did not change emits nothing. Slots of vanished groups are reclaimed once they outnumber the
-live ones.
+accumulators did not change emits nothing. The state is that of the accumulated collection, negative
+multiplicities included, as a recomputation from scratch has it: a group with a row count of zero or below
+has no row but keeps its sums. Slots of groups that hold nothing are reclaimed once they outnumber the
+others.
 
 Float sums are accumulated, so a value retracted after many updates can differ in the last bits from a
-sum recomputed from scratch; integer aggregates are exact. Infinities and NaN are not added into a float sum
+sum recomputed from scratch; integer aggregates are exact. A float sum whose values all cancel out is reset
+to an exact zero: a fingerprint per slot (``_fingerprint``) tells when they do. Infinities and NaN are not added into a float sum
 (``inf - inf`` would leave it NaN after the value is retracted): as in Materialize's ``Accum::Float``, each
 slot counts its +inf, -inf and NaN values beside the sum of its finite ones, and the sum is NaN while it
 holds a NaN or both infinities, else +-inf while it holds one, else the finite sum. These counts exist only
@@ -370,6 +373,11 @@ class Reduction:
         #: Per total, the count of its +inf, -inf and NaN values per slot (float sums only); None until the
         #: column's first non-finite value, so that the common case keeps three accumulators fewer.
         self._specials: list[list[Ints] | None] = [None] * len(totals)
+        #: Per float total, a fingerprint per slot of the values summed (``_fingerprint``): zero exactly when
+        #: they cancel out, when the total is reset to an exact zero (None for integer totals).
+        self._prints: dict[int, Ints] = {
+            i: np.zeros(1, np.int64) for i, t in enumerate(totals) if t == pa.float64()
+        }
         self._mult_schemas = [
             pa.schema([pa.field(_SLOT, pa.int64()), pa.field(_VALUE, tp), pa.field(_MULT, pa.int64())])
             for tp in mult_types
@@ -393,6 +401,7 @@ class Reduction:
         }
         self._bounds: dict[int, float] = dict.fromkeys(self._int_totals, 0.0)
         self._int_adds: dict[int, tuple[Ints, Ints]] = {}
+        self._print_adds: dict[int, Ints] = {}
 
     # ---------------------------------------------------------------- state
 
@@ -415,6 +424,7 @@ class Reduction:
         self._counts = [None if a is None else grown(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [grown(a) for a in self._totals]
         self._specials = [None if s is None else [grown(a) for a in s] for s in self._specials]  # type: ignore[misc]
+        self._prints = {i: grown(a) for i, a in self._prints.items()}  # type: ignore[misc]
         self._flags = grown(self._flags)  # type: ignore[assignment]
         self._ext = [grown(a) for a in self._ext]  # type: ignore[misc]
         for i, dense in enumerate(self._dense):
@@ -446,6 +456,7 @@ class Reduction:
         if delta.num_columns and delta.column(0).num_chunks > 1:
             delta = delta.combine_chunks()  # once, rather than per column as each is read
         adds = self._contributions(delta)
+        prints = self._print_adds
         shadows: dict[int, Nums] | None = None
         keyed = delta
         if self._map is not None and rows > _PREAGGREGATE and not self._mults:
@@ -456,6 +467,7 @@ class Reduction:
             floats: dict[str, Nums] = {
                 f"__f{i}": v.astype(np.float64) * d for i, (v, d) in self._int_adds.items()
             }
+            floats |= {f"__p{i}": add for i, add in prints.items()}
             parts = pa.table(
                 {**{k: delta[k] for k in self.keys}, **dict(zip(names, adds, strict=True)), **floats}
             )
@@ -464,6 +476,7 @@ class Reduction:
             )
             adds = [_np(keyed[f"{n}_sum"]) for n in names]
             shadows = {i: _np(keyed[f"__f{i}_sum"]) for i in self._int_adds}
+            prints = {i: _np(keyed[f"__p{i}_sum"]) for i in prints}
             rows = keyed.num_rows
         if self._map is None:
             slots: Ints = np.zeros(rows, np.int64)
@@ -481,17 +494,22 @@ class Reduction:
         before = [a[touched] for a in accs]
         for acc, add in zip(accs, adds, strict=True):
             np.add.at(acc, slots, add)
-        # A group whose row count returns to zero is gone: its other accumulators restart from zero too
-        # (a float sum may keep a residue of rounding otherwise).
         after = [a[touched] for a in accs]
         if self._int_adds:
             self._check_overflow(slots, touched, shadows, before, after)
-        empty = after[0] == 0
-        if empty.any():
-            gone = touched[empty]
-            for acc, now in zip(accs[1:], after[1:], strict=True):
-                acc[gone] = 0
-                now[empty] = 0
+        # The state is that of the accumulated collection, negative multiplicities included, as a
+        # recomputation from scratch over the same updates has it: a group whose row count is zero has no
+        # row, but keeps its sums (a row retracted before it was inserted leaves them). Integer
+        # accumulators are exact; a float total whose values all cancelled out is reset to an exact zero,
+        # which drops the residue of rounding their additions left.
+        first = 1 + sum(c is not None for c in self._counts)
+        for i, add in prints.items():
+            fingerprint = self._prints[i]
+            np.add.at(fingerprint, slots, add)
+            cancelled = fingerprint[touched] == 0
+            if cancelled.any():
+                accs[first + i][touched[cancelled]] = 0
+                after[first + i][cancelled] = 0
         started = self._started
         self._started = True
         old_live = before[0] > 0
@@ -562,8 +580,9 @@ class Reduction:
 
     def _contributions(self, delta: pa.Table) -> list[Nums]:
         """What each row of ``delta`` adds to each accumulator (aligned with ``_accumulators``); the integer
-        totals' values and diffs go to ``_int_adds``."""
+        totals' values and diffs go to ``_int_adds``, the float totals' fingerprints to ``_print_adds``."""
         self._int_adds = {}
+        self._print_adds = {}
         diff = _np(delta[DIFF]).astype(np.int64, copy=False)
         counts: list[Nums | None] = [None] * len(self._counts)
         totals: list[Nums] = [diff] * len(self._totals)
@@ -588,6 +607,7 @@ class Reduction:
                 summed = _np(typed)
                 if summed.dtype == np.float64:
                     summed, specials[slot.total] = self._split_specials(slot.total, summed, diff)
+                    self._print_adds[slot.total] = _fingerprint(summed) * diff
                 else:
                     self._int_adds[slot.total] = (summed, diff)
                 totals[slot.total] = summed * diff
@@ -710,10 +730,13 @@ class Reduction:
         return pa.Table.from_arrays(columns, schema=self.update_schema)
 
     def _reclaim(self) -> None:
-        """Drop the slots of groups that vanished, renumbering the live ones (and their multiplicities)."""
+        """Drop the slots of groups that hold nothing, renumbering the others (and their multiplicities)."""
         assert self._map is not None
         size = len(self._map)
+        # A group with no row may still hold sums (negative multiplicities): it lives while any is non-zero.
         keep = self._n[:size] != 0
+        for acc in [*self._accumulators()[1:], *self._prints.values()]:
+            keep |= acc[:size] != 0
         for mult in self._mults:
             if mult.num_rows:
                 keep[_np(mult[_SLOT])] = True
@@ -736,6 +759,7 @@ class Reduction:
         self._counts = [None if a is None else cut(a) for a in self._counts]  # type: ignore[misc]
         self._totals = [cut(a) for a in self._totals]
         self._specials = [None if s is None else [cut(a) for a in s] for s in self._specials]  # type: ignore[misc]
+        self._prints = {i: cut(a) for i, a in self._prints.items()}  # type: ignore[misc]
         self._flags = np.zeros(cap, np.bool_)
         self._ext = [cut(a) for a in self._ext]  # type: ignore[misc]
         for dense in self._dense:
@@ -759,6 +783,26 @@ def _signs(negative: int, positive: int) -> pa.Array:
         half = max(negative, positive, 2 * half, 1024)
         _SIGNS = pa.array(np.concatenate([np.full(half, -1, np.int64), np.ones(half, np.int64)]))
     return _SIGNS.slice(half - negative, negative + positive)
+
+
+def _fingerprint(values: Nums) -> Ints:
+    """A 64-bit hash of each float (a xorshift-multiply-xorshift round over its bits; -0.0 as 0.0, and 0.0
+    hashes to 0).
+
+    Added up times the diffs per group (wrapping), it is 0 when the values cancel out as a multiset, and
+    otherwise 0 only by a 2**-64 chance: it tells a float total whose true value is exactly 0 from one that
+    merely has row count 0 (rows retracted before they were inserted) without comparing floats."""
+    x = (values + 0.0).view(np.uint64)
+    y = x >> _SHIFT
+    x ^= y
+    x *= _MIX
+    np.right_shift(x, _SHIFT, out=y)
+    x ^= y
+    out: Ints = x.view(np.int64)
+    return out
+
+
+_SHIFT, _MIX = np.uint64(32), np.uint64(0xBF58476D1CE4E5B9)
 
 
 def _with_specials(total: Nums, pos: Ints, neg: Ints, nan: Ints) -> Nums:
