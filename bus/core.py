@@ -33,7 +33,7 @@ import msgpack
 from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.bus.credit import CreditSender, check_receiver_credit
-from sparkbus.bus.links import LinkLayer
+from sparkbus.bus.links import MAX_REFUSAL_TEXT, LinkLayer
 from sparkbus.bus.messages import (
     Bye,
     Error,
@@ -49,6 +49,7 @@ from sparkbus.bus.messages import (
 from sparkbus.bus.state import Completed, Output, Transmit, _Inbound, _Outbound, _Peer
 from sparkbus.bus.streams import StreamLayer
 from sparkbus.codecs import REGISTRY, Buffer, DecodeError, EnvelopeCodec, LimitExceeded
+from sparkbus.codecs.errors import clip
 from sparkbus.codecs.limits import too_many_frames
 
 log = logging.getLogger("sparkbus.bus")
@@ -636,6 +637,7 @@ class NodeCore(LinkLayer, StreamLayer):
         self._link_lost(inbound.peer, reason, now)
 
     def _error_to(self, inbound: _Inbound, code: ErrorCode, text: str, ref_type: int, now: float) -> None:
+        text = clip(text, MAX_REFUSAL_TEXT)
         self._refusal(code)
         log.info("node %s: refused a message from %s: %s", self.node_id, inbound.peer, text)
         self._reply(inbound.rid, Error(code=code, message=text, ref_type=ref_type), now)
@@ -652,6 +654,7 @@ class NodeCore(LinkLayer, StreamLayer):
     ) -> None:
         """REJECT to ``rid``: a HELLO (echoing its ``attempt``), or a message on ``session``, which ends.
         ``version``: the one to offer back (default: our newest)."""
+        text = clip(text, MAX_REFUSAL_TEXT)
         self._refusal(code)
         log.info("node %s: refused routing id %s: %s", self.node_id, rid.hex(), text)
         self._reply(

@@ -26,11 +26,18 @@ from sparkbus.bus.messages import (
 )
 from sparkbus.bus.state import RETIRED_KEPT, NodeState, _Inbound, _Outbound, _Peer
 from sparkbus.codecs import Buffer, DecodeError
+from sparkbus.codecs.errors import clip
+from sparkbus.codecs.schema import quote
 
 log = logging.getLogger("sparkbus.bus")
 
 #: REJECT codes that end our link for good, when they answer our current HELLO.
 _FOR_GOOD = FINAL_CODES | {ErrorCode.DUPLICATE_NODE, ErrorCode.AUTHENTICATION}
+
+#: Characters of a refusal's text (ERROR, REJECT) at most, whatever it quotes of the refused message: a
+#: backstop behind ``DecodeError``'s own bound (``codecs.errors.clip``), so that no message makes this node
+#: build a large answer.
+MAX_REFUSAL_TEXT = 4096
 
 
 class LinkLayer(NodeState):
@@ -74,14 +81,14 @@ class LinkLayer(NodeState):
                 return
             code = ErrorCode.HANDSHAKE_HEADER if exc.field in ("magic", "<body>") else ErrorCode.MALFORMED
             # Echoing its attempt: the sender takes a final code only as the answer to its current HELLO.
-            self._refuse_rid(rid, code, f"bad HELLO: {exc}", now, attempt)
+            self._refuse_rid(rid, code, clip(f"bad HELLO: {exc}", MAX_REFUSAL_TEXT), now, attempt)
             return
         assert isinstance(hello, Hello)
         if hello.magic != MAGIC:
             self._refuse_rid(
                 rid,
                 ErrorCode.HANDSHAKE_HEADER,
-                f"expected magic {MAGIC!r}, got {hello.magic!r}",
+                f"expected magic {MAGIC!r}, got {quote(hello.magic)}",
                 now,
                 hello.attempt,
             )
@@ -93,7 +100,7 @@ class LinkLayer(NodeState):
             self._refuse_rid(
                 rid,
                 ErrorCode.CLUSTER_ID_MISMATCH,
-                f"cluster mismatch: this node is in {cfg.cluster_tag!r}, the peer in {hello.cluster_tag!r}",
+                f"cluster mismatch: this node is in {cfg.cluster_tag!r}, the peer in {quote(hello.cluster_tag)}",
                 now,
                 hello.attempt,
             )
@@ -103,7 +110,7 @@ class LinkLayer(NodeState):
                 self._refuse_rid(
                     rid,
                     ErrorCode.PROTOCOL,
-                    f"node id {hello.node_id!r} does not match its routing id",
+                    f"node id {quote(hello.node_id)} does not match its routing id",
                     now,
                     hello.attempt,
                 )
@@ -112,7 +119,7 @@ class LinkLayer(NodeState):
                 self._refuse_rid(
                     rid,
                     ErrorCode.RESOURCE_NOT_FOUND,
-                    f"node {hello.node_id!r} is not a peer of {self.node_id!r} in this topology",
+                    f"node {quote(hello.node_id)} is not a peer of {self.node_id!r} in this topology",
                     now,
                     hello.attempt,
                 )

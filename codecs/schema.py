@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import reprlib
 import types
 import typing
 from collections.abc import Callable
@@ -91,7 +92,7 @@ def from_plain(cls: type, plain: Any, message_type: str, blobs: dict[str, bytes]
         raise DecodeError(message_type, "<body>", f"expected a map, got {_kind(plain)}")
     for key in plain:
         if key not in schema.converters or key in schema.blob_fields:
-            raise DecodeError(message_type, str(key), "unexpected field")
+            raise DecodeError(message_type, key if type(key) is str else quote(key), "unexpected field")
     kwargs: dict[str, Any] = {}
     for name in schema.map_fields:
         if name not in plain:
@@ -106,6 +107,26 @@ def from_plain(cls: type, plain: Any, message_type: str, blobs: dict[str, bytes]
     except (TypeError, ValueError) as exc:
         # The constructor's own validation (ranges, invariants) speaks for the whole message.
         raise DecodeError(message_type, _field_in(str(exc), schema.field_names), str(exc)) from None
+
+
+#: How much of a peer's value (a map key, a field name) a ``DecodeError`` quotes.
+QUOTED = 64
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = QUOTED
+
+
+def quote(value: Any) -> str:
+    """``repr(value)``, bounded: a str or bytes is quoted by the repr of its first ``QUOTED`` characters or
+    bytes, and when that is not all of it or its repr is long (escapes) by ``QUOTED`` characters of that
+    repr and its length (``"... (1048576 bytes)"``); never repr'd whole. Anything else as ``reprlib`` cuts
+    it."""
+    if type(value) is str or type(value) is bytes:
+        text = repr(value[:QUOTED])
+        if len(value) <= QUOTED and len(text) <= 2 * QUOTED:
+            return text
+        unit = "chars" if type(value) is str else "bytes"
+        return f"{text[:QUOTED]}... ({len(value)} {unit})"
+    return _REPR.repr(value)
 
 
 def _field_in(text: str, names: tuple[str, ...]) -> str:
@@ -257,7 +278,7 @@ def _dict_converter(key: Converter, val: Converter) -> Converter:
         if type(value) is not dict:
             _fail(message_type, field, "map", value)
         return {
-            key(k, message_type, f"{field}.<key>"): val(v, message_type, f"{field}[{k!r}]")
+            key(k, message_type, f"{field}.<key>"): val(v, message_type, f"{field}[{quote(k)}]")
             for k, v in value.items()
         }
 
