@@ -280,12 +280,17 @@ def _typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Va
     Each untyped NULL (Arrow's null type: the literal NULL, a ``?`` bound to None, a column loaded all
     NULL) is cast to the type of the first typed argument, else to ``null_as``: SQL types a NULL by its
     context, and Arrow's kernels have no overloads for the null type. Then integers beside a float are
-    cast to float64 (``_double``), where Arrow's implicit cast fails on integers beyond 2**53.
+    cast to float64 (``_double``), where Arrow's implicit cast fails on integers beyond 2**53, and a FLOAT
+    (float32) beside a DOUBLE is widened to DOUBLE as Spark widens it: in IN, Arrow's ``is_in`` would cast
+    the DOUBLE values down instead, so ``CAST(0.1 AS FLOAT) IN (0.1)`` held where ``=`` (and Spark) says no.
     """
     target = next((a.type for a in args if not pa.types.is_null(a.type)), null_as)
     out = [a.cast(target) if target is not None and pa.types.is_null(a.type) else a for a in args]
     if any(pa.types.is_floating(a.type) for a in out):
-        out = [_double(a) if pa.types.is_integer(a.type) else a for a in out]
+        wide = any(a.type == pa.float64() for a in out)
+        out = [
+            _double(a) if pa.types.is_integer(a.type) or (wide and a.type == pa.float32()) else a for a in out
+        ]
     return out
 
 

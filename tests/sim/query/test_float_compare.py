@@ -70,3 +70,26 @@ def test_double_comparisons_match_spark(seed: int) -> None:
         assert sums.keys() == {1, 2, 3} and math.isnan(sums[1]) and (sums[2], sums[3]) == (4.0, 0.5)
     c.settle()
     assert c.leaks() == {"i": 0, "p1": 0, "p2": 0}
+
+
+# FLOAT (float32) beside DOUBLE literals: Spark widens the FLOAT to DOUBLE, in IN as in `=`, so 0.1f
+# (0.10000000149...) is not 0.1. (sql, Spark's count over f = CAST(0.1 AS FLOAT), 1.5, 2.0)
+FLOAT_FILTERS = [
+    ("f = 0.1", 0),
+    ("f IN (0.1)", 0),
+    ("f IN (0.1, 1.5)", 1),
+    ("f NOT IN (0.1)", 3),
+    ("f IN (1.5, 2)", 2),
+    ("f = 1.5", 1),
+    ("coalesce(f, 0.1) = 0.1", 0),
+]
+
+
+def test_float_compares_with_doubles_as_double() -> None:
+    c = Cluster(1, rows=8)
+    c.load("p1", pa.table({"f": pa.array([0.1, 1.5], pa.float32())}), name="ft")
+    c.load("p2", pa.table({"f": pa.array([2.0], pa.float32())}), name="ft")
+    for where, spark in FLOAT_FILTERS:
+        got, err = c.outcome(c.execute(f"SELECT count(*) AS n FROM ft WHERE {where}"))
+        assert err is None and got is not None, (where, err)
+        assert got.to_pylist() == [{"n": spark}], where
