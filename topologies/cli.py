@@ -9,17 +9,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from sparkbus.topologies import keys
-from sparkbus.topologies.launcher import running_clusters, status_command, up_command
-from sparkbus.topologies.schema import TopologyError, load
-from sparkbus.topologies.summary import print_summary
 
+# Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
+# ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -28,14 +24,35 @@ if TYPE_CHECKING:
 
 
 def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 (only for --version)
+
     try:
         return version("sparkbus")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "0+unknown"
 
 
+class _VersionAction(argparse._VersionAction):
+    """``--version``: the version is looked up when it is asked for, not each time the parser is built."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"sparkbus {package_version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def validate_command(path: str) -> int:
     """``sparkbus validate FILE``: 0 and a summary when valid, 1 and every problem when not."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from sparkbus.topologies.schema import TopologyError, load  # noqa: PLC0415
+    from sparkbus.topologies.summary import print_summary  # noqa: PLC0415
+
     try:
         topo = load(path)
     except TopologyError as exc:
@@ -48,7 +65,7 @@ def validate_command(path: str) -> int:
 def run_command(topology: str | None, *, rows: int, data: str | None, report: str) -> int:
     """``sparkbus run``: the main job (``sparkbus.topologies.mainjob``)."""
     from sparkbus.topologies.mainjob import Options, main_job  # noqa: PLC0415 (pulls in pyarrow and Spark)
-    from sparkbus.topologies.schema import shipped  # noqa: PLC0415
+    from sparkbus.topologies.schema import TopologyError, load, shipped  # noqa: PLC0415
 
     if rows <= 0 and data is None:
         print(f"sparkbus run: --rows must be a positive number of rows, got {rows}", file=sys.stderr)
@@ -111,6 +128,8 @@ def _topology_path(args: argparse.Namespace, hint: tuple[str, str, str] = CLIENT
     Raises:
         CommandError: none of these, or several clusters running; worded by ``hint`` for the command.
     """
+    from sparkbus.topologies.launcher import running_clusters  # noqa: PLC0415
+
     if args.topology:
         return str(args.topology)
     if Path(DEFAULT_TOPOLOGY).exists():
@@ -264,6 +283,8 @@ _NOT_LEADER = re.compile(r"not the leader of \S+; leader: (\S+)")
 def _topology_table(args: argparse.Namespace) -> TableSpec | None:
     """The ``[tables.X]`` entry of the topology the command connects by, or None (``--address`` without
     ``--topology``, or a table the topology does not declare: loaded into the gateway node's catalog)."""
+    from sparkbus.topologies.schema import load  # noqa: PLC0415
+
     if args.address and args.topology is None:
         return None
     topo = load(args.topology)
@@ -374,6 +395,7 @@ def routed_load(
     """Write ``rows`` into the replicated partitions of ``spec``, each row to partition
     ``pmod(hash(key), partitions)`` (``sparkbus.topologies.partitioning``) through its current leader,
     flush each partition written and wait until ``sparkbus_replicas`` says every one is replicated."""
+    from rich.console import Console  # noqa: PLC0415
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from sparkbus.topologies.partitioning import PartitionError, split  # noqa: PLC0415
@@ -500,6 +522,7 @@ def _as_existing(rows: pa.Table, schema: pa.Schema | None, table: str) -> pa.Tab
 
 
 def _print_table(table: pa.Table, args: argparse.Namespace, title: str) -> None:
+    from rich.console import Console  # noqa: PLC0415
     from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
     from rich.text import Text  # noqa: PLC0415
@@ -596,6 +619,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         return 1
     except Exception as exc:  # a client, role or file error: one line, never a traceback
         from sparkbus.roles.client import ClientError  # noqa: PLC0415
+        from sparkbus.topologies.schema import TopologyError  # noqa: PLC0415
 
         if not isinstance(exc, ClientError | OSError | ValueError | TopologyError):
             raise
@@ -715,7 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
             "table store that Spark loads, that answers queries in milliseconds and keeps views fresh."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"sparkbus {package_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
@@ -795,8 +819,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "validate":
         return validate_command(args.topology)
     if args.command == "up":
+        from sparkbus.topologies.launcher import up_command  # noqa: PLC0415
+
         return up_command(args.topology, ready_timeout=args.timeout, skip_unavailable=args.skip_unavailable)
     if args.command == "status":
+        from sparkbus.topologies.launcher import status_command  # noqa: PLC0415
+
         target = args.target
         if target is None:
             try:

@@ -1,0 +1,57 @@
+"""Every ``sparkbus`` command imports ``sparkbus.topologies.cli`` first: what that import pulls in, each
+command pays before it starts. The launcher, the client, Rich's console, the roles and Spark are imported by
+the commands that use them (docs/OPERATIONS.md, "Start-up time")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import sparkbus.topologies
+
+#: imported by the commands that need them, never by ``import sparkbus.topologies.cli`` or ``--help``
+DEFERRED = (
+    "pyspark",
+    "rich.console",
+    "sparkbus.roles",
+    "sparkbus.topologies.client",
+    "sparkbus.topologies.echo",
+    "sparkbus.topologies.launcher",
+    "sparkbus.topologies.mainjob",
+)
+
+
+def _loaded_after(code: str) -> list[str]:
+    probe = (
+        f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {DEFERRED!r} if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_importing_the_command_line_imports_no_command() -> None:
+    assert _loaded_after("import sparkbus.topologies.cli") == []
+
+
+def test_help_imports_no_command() -> None:
+    code = (
+        "import contextlib, io\n"
+        "from sparkbus.topologies.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])"
+    )
+    assert _loaded_after(code) == []
+
+
+def test_the_package_names_are_still_offered() -> None:
+    for name in sparkbus.topologies.__all__:
+        assert getattr(sparkbus.topologies, name) is not None
+    assert sparkbus.topologies.EchoRole.__module__ == "sparkbus.topologies.echo"
+    assert set(sparkbus.topologies.__all__) <= set(dir(sparkbus.topologies))
+    with pytest.raises(AttributeError):
+        sparkbus.topologies.nothing  # noqa: B018
