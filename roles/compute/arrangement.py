@@ -60,6 +60,32 @@ def consolidate(updates: pa.Table) -> pa.Table:
     return conform(summed.select(updates.column_names), updates.schema)
 
 
+def canonical_nan(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A float column with every NaN as the one NaN ``float("nan")`` is (other columns as they are).
+
+    Arrow's hash kernels (``group_by``, ``index_in``, joins) compare floats by their bits, and NaNs have
+    many: Arrow's own ``0.0 / 0.0`` yields the one with the sign bit set. Made one where values enter
+    (writes, appends, map results), NaN equals NaN in every group, consolidation and key lookup, as in SQL.
+    Costs an ``is_nan`` and an ``any`` per float column, and a copy only of a column that holds a NaN.
+    """
+    if not pa.types.is_floating(column.type) or column.null_count == len(column):
+        return column
+    nan = pc.is_nan(column)
+    if not pc.any(nan).as_py():
+        return column
+    return pc.if_else(nan, pa.scalar(float("nan"), column.type), column)
+
+
+def canonical_nans(table: pa.Table) -> pa.Table:
+    """``table`` with the NaNs of its float columns made one (``canonical_nan``)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_floating(field.type):
+            column = canonical_nan(table.column(i))
+            if column is not table.column(i):
+                table = table.set_column(i, field, column)
+    return table
+
+
 def ungroupable(data: pa.Schema) -> str | None:
     """Why updates of ``data``'s columns cannot be consolidated (Arrow cannot group rows by a column of
     that type, such as a list, struct or map), or None if they can. Tried on one row of nulls: one Acero

@@ -65,6 +65,7 @@ from sparkbus.roles.compute.arrangement import (
     DIFF,
     TIME,
     Arrangement,
+    canonical_nans,
     decode_table,
     encode_table,
     i64,
@@ -587,6 +588,9 @@ class ComputeController:
         data = batch.select([n for n in batch.column_names if n != DIFF])
         if not data.schema.equals(schema):
             raise LocalProtocolError(f"write to {name!r}: schema {data.schema} is not the table's {schema}")
+        # One NaN, so that NaN equals NaN in every group, consolidation and upsert key, whatever bits the
+        # client's NaNs have (Arrow's hash kernels compare floats by their bits).
+        data = canonical_nans(data)
         key = self.table_keys.get(name)
         if key is not None:
             if diff is not None:

@@ -16,6 +16,8 @@ from sparkbus.roles.compute.arrangement import (
     DIFF,
     TIME,
     advance_times,
+    canonical_nan,
+    canonical_nans,
     conform,
     consolidate,
     i64,
@@ -52,7 +54,7 @@ def _map_column(table: pa.Table, expr: MapExpr) -> pa.Array | pa.ChunkedArray:
         # in float64, where x / 0 is inf or nan, as in most SQL engines' float division.
         left = pc.cast(left, pa.float64())
         right = pc.cast(right, pa.float64())
-    return _ARITH[expr.op](left, right)
+    return canonical_nan(_ARITH[expr.op](left, right))
 
 
 def _mask(table: pa.Table, pred: Predicate) -> pa.Array | pa.ChunkedArray:
@@ -210,6 +212,7 @@ def constrain(rows: pa.Table, key: list[str], constraints: tuple[tuple[object, .
         wanted = pa.table(
             {k: pa.array([v[i] for v in constraints], rows.schema.field(k).type) for i, k in enumerate(key)}
         )
+        wanted = canonical_nans(wanted)  # NaN matches NaN, whichever NaN each is
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise ValueError(f"a literal constraint does not fit the key {key}: {exc}") from None
     idx = "__row"

@@ -6,8 +6,8 @@ aggregation (an Acero plan costs about 90 us however small its input) nor per-gr
 * every distinct group key gets a dense slot number, in order of first appearance (``_Interner``: one
   ``index_in`` against the keys seen so far; unseen keys are appended). Several key columns are interned
   column by column and then pairwise (``slot << 32 | code``), so any key type ``index_in`` hashes works, and
-  the groups are the ones ``Table.group_by`` would form (null is a key like any other, NaN equals NaN,
-  -0.0 and 0.0 differ);
+  the groups are the ones ``Table.group_by`` would form (null is a key like any other, NaN equals NaN, as
+  the values that enter have one NaN bit pattern, ``arrangement.canonical_nan``; -0.0 and 0.0 differ);
 * the accumulators are NumPy arrays indexed by slot: the row count (sum of diffs) and, per aggregate, the
   count of non-null values and the sum of ``value * diff``. A step adds the update batch into them with
   ``np.add.at``, exact for integers: the int64 additions wrap, which leaves the right sum whenever it is in

@@ -19,6 +19,7 @@ from sparkbus.roles.compute.arrangement import (
     TIME,
     Arrangement,
     advance_times,
+    canonical_nans,
     conform,
     consolidate,
     data_schema,
@@ -71,7 +72,8 @@ def checked_updates(msg: AppendUpdates, where: str) -> pa.Table:
         raise RemoteProtocolError(
             f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
         )
-    return updates
+    # A controller sends NaNs made one already; a NaN of other bits would be another group key here.
+    return canonical_nans(updates)
 
 
 def plan_append(
