@@ -304,33 +304,40 @@ class Receiving(Hooks):
             except (StoreError, SegmentCorrupt) as exc:
                 return self._refuse_in(rep, inc, str(exc))
         if decision == "ff":
-            if store.entry(offer.segment_id) is not None:
-                store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
-            if temp != segment_file(offer.segment_id):
-                store.storage.rename(temp, segment_file(offer.segment_id))
-            store.add_segment(
-                SegmentEntry(
-                    segment_id=offer.segment_id,
-                    base_id=offer.base_id,
-                    included=offer.included,
-                    major=offer.major,
-                    acked=frozenset({offer.sender}),
-                    rows=offer.rows,
-                    max_lsn=offer.max_lsn,
-                    size=offer.size,
-                    checksum=offer.checksum,
+            entries = list(store.entries)
+            try:
+                if store.entry(offer.segment_id) is not None:
+                    store.entries = [e for e in store.entries if e.segment_id != offer.segment_id]
+                if temp != segment_file(offer.segment_id):
+                    store.storage.rename(temp, segment_file(offer.segment_id))
+                store.add_segment(
+                    SegmentEntry(
+                        segment_id=offer.segment_id,
+                        base_id=offer.base_id,
+                        included=offer.included,
+                        major=offer.major,
+                        acked=frozenset({offer.sender}),
+                        rows=offer.rows,
+                        max_lsn=offer.max_lsn,
+                        size=offer.size,
+                        checksum=offer.checksum,
+                    )
                 )
-            )
+            except OSError as exc:
+                store.entries = entries  # add_segment listed nothing: the manifest write failed
+                return self._write_failed(rep, inc, exc)
             self._count("fast_forwards")
         elif decision == "merge":
             try:
                 store.merge_segment_file(temp, self._now)
+                self._drop_received(rep, inc)
+                self._count("merges")
+                self._flush(rep)
             except (StoreError, SegmentCorrupt) as exc:
                 # Rows merged before the failing batch stay (merging them again changes nothing).
                 return self._refuse_in(rep, inc, str(exc))
-            self._drop_received(rep, inc)
-            self._count("merges")
-            self._flush(rep)
+            except OSError as exc:
+                return self._write_failed(rep, inc, exc)
         else:
             self._drop_received(rep, inc)
             if decision is not DeclineReason.SEGMENT_EXISTS:
@@ -384,6 +391,32 @@ class Receiving(Hooks):
         self.refused[offer.partition, offer.segment_id, offer.checksum] = reason
         self._drop_received(rep, inc)
         self._send_ack(inc, rep, f"refused: {reason}")
+
+    def _write_failed(self, rep: LocalReplica, inc: _In, exc: OSError) -> None:
+        """A local write error (the manifest or the log) while a received segment was listed or merged:
+        nothing of it is listed, its file goes, and the ack says so; the sender retries later. Not
+        remembered as refused: the disk may have room by then. Raised, it left the transfer without an
+        answer, and the sender, one offer at a time per destination, offered that replica nothing again.
+        """
+        offer = inc.offer
+        self._count("incoming_write_errors")
+        log.warning(
+            "replication %s: cannot store %s/%s from %s: %s",
+            self.node,
+            offer.partition,
+            offer.segment_id,
+            inc.peer,
+            exc,
+        )
+        for name in dict.fromkeys((inc.name, segment_file(offer.segment_id))):
+            if name == segment_file(offer.segment_id) and rep.store.entry(offer.segment_id) is not None:
+                continue  # a segment of ours by that name
+            try:
+                if rep.store.storage.exists(name):
+                    rep.store.storage.delete(name)
+            except OSError:
+                pass  # unlisted: the next open deletes it
+        self._send_ack(inc, rep, f"cannot write: {exc}")
 
     def _drop_received(self, rep: LocalReplica, inc: _In) -> None:
         """Delete a received file that is not kept as a segment (merged, or no longer needed)."""

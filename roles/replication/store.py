@@ -28,6 +28,7 @@ import os
 import struct
 import zlib
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,8 +340,21 @@ class PartitionStore:
             },
             use_bin_type=True,
         )
-        self._acked_unsaved = False
         write_whole(self.storage, MANIFEST, [_MANIFEST_MAGIC + struct.pack(">I", zlib.crc32(body)), body])
+        self._acked_unsaved = False
+
+    @contextmanager
+    def _undone_on_error(self) -> Iterator[None]:
+        """Changes of the segment list, root, clock and covered log sequence inside are undone in memory
+        if the manifest write that saves them fails (``OSError``: a full or failing disk). Kept, the
+        memory listed what the disk did not (a segment the manifest does not list, whose file the next
+        open deletes, offered to peers and used as a base)."""
+        saved = (list(self.entries), self.root, self.lamport, self._wal_flushed)
+        try:
+            yield
+        except OSError:
+            self.entries, self.root, self.lamport, self._wal_flushed = saved
+            raise
 
     # ------------------------------------------------------------ writes
 
@@ -535,10 +549,11 @@ class PartitionStore:
             return None
         table = upsert(pa.concat_tables(self._memtable), self.config.key)
         entry = self._write(self._new_id(), self.root, (), self.root is None, table)
-        self.entries.append(entry)
-        self.root = entry.segment_id
-        self._wal_flushed = self._wal_seq
-        self.save_manifest()
+        with self._undone_on_error():
+            self.entries.append(entry)
+            self.root = entry.segment_id
+            self._wal_flushed = self._wal_seq
+            self.save_manifest()
         self.storage.delete(WAL)
         self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
         return entry
@@ -558,9 +573,10 @@ class PartitionStore:
             history.extend(e.included)
         included = tuple(dict.fromkeys(history))[: self.config.max_segment_history]
         entry = self._write(self._new_id(), self.root, included, True, table)
-        self.entries.append(entry)
-        self.root = entry.segment_id
-        self.save_manifest()
+        with self._undone_on_error():
+            self.entries.append(entry)
+            self.root = entry.segment_id
+            self.save_manifest()
         return entry
 
     def _chain_table(self, live: Sequence[SegmentEntry]) -> pa.Table:
@@ -574,16 +590,19 @@ class PartitionStore:
         """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root.
 
         One manifest write; the file is not read (its schema is read when first needed, ``schema``).
+        Nothing changes in memory if the write fails.
         """
-        self.entries.append(entry)
-        self.root = entry.segment_id
-        self.lamport = max(self.lamport, entry.max_lsn)
-        self.save_manifest()
+        with self._undone_on_error():
+            self.entries.append(entry)
+            self.root = entry.segment_id
+            self.lamport = max(self.lamport, entry.max_lsn)
+            self.save_manifest()
 
     def delete_segment(self, segment_id: str) -> None:
         """Drop a segment from the list (persisted first) and then its file."""
-        self.entries = [e for e in self.entries if e.segment_id != segment_id]
-        self.save_manifest()
+        with self._undone_on_error():
+            self.entries = [e for e in self.entries if e.segment_id != segment_id]
+            self.save_manifest()
         self.storage.delete(segment_file(segment_id))
 
     def rewrite_for_range(

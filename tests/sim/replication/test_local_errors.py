@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sparkbus.roles.replication.store import MANIFEST, WAL
 from tests.sim.replication.cluster import NODES, Cluster, P, spec
 
 
@@ -45,3 +46,44 @@ def test_one_failed_age_flush_does_not_stop_the_tick(seed: int) -> None:
     assert c.role("a").local[P].store.memtable_rows == 0
     # Logged and counted once, not raised; it clears once the procedures run again.
     assert c.counters("a").get("procedure_errors") == 1 and c.status("a")["failing"] == {}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_manifest_write_error_on_fast_forward_is_acked_and_retried(seed: int) -> None:
+    """Raised, the error left the transfer unanswered: the leader, one offer at a time per follower,
+    waited for its ack while the link stayed up and replicated nothing to b again."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.assert_identical(NODES, keys)
+    fault = _Once(c.role("b").local[P].store.storage, "create", lambda n: n == MANIFEST)
+    keys += c.write_keys("a", range(100, 108))  # flushed: offered to b and c
+    c.settle(30)
+    assert fault.fired
+    assert c.counters("b").get("incoming_write_errors") == 1
+    keys += c.write_keys("a", range(200, 208))
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_log_write_error_while_merging_is_acked_and_retried(seed: int) -> None:
+    """b leads its side of a cut and takes writes; on the heal a merges b's fork, and its log append
+    fails once. Unanswered, a never got b's acknowledged rows: reads on the leader missed them for good."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("b", "c")
+    keys += c.write_keys("b", range(50, 58))  # b leads alone
+    c.call("b", "flush", partition=P)
+    fault = _Once(c.role("a").local[P].store.storage, "append_durable", lambda n: n == WAL)
+    c.heal("a", "b")
+    c.heal("b", "c")
+    c.settle(30)
+    assert fault.fired
+    assert c.counters("a").get("incoming_write_errors") == 1
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    c.assert_clean()

@@ -40,7 +40,14 @@ from sparkbus.roles.replication.segments import (
     write_segment,
 )
 from sparkbus.roles.replication.storage import DiskStorage, FileWriter, MemoryStorage, Storage, Tap
-from sparkbus.roles.replication.store import MAX_LSN, PartitionStore, StoreConfig, StoreError, read_manifest
+from sparkbus.roles.replication.store import (
+    MANIFEST,
+    MAX_LSN,
+    PartitionStore,
+    StoreConfig,
+    StoreError,
+    read_manifest,
+)
 
 P = "t/0"
 SPEC = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2)))
@@ -362,3 +369,25 @@ def test_a_header_field_of_another_type_is_refused(change: dict[str, Any]) -> No
     ack = transfer(role, offer_of(entry, data, size=len(data), checksum=checksum), data)
     assert not ack.ok and "bad header" in ack.error, ack
     assert role.local[P].store.entries == []
+
+
+def test_a_manifest_write_error_on_fast_forward_lists_nothing_and_the_offer_is_taken_later() -> None:
+    entry, data = segment()
+    role = follower()
+    store = role.local[P].store
+    create = store.storage.create
+
+    def full(name: str) -> FileWriter:
+        if name == MANIFEST:
+            raise OSError(28, "No space left on device")
+        return create(name)
+
+    store.storage.create = full  # type: ignore[method-assign]
+    ack = transfer(role, offer_of(entry, data), data)
+    assert not ack.ok and "cannot write" in ack.error and "No space left" in ack.error, ack
+    assert store.entries == [] and store.root is None and store.lamport == 0  # memory is the disk's
+    assert not any(n.startswith("seg-") for n in store.storage.names()), store.storage.names()
+    assert role.counters["incoming_write_errors"] == 1 and not role.refused
+    del store.storage.create  # the disk has room again: the same offer travels and is listed
+    assert transfer(role, offer_of(entry, data), data).ok
+    assert [e.segment_id for e in store.entries] == [entry.segment_id]
