@@ -24,8 +24,9 @@ Local calls (``LocalCall.name`` and its ``args``):
   (read-your-writes). A table name peeks the table itself.
 * ``cancel_peek(call_id)``: cancel the peek started by that call.
 * ``subscribe(view, target_replica=None)``: result ``{"id", "as_of"}``; ``fetch(id)`` returns and clears
-  the received batches; ``unsubscribe(id)``. A batch whose upper is closed (a replica's error it cannot get
-  past) is the last: the subscribe is dropped, ``dropped_at`` set.
+  the received batches; ``unsubscribe(id)``. An error batch (a failed view, a batch beyond
+  ``max_result_size``, a replica's error it cannot get past) or a batch whose upper is closed is the last:
+  the subscribe is dropped, ``dropped_at`` set to the upper delivered before it.
 * ``allow_writes()``: for a controller created ``read_only``.
 
 Choices where the spec is silent (also in docs/COMPUTE.md): timestamps are assigned by the controller, one
@@ -428,9 +429,12 @@ class ComputeController:
             raise RemoteProtocolError(
                 f"SubscribeBatch from {peer} for {msg.id!r} starts at {msg.lower} beyond the delivered {sub.upper}"
             )
-        new_upper = upper if upper is not None else sub.upper
+        new_upper = upper if upper is not None and not msg.error else sub.upper
         if msg.error:
-            sub.batches.append((sub.upper, new_upper, None, msg.error))
+            # An error batch is the last, whatever its upper: the updates of its span are lost for good, so
+            # a later batch would leave the subscriber's collection silently short of them. Materialize's
+            # ``ActiveSubscribe::process_response`` ends a subscribe at its first error too.
+            sub.batches.append((sub.upper, sub.upper, None, msg.error))
         else:
             try:
                 updates = decode_table(msg.updates)
@@ -446,10 +450,10 @@ class ComputeController:
                 updates = updates.filter(pc.greater_equal(updates[TIME], i64(sub.upper)))
             sub.batches.append((sub.upper, new_upper, encode_table(updates), None))
         sub.upper = new_upper
-        if upper is None:
-            # A closed upper: that replica sends nothing more for it (an error it cannot get past, such as
-            # a table it refused). The subscribe ends there, as Materialize's controller stops tracking one
-            # whose upper is empty: later batches from other replicas would follow an error.
+        if upper is None or msg.error:
+            # An error, or a closed upper: that replica sends nothing more for it (an error it cannot get
+            # past, such as a table it refused). The subscribe ends there, as Materialize's controller stops
+            # tracking one whose upper is empty: later batches from other replicas would follow an error.
             sub.dropped_at = (sub.upper,)
             self._drop_collection(msg.id)
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbus.roles.compute import Aggregate, ViewDef
+from sparkbus.roles.compute import Aggregate, UpdateConfiguration, ViewDef
 from tests.sim.compute.test_compute_sim import (
     CTL,
     EXPECTED,
@@ -52,3 +52,23 @@ def test_a_recreated_view_gets_an_id_no_other_view_has_even_one_named_like_a_gen
     assert rows(call(sim, "peek", view=taken)) == [{"total": 12}]
     call(sim, "drop_view", name=taken)  # drops its own index only
     assert rows(call(sim, "peek", view="v", finishing=ORDERED)) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_subscribe_ends_at_its_first_error_batch(seed: int) -> None:
+    """A batch beyond max_result_size becomes an error for its span: those updates are lost, so no later
+    batch may follow it (the subscriber's collection would lack them without a word)."""
+    sim = boot(seed, config=UpdateConfiguration(max_result_size=1200))
+    sub = call(sim, "subscribe", view="v")
+    call(sim, "write", table="t", batch=batch(*[(f"key{i}", i) for i in range(200)]))  # too large
+    call(sim, "write", table="t", batch=batch(("a", 1)))
+    sim.run_until_idle()
+    got = call(sim, "fetch", id=sub["id"])
+    errors = [i for i, b in enumerate(got["batches"]) if b[3] is not None]
+    assert errors == [len(got["batches"]) - 1], got["batches"]
+    lower, upper, _, error = got["batches"][-1]
+    assert "exceeds max size" in error and lower == upper == got["upper"]
+    assert got["dropped_at"] == (got["upper"],)
+    assert sub["id"] not in controller(sim).collections
+    sim.run_until_idle()
+    assert call(sim, "fetch", id=sub["id"])["batches"] == []
