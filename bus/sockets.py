@@ -5,9 +5,13 @@ it dials. Every socket has LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbea
 ROUTER has ROUTER_MANDATORY and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE and a bounded reconnect
 interval. ``sparkbus.bus.node`` binds, connects and serves them.
 
-MAXMSGSIZE is ``limits.max_frame_bytes``: libzmq checks it against each frame on its own, as the frame's
-length arrives and before the frame is buffered, and closes the connection of a peer that sends a longer
-one (nothing of that message is delivered, and nothing answers it). libzmq 4.3 has no option that bounds
+libzmq checks MAXMSGSIZE against each frame on its own, as the frame's length arrives and before the frame
+is buffered, and closes the connection of a peer that sends a longer one (nothing of that message is
+delivered, and nothing answers it). On the PULL, DEALER and PUSH it is ``limits.max_frame_bytes``. On the
+ROUTER, where thin clients and peers send requests that can be answered, it is ``limits.max_message_bytes``:
+a frame over ``max_frame_bytes`` but within the message limit is delivered, and the core answers it
+``LIMIT_EXCEEDED`` on its session, so a client whose limits are above the node's gets the node's reason
+rather than a closed connection. libzmq 4.3 has no option that bounds
 the frames of one message, or their sum: it delivers a message only once its last frame has arrived, so a
 message of many frames, each within the limit, is held whole in ZeroMQ's buffers before the node sees it.
 ``recv_message`` (and the node's ROUTER drain) then keep at most ``limits.max_frames`` of its frames and
@@ -104,7 +108,9 @@ def server_sockets(ctx: Context, config: BusConfig) -> tuple[Socket, Socket]:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, config.hwm)
         sock.setsockopt(zmq.SNDHWM, config.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, config.limits.max_frame_bytes)  # per frame (module docstring)
+    # Per frame (module docstring): the ROUTER's requests over the frame limit are answered by the core.
+    router.setsockopt(zmq.MAXMSGSIZE, config.limits.max_message_bytes)
+    pull.setsockopt(zmq.MAXMSGSIZE, config.limits.max_frame_bytes)
     return router, pull
 
 

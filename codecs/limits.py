@@ -1,8 +1,9 @@
 """Size limits applied by every decoder: what a peer's message may take once it has been received.
 
-Over the bus's ZeroMQ sockets only ``max_frame_bytes`` is enforced before a message is buffered (ZeroMQ's
-MAXMSGSIZE, checked per frame); the frame count and the total are checked after ZeroMQ delivers the whole
-message, so a peer that may connect can still make a node hold a message of many frames
+Over the bus's ZeroMQ sockets only the size of each frame is enforced before a message is buffered (ZeroMQ's
+MAXMSGSIZE, checked per frame: ``max_frame_bytes`` on the data and reply sockets, ``max_message_bytes`` on
+the ROUTER, whose requests the core answers); the frame count and the total are checked after ZeroMQ
+delivers the whole message, so a peer that may connect can still make a node hold a message of many frames
 (docs/PROTOCOL.md section 3).
 """
 
@@ -22,8 +23,10 @@ class Limits:
     """Bounds on what a decoder accepts.
 
     Attributes:
-        max_frame_bytes: largest single frame, compressed or not. The bus's sockets also give it to ZeroMQ
-            (MAXMSGSIZE), which closes the connection of a peer that sends a longer frame before buffering it.
+        max_frame_bytes: largest single frame, compressed or not. The bus's data and reply sockets also
+            give it to ZeroMQ (MAXMSGSIZE), which closes the connection of a peer that sends a longer frame
+            before buffering it; the ROUTER takes frames up to ``max_message_bytes`` and the core refuses
+            one over this limit with an answer.
         max_message_bytes: largest sum of frame sizes in one message; checked once ZeroMQ has delivered the
             whole message (libzmq 4.3 has no option that bounds a message's frames or total).
         max_frames: most frames in one message; the node keeps no more than this many frames of a message,

@@ -1,5 +1,6 @@
-"""What a peer can make a node hold: ZeroMQ's MAXMSGSIZE bounds each frame, not a message, so every bus socket
-has it at ``max_frame_bytes``; a message of more than ``max_frames`` frames is read to its end keeping only
+"""What a peer can make a node hold: ZeroMQ's MAXMSGSIZE bounds each frame, not a message: the data and
+reply sockets have it at ``max_frame_bytes``, the ROUTER at ``max_message_bytes`` (a longer frame within it
+is answered by the core); a message of more than ``max_frames`` frames is read to its end keeping only
 the first ones, and refused naming them all. Real sockets on 127.0.0.1, every receive timed out."""
 
 from __future__ import annotations
@@ -45,34 +46,71 @@ def dealer() -> Iterator[zmq.Socket[bytes]]:
         sock.close(linger=0)
 
 
-def test_every_bus_socket_bounds_each_frame_by_max_frame_bytes() -> None:
+def test_every_bus_socket_bounds_each_frame_and_the_router_at_the_message_limit() -> None:
     made = [*sockets.server_sockets(context(), CONFIG), *sockets.peer_sockets(context(), CONFIG, "a")]
     try:
-        assert [s.getsockopt(zmq.MAXMSGSIZE) for s in made] == [LIMITS.max_frame_bytes] * 4
+        # ROUTER, PULL, DEALER, PUSH: the ROUTER's requests over the frame limit are answered by the core.
+        assert [s.getsockopt(zmq.MAXMSGSIZE) for s in made] == [
+            LIMITS.max_message_bytes,
+            *[LIMITS.max_frame_bytes] * 3,
+        ]
     finally:
         for sock in made:
             sock.close(linger=0)
 
 
-def test_a_frame_over_max_frame_bytes_closes_the_connection_before_the_node_reads_it(
-    node: Node, dealer: zmq.Socket[bytes]
-) -> None:
-    ep = node.bind()
-    node.start({})
-    monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+def _closed_unread(node: Node, sock: zmq.Socket[bytes], endpoint: str, frames: list[bytes]) -> None:
+    """``frames`` sent to ``endpoint``: ZeroMQ closes the connection and the node reads nothing of them."""
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     monitor.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
     try:
-        dealer.connect(ep.control)
-        # Each frame within max_message_bytes (the old MAXMSGSIZE), each over max_frame_bytes.
-        dealer.send_multipart([b"\x00" * (900 * KiB)] * 40)
+        sock.connect(endpoint)
+        sock.send_multipart(frames)
         # ZeroMQ refuses the first frame as its length arrives and closes the connection (no answer).
         assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
     finally:
-        dealer.disable_monitor()
+        sock.disable_monitor()
         monitor.close(linger=0)
     status = node.status()
     assert status["counters"].get("bytes_in", 0) == 0, status["counters"]
     assert "LIMIT_EXCEEDED" not in status["refusals"], status["refusals"]
+
+
+def test_a_data_frame_over_max_frame_bytes_closes_the_connection_before_the_node_reads_it(
+    node: Node,
+) -> None:
+    ep = node.bind()
+    node.start({})
+    push = context().socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDTIMEO, TIMEOUT_MS)
+    try:
+        # Each frame within max_message_bytes, each over max_frame_bytes.
+        _closed_unread(node, push, ep.data, [b"\x00" * (900 * KiB)] * 40)
+    finally:
+        push.close(linger=0)
+
+
+def test_a_control_frame_over_max_message_bytes_closes_the_connection_before_the_node_reads_it(
+    node: Node, dealer: zmq.Socket[bytes]
+) -> None:
+    ep = node.bind()
+    node.start({})
+    _closed_unread(node, dealer, ep.control, [b"\x00" * (LIMITS.max_message_bytes + 1)] * 3)
+
+
+def test_a_control_frame_over_max_frame_bytes_within_the_message_limit_is_answered_limit_exceeded(
+    node: Node, dealer: zmq.Socket[bytes]
+) -> None:
+    ep = node.bind()
+    node.start({})
+    dealer.connect(ep.control)
+    header = msgpack.packb([1, REGISTRY.code_of(Note), 0, 0, None, 0])
+    dealer.send_multipart([header, b"\x00" * (LIMITS.max_frame_bytes + 1)])
+    answer = EnvelopeCodec(REGISTRY).decode(dealer.recv_multipart()).message
+    assert isinstance(answer, Reject) and answer.code == ErrorCode.LIMIT_EXCEEDED
+    assert f"limit is {LIMITS.max_frame_bytes}" in answer.message
+    assert node.status()["refusals"]["LIMIT_EXCEEDED"] == 1
 
 
 def test_recv_message_keeps_max_frames_and_drops_the_rest_of_the_message() -> None:
