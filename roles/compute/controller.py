@@ -512,7 +512,8 @@ class ComputeController:
             return
         try:
             result = handler(self, call)
-        except (LocalProtocolError, ValueError, KeyError, TypeError) as exc:
+        except (LocalProtocolError, ValueError, KeyError, TypeError, ArithmeticError) as exc:
+            # Answered, never raised: a call that escapes ``handle`` is never answered.
             self._out.append(Reply(call_id=call.call_id, error=f"{call.name}: {exc}"))
             return
         if result is not _PENDING:

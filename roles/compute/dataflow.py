@@ -97,6 +97,10 @@ def output_schema(view: ViewDef, source: pa.Schema, where: str) -> pa.Schema:
     """
     try:
         linear = apply_linear(view, source.empty_table()).schema
+        if len(set(linear.names)) != len(linear.names):
+            # A map named like a column: the view's every later lookup of that name would fail on data.
+            repeated = sorted({n for n in linear.names if linear.names.count(n) > 1})
+            raise ViewError(f"{where}: a map repeats the name of a column: {repeated}")
         if not view.reduces:
             return linear
         for name in view.group_by:
@@ -107,7 +111,8 @@ def output_schema(view: ViewDef, source: pa.Schema, where: str) -> pa.Schema:
         return Reduction(view, linear, where).out_schema
     except ViewError:
         raise
-    except (KeyError, TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (KeyError, TypeError, ArithmeticError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        # ArithmeticError: a literal beyond its column's type, such as 2**63 for int64 (OverflowError).
         raise ViewError(f"{where}: the view does not fit source {view.source!r}: {exc}") from None
 
 

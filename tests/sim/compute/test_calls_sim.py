@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkbus.roles.compute import Aggregate, UpdateConfiguration, ViewDef
+from sparkbus.roles.compute import Aggregate, MapExpr, Predicate, UpdateConfiguration, ViewDef
 from tests.sim.compute.test_compute_sim import (
     CTL,
     EXPECTED,
@@ -72,3 +72,25 @@ def test_a_subscribe_ends_at_its_first_error_batch(seed: int) -> None:
     assert sub["id"] not in controller(sim).collections
     sim.run_until_idle()
     assert call(sim, "fetch", id=sub["id"])["batches"] == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(
+    ("view", "needle"),
+    [
+        (ViewDef(source="t", filters=(Predicate(column="v", op="lt", value=2**63),)), "does not fit"),
+        (ViewDef(source="t", maps=(MapExpr(name="v", op="add", left="v", literal=1),)), "repeats the name"),
+    ],
+    ids=["literal-beyond-int64", "map-named-like-a-column"],
+)
+def test_a_view_that_cannot_be_computed_is_refused_when_it_is_created(
+    seed: int, view: ViewDef, needle: str
+) -> None:
+    sim = boot(seed, replicas=("r1",))
+    cid = sim.call("ctl", CTL, "create_view", {"name": "bad", "view": view})
+    sim.run_until_idle()
+    done = sim.reply(cid)
+    assert done is not None and done.error is not None and needle in done.error, done
+    assert "bad" not in controller(sim).views
+    call(sim, "write", table="t", batch=batch(("q", 1)))
+    assert {"k": "q", "n": 1, "s": 1} in rows(call(sim, "peek", view="v"))

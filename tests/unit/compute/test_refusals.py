@@ -20,6 +20,7 @@ from sparkbus.roles.compute import (
     Frontiers,
     MapExpr,
     PeekResponse,
+    Predicate,
     Schedule,
     SortKey,
     SubscribeBatch,
@@ -225,6 +226,23 @@ def test_a_bad_dataflow_at_reconciliation_is_refused_alone() -> None:
         Schedule(id="v"),
         peek("p", 0),
     )
+    assert d.replica.reconciliation_refusals == 1 and d.replica.dataflow("bad") is None
+    assert peek_rows(out, "p") == []
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        ViewDef(source="t", filters=(Predicate(column="v", op="lt", value=2**63),)),
+        ViewDef(source="t", maps=(MapExpr(name="v", op="add", left="v", literal=1),)),
+    ],
+    ids=["literal-beyond-int64", "map-named-like-a-column"],
+)
+def test_a_view_that_cannot_be_built_is_refused_alone_at_reconciliation(view: ViewDef) -> None:
+    """A literal beyond its column's type raised OverflowError, which stopped reconciliation half-way; a map
+    repeating a column's name was built and failed on its first data."""
+    d = started()
+    out = reconnect(d, table(0, 1), dataflow("bad", view=view), dataflow(), Schedule(id="v"), peek("p", 0))
     assert d.replica.reconciliation_refusals == 1 and d.replica.dataflow("bad") is None
     assert peek_rows(out, "p") == []
 
