@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,22 @@ SESSION_CONF = {
     # a killed task's Python worker is reaped this long after the kill
     "spark.python.task.killTimeout": "1s",
 }
+
+
+#: seconds a Spark test may take: the first one to ask for ``spark`` also starts the JVM and the session,
+#: which took over 30 s of the suite's 60 on a loaded 2-core machine; a test's own timeout mark stays
+SPARK_TEST_TIMEOUT = 180
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if (
+            item.path.is_relative_to(here)
+            and "spark" in getattr(item, "fixturenames", ())
+            and item.get_closest_marker("timeout") is None
+        ):
+            item.add_marker(pytest.mark.timeout(SPARK_TEST_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
