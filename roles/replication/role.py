@@ -165,6 +165,11 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 for placement in rep.store.meta.get("joined", ()):
                     self._apply_join(rep.spec.partition, placement)
             self._reapply_rejoins()
+            for rep in list(self.local.values()):  # splits this replica finalized before a restart
+                if rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL) and rep.spec.split_targets:
+                    # Its UNLOAD is saved before the local targets' clocks and SERVE: killed in between,
+                    # they stayed in LOAD, and no peer tells the finalize back to the node it came from.
+                    self._apply_split(rep.split_finalized())
             self._elect()
         if isinstance(event, MessageReceived):
             self._on_message(event.peer, event.message)

@@ -484,6 +484,29 @@ def test_a_crash_at_any_step_of_an_async_split_call_leaves_it_whole_or_not_start
         _assert_split_done(c, keys)
 
 
+@pytest.mark.parametrize("strike", [1, 2])
+def test_a_crash_between_the_source_unload_and_the_local_targets_serve_is_finished_at_start(
+    strike: int,
+) -> None:
+    """a finalizes the split: its t/0 saved UNLOAD, then it died at t/1's clock or t/1's SERVE. Its peer
+    hears the finalize from a and tells it to everyone but a, so a's t/1 and t/2 stayed in LOAD (their
+    clocks not raised), and a, t/1's leader, refused every write to t/1. The start applies it again."""
+    c, keys = _split_cluster(1)
+    c.storages["a", "t/1"].arm_crash(strike)  # t/1's raise_clock, then its SERVE, in _apply_split
+    c.try_call("a", "split", partition=P, targets=SPLIT, async_split=True)
+    c.reap_struck()
+    assert not c.alive("a"), "the crash struck inside the finalize"
+    c.restart("a")
+    c.settle(60)
+    lamport = c.role("a").local[P].store.lamport  # the finalize's clock: the targets' are above it
+    assert all(c.role("a").local[t].store.lamport >= lamport for t in ("t/1", "t/2"))
+    _, error = c.write("a", "t/1", {"key": [5], "v": ["new"]})
+    assert error is None, error
+    keys.append(5)
+    c.settle(10)
+    _assert_split_done(c, keys)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_join_finalize_reaches_a_replica_that_was_offline(seed: int) -> None:
     joining = PartitionSpec(
