@@ -50,6 +50,9 @@ class TableCatalog(PartitionStore):
             )
         return super().load(name, table, replace=replace)
 
+    def names(self) -> list[str]:
+        return [*self.published, *self.tables]
+
     def get(self, name: str) -> pa.Table | None:
         publisher = self.published.get(name)
         if publisher is not None:

@@ -36,6 +36,7 @@ from sparkbus.roles.query.expressions import (
     evaluate,
     evaluate_column,
     normalised,
+    resolve,
 )
 from sparkbus.roles.query.plan import (
     Aggregate,
@@ -76,7 +77,8 @@ class ScanSource:
         if column in self.dictionaries:
             return self.dictionaries[column]
         encoded: pa.DictionaryArray | None = None
-        col = self.table.column(column) if column in self.table.column_names else None
+        found = resolve(column, self.table.column_names)
+        col = self.table.column(found) if found is not None else None
         rows = self.table.num_rows
         if col is not None and rows >= self.min_rows and _is_text(col.type):
             arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
@@ -129,11 +131,20 @@ class PartitionStore:
         self._orders: dict[tuple[str, tuple[SortKey, ...]], _Order] = {}
         self._sources: dict[str, ScanSource] = {}
 
+    def names(self) -> list[str]:
+        """The tables this node holds a partition of."""
+        return list(self.tables)
+
     def source(self, name: str) -> ScanSource | None:
         """Partition ``name`` as scans read it (see ``ScanSource``), or None when this node holds none.
 
+        Table names compare case-insensitively, as in Spark SQL (a name two tables match is an error).
         Prepared once per version of the partition: a version is the table object ``get`` returns.
         """
+        found = resolve(name, self.names(), "table")
+        if found is None:
+            return None
+        name = found
         table = self.get(name)
         if table is None:
             return None
@@ -251,11 +262,8 @@ def _sort_indices(table: pa.Table, keys: Sequence[SortKey], what: str) -> pa.Arr
     columns: dict[str, pa.ChunkedArray] = {}
     order: list[tuple[str, str, str]] = []
     flagged = False
+    keys = _found(table, keys, what)
     for i, k in enumerate(keys):
-        if k.column not in table.column_names:
-            raise ExecutionError(
-                f"{what}: column {k.column!r} does not exist; columns are {table.column_names}"
-            )
         col = table.column(k.column)
         direction = "descending" if k.descending else "ascending"
         nulls = "at_start" if k.nulls_first else "at_end"
@@ -276,6 +284,19 @@ def _sort_indices(table: pa.Table, keys: Sequence[SortKey], what: str) -> pa.Arr
         raise ExecutionError(f"{what}: {exc}") from None
 
 
+def _found(table: pa.Table, keys: Sequence[SortKey], what: str) -> list[SortKey]:
+    """``keys`` naming ``table``'s columns as it spells them (names compare case-insensitively)."""
+    out = []
+    for k in keys:
+        found = resolve(k.column, table.column_names)
+        if found is None:
+            raise ExecutionError(
+                f"{what}: column {k.column!r} does not exist; columns are {table.column_names}"
+            )
+        out.append(k if found == k.column else replace(k, column=found))
+    return out
+
+
 def sort_table(table: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
     """``table`` stably sorted by ``keys``, NULLs placed per key, NaN above every other float."""
     return table.take(_sort_indices(table, keys, "sort"))
@@ -289,11 +310,7 @@ def top_k(table: pa.Table, keys: Sequence[SortKey], count: int) -> pa.Table:
     first ``count``) are kept in their original order and stably sorted. The result is exactly the stable
     sort's prefix, ties included.
     """
-    for k in keys:
-        if k.column not in table.column_names:
-            raise ExecutionError(
-                f"top_k: column {k.column!r} does not exist; columns are {table.column_names}"
-            )
+    keys = _found(table, keys, "top_k")
     if count == 0:
         return table.slice(0, 0)
     if table.num_rows > 4 * count:
@@ -404,20 +421,17 @@ def _scan(
     wanted = op.columns
     project = above[0] if above and isinstance(above[0], Project) else None
     if wanted is None and project is not None:
-        read = set().union(*(columns_of(e) for _, e in project.items))
-        # In the table's order; a name the table lacks stays in, for the check below to name it.
-        unknown = sorted(read - {*table.column_names})
-        wanted = (*(c for c in table.column_names if c in read), *unknown)
+        wanted = tuple(sorted(set().union(*(columns_of(e) for _, e in project.items))))
     if wanted is not None:
-        missing = [c for c in wanted if c not in table.column_names]
-        if missing:
-            raise ExecutionError(
-                f"scan {op.table}: no column {missing[0]!r}; columns are {table.column_names}"
-            )
+        # Names compare case-insensitively; the columns keep the table's spelling (and its order, when a
+        # project above reads them), and whatever reads them above finds them the same way.
+        found = {_column_of(table, c, f"scan {op.table}: no column"): None for c in wanted}
+        wanted = tuple(c for c in table.column_names if c in found) if op.columns is None else tuple(found)
     topk = _top_k_above(above, table.column_names)
     order = store.sorted_order(op.table, table, topk[0]) if topk is not None else None
     if topk is not None and order is not None:
-        needed = None if wanted is None else {*wanted, *(columns_of(op.predicate) if op.predicate else ())}
+        predicate = columns_of(op.predicate) if op.predicate else set()
+        needed = None if wanted is None else {*wanted, *(resolve(c, table.column_names) for c in predicate)}
         source = table if needed is None else table.select([c for c in table.column_names if c in needed])
         first = _first_in_order(source, order, op.predicate, params, topk[1])
         if first is not None:
@@ -426,15 +440,28 @@ def _scan(
     if wanted is not None:
         table = table.select(list(wanted))
     for name in _group_key_columns(above):
-        encoded = src.dictionary(name) if name in table.column_names else None
-        if encoded is not None:
-            i = table.column_names.index(name)
-            table = table.set_column(i, pa.field(name, encoded.type), encoded)
+        column = resolve(name, table.column_names)
+        encoded = src.dictionary(column) if column is not None else None
+        if column is not None and encoded is not None:
+            i = table.column_names.index(column)
+            table = table.set_column(i, pa.field(column, encoded.type), encoded)
     if mask is None:
         return table
     if isinstance(mask, pa.Scalar):
         return table if mask.as_py() is True else table.slice(0, 0)
     return table.filter(mask)
+
+
+def _column_of(table: pa.Table, name: str, missing: str) -> str:
+    """The column of ``table`` that ``name`` means (case-insensitively), as the table spells it.
+
+    Raises:
+        ExecutionError: ``missing`` and the name when there is none; when it is ambiguous.
+    """
+    found = resolve(name, table.column_names)
+    if found is None:
+        raise ExecutionError(f"{missing} {name!r}; columns are {table.column_names}")
+    return found
 
 
 def _group_key_columns(above: Sequence[PlanNode]) -> set[str]:
@@ -509,12 +536,15 @@ def _top_k_above(above: Sequence[PlanNode], columns: Sequence[str]) -> tuple[lis
     top = above[1] if project is not None and len(above) > 1 else (above[0] if above else None)
     if not isinstance(top, TopK):
         return None
-    source = {name: name for name in columns}
-    if project is not None:
-        source = {name: e.name for name, e in project.items if isinstance(e, Column)}
-    if any(k.column not in source or source[k.column] not in columns for k in top.keys):
-        return None
-    return [replace(k, column=source[k.column]) for k in top.keys], top.count
+    source = {name: e.name for name, e in project.items if isinstance(e, Column)} if project else None
+    keys = []
+    for k in top.keys:
+        name = k.column if source is None else source.get(k.column)
+        column = resolve(name, columns) if name is not None else None
+        if column is None:
+            return None
+        keys.append(replace(k, column=column))
+    return keys, top.count
 
 
 def _first_in_order(

@@ -34,6 +34,28 @@ def is_literal_value(value: object) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
+def fold(name: str) -> str:
+    """A name as SQL compares names: case-insensitively, as Spark SQL does by default
+    (``spark.sql.caseSensitive=false``)."""
+    return name.lower()
+
+
+def resolve(name: str, names: Sequence[str], what: str = "column") -> str | None:
+    """The one of ``names`` that ``name`` means, compared case-insensitively (``fold``); None if none.
+
+    As in Spark SQL, a name that several of ``names`` match (they differ only in case) is ambiguous, even
+    when one of them is spelt as ``name`` is.
+
+    Raises:
+        ExecutionError: the name is ambiguous.
+    """
+    key = fold(name)
+    found = [n for n in names if n == name or fold(n) == key]
+    if len(found) > 1:
+        raise ExecutionError(f"{what} name {name!r} is ambiguous: it could be any of {found}")
+    return found[0] if found else None
+
+
 def outside_int64(value: object) -> bool:
     """An integer that int64 (SQL's BIGINT) cannot hold."""
     return isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX
@@ -374,9 +396,10 @@ def evaluate(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Valu
         ExecutionError: a missing column or parameter, a type mismatch, an overflow, a division by zero.
     """
     if isinstance(expr, Column):
-        if expr.name not in table.column_names:
+        found = resolve(expr.name, table.column_names)
+        if found is None:
             raise ExecutionError(f"column {expr.name!r} does not exist; columns are {table.column_names}")
-        return table.column(expr.name)
+        return table.column(found)
     if isinstance(expr, Literal):
         return pa.scalar(expr.value)
     if isinstance(expr, Param):

@@ -19,7 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from sparkbus.roles.query.errors import SqlError
-from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param, outside_int64
+from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param, fold, outside_int64
 from sparkbus.roles.query.plan import (
     MAX_ROWS,
     AggCall,
@@ -101,11 +101,12 @@ def _unread(node: exp.Expr, read: Collection[str]) -> tuple[str, exp.Expr | None
 def _aliases(outputs: dict[str, Expr], then: Hook | None) -> Hook:
     """ORDER BY's name resolution, as Spark SQL's: an unqualified name that the select list outputs means
     that output, also inside an expression (``SELECT -x AS x ... ORDER BY x + 0`` sorts by ``-x``), before
-    any input column of that name; other nodes go to ``then``."""
+    any input column of that name; other nodes go to ``then``. Names compare case-insensitively."""
+    outputs = {fold(name): e for name, e in outputs.items()}
 
     def hook(node: exp.Expr) -> Expr | None:
-        if isinstance(node, exp.Column) and not node.table and node.name in outputs:
-            return outputs[node.name]
+        if isinstance(node, exp.Column) and not node.table and fold(node.name) in outputs:
+            return outputs[fold(node.name)]
         return then(node) if then is not None else None
 
     return hook
@@ -115,12 +116,13 @@ def _having(outputs: dict[str, Expr], keys: list[Expr], then: Hook) -> Hook:
     """HAVING's name resolution, as Spark SQL's: an unqualified name that the select list outputs means
     that output (``SELECT k, sum(x) AS x ... HAVING x > 2`` filters on ``sum(x)``), unless it names a
     GROUP BY column, which it then means (``SELECT upper(k) AS k ... GROUP BY k HAVING k = 'a'``); inside
-    an aggregate, names are input columns. Other nodes go to ``then``."""
+    an aggregate, names are input columns. Other nodes go to ``then``. Names compare case-insensitively."""
+    outputs = {fold(name): e for name, e in outputs.items()}
 
     def hook(node: exp.Expr) -> Expr | None:
-        named = isinstance(node, exp.Column) and not node.table and node.name in outputs
-        if named and Column(name=node.name) not in keys:
-            return outputs[node.name]
+        named = isinstance(node, exp.Column) and not node.table and fold(node.name) in outputs
+        if named and Column(name=fold(node.name)) not in keys:
+            return outputs[fold(node.name)]
         return then(node)
 
     return hook
@@ -279,9 +281,11 @@ class _Translator:
             return self.expr(node.this, hook)
         if isinstance(node, exp.Column):
             qualifier = node.table
-            if qualifier and qualifier not in (self.ctx.table, self.ctx.alias):
+            if qualifier and fold(qualifier) not in (fold(self.ctx.table), fold(self.ctx.alias or "")):
                 raise self.error(f"unknown table {qualifier!r} (the query reads {self.ctx.table!r})", node)
-            return Column(name=node.name)
+            # Names compare case-insensitively, as in Spark SQL: spelt one way, a participant finds its column
+            # case-insensitively too (``expressions.resolve``).
+            return Column(name=fold(node.name))
         if isinstance(node, exp.Literal):
             if node.is_string:
                 return Literal(value=node.this)
@@ -393,7 +397,8 @@ class _Translator:
                 if isinstance(item, exp.Column)
                 else item.sql(dialect="spark")
             )
-            if name in names or name.startswith("__"):
+            if fold(name) in map(fold, names) or name.startswith("__"):
+                # Names compare case-insensitively: `x` and `X` would be one name to ORDER BY and HAVING.
                 raise self.error(f"duplicate or reserved output name {name!r}; use AS", item)
             names.append(name)
         return names
@@ -426,9 +431,16 @@ class _Translator:
                     "with SELECT *, ORDER BY takes column names, not positions or expressions", node
                 )
             position = self._ordinal(node, "ORDER BY")
+            output = (
+                [fold(n) for n in names].index(fold(node.name))
+                if isinstance(node, exp.Column) and not node.table and fold(node.name) in map(fold, names)
+                else None
+            )
             if position is not None:
                 column = names[position]
-            elif star or (isinstance(node, exp.Column) and not node.table and node.name in names):
+            elif output is not None:
+                column = names[output]
+            elif star:
                 column = node.name
             else:
                 column = f"__o{i}"
