@@ -262,9 +262,11 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         re-arm included, and one partition's error stopped every other partition of the node.
         """
         steps = ((self.local, self._run, ""), (self.draining, self._drain, " (draining)"))
+        ran = set()
         for replicas, step, which in steps:
             for rep in list(replicas.values()):
                 where = f"{rep.spec.partition}{which}"
+                ran.add(where)
                 try:
                     step(rep)
                 except SimulatedCrash:
@@ -280,6 +282,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 else:
                     if self.failing.pop(where, None) is not None:
                         log.info("replication %s: %s: the procedures run again", self.node, where)
+        for gone in set(self.failing) - ran:
+            del self.failing[gone]  # no longer hosted (or draining) here: its error is not current
 
     def _run(self, rep: LocalReplica) -> None:
         lifecycle = rep.lifecycle

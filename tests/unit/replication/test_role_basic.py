@@ -99,3 +99,21 @@ def test_a_call_that_fails_unexpectedly_is_answered_with_the_error(caplog: pytes
     assert actions == [Reply(call_id=7, error="compact failed: RuntimeError: no kernel")]
     assert role.counters["handler_errors"] == 1
     assert len([r for r in caplog.records if "no kernel" in r.getMessage()]) == 1
+
+
+def test_a_replica_that_failed_and_is_no_longer_hosted_is_not_listed_as_failing() -> None:
+    role = _role("t/0")
+    list(role.handle(TimerFired(key="boot"), 0.0))
+    _write(role, "t/0", [1], 1)
+    store = role.local["t/0"].store
+
+    def flush() -> None:
+        raise RuntimeError("disk on fire")
+
+    store.flush = flush  # type: ignore[method-assign]
+    list(role.handle(TimerFired(key=TICK), 100.0))
+    assert role.failing == {"t/0": "RuntimeError: disk on fire"}
+    elsewhere = PartitionSpec(partition="t/0", replicas=(Replica(node="b", placement=2),))
+    list(role.handle(LocalCall(call_id=2, name="assign", args={"spec": elsewhere}), 101.0))
+    assert "t/0" not in role.local and "t/0" in role.draining
+    assert role.failing == {"t/0 (draining)": "RuntimeError: disk on fire"}
