@@ -13,6 +13,7 @@ NULL takes its type from its context, and a BIGINT beside a DOUBLE is cast to DO
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -25,6 +26,11 @@ from sparkbus.roles.query.errors import ExecutionError, PlanError
 
 Scalar = int | float | str | bool | None
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: the most terms an AND or OR takes (a chain ``a OR b OR c ...`` is one call), and the most values of an IN
+#: list: generous for generated SQL, while parsing such a text still takes under a second (sqlglot)
+MAX_TERMS = 16_384
+#: the deepest an expression nests (a chain of AND or OR terms is one level)
+MAX_DEPTH = 64
 #: A pyarrow array, chunked array or scalar (pyarrow ships no type hints).
 Value: TypeAlias = Any
 
@@ -111,7 +117,7 @@ class Call:
             raise PlanError(f"call[{self.op!r}]", f"unknown operator; known: {', '.join(sorted(OPS))}")
         low, high = spec.arity
         if not low <= len(self.args) <= high:
-            want = str(low) if low == high else f"{low}..{'n' if high > 99 else high}"
+            want = str(low) if low == high else f"{low}..{high}"
             raise PlanError(f"call[{self.op!r}]", f"takes {want} arguments, got {len(self.args)}")
 
 
@@ -254,6 +260,16 @@ def _coalesce(*args: Value) -> Value:
     return pc.coalesce(*args)
 
 
+def _all(*args: Value) -> Value:
+    """AND of any number of terms (Kleene logic)."""
+    return functools.reduce(pc.and_kleene, args)
+
+
+def _any(*args: Value) -> Value:
+    """OR of any number of terms (Kleene logic)."""
+    return functools.reduce(pc.or_kleene, args)
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     """How an operator evaluates: an arity range, a kernel over evaluated arguments, and the type an untyped
@@ -281,12 +297,12 @@ OPS: dict[str, OpSpec] = {
     "le": OpSpec((2, 2), _nan_aware(pc.less_equal, "le"), _BOOL),
     "gt": OpSpec((2, 2), _nan_aware(pc.greater, "gt"), _BOOL),
     "ge": OpSpec((2, 2), _nan_aware(pc.greater_equal, "ge"), _BOOL),
-    "and": OpSpec((2, 2), pc.and_kleene, _BOOL),
-    "or": OpSpec((2, 2), pc.or_kleene, _BOOL),
+    "and": OpSpec((2, MAX_TERMS), _all, _BOOL),
+    "or": OpSpec((2, MAX_TERMS), _any, _BOOL),
     "not": OpSpec((1, 1), pc.invert, _BOOL),
     "is_null": OpSpec((1, 1), pc.is_null),
     "is_not_null": OpSpec((1, 1), pc.is_valid),
-    "in": OpSpec((1, 1000), _in),
+    "in": OpSpec((1, 1 + MAX_TERMS), _in),
     "like": OpSpec((2, 2), _like, _TEXT),
     "abs": OpSpec((1, 1), pc.abs_checked, _DOUBLE),
     "lower": OpSpec((1, 1), _cased(pc.utf8_lower, str.lower), _TEXT),
@@ -345,17 +361,14 @@ def expr_to_plain(expr: Expr) -> list[Any]:
     return ["call", expr.op, [expr_to_plain(a) for a in expr.args]]
 
 
-_MAX_DEPTH = 64
-
-
 def expr_from_plain(plain: Any, path: str = "expr", depth: int = 0) -> Expr:
     """Decode and validate an expression; errors name the path of the bad part.
 
     Raises:
         PlanError: for anything that is not a well-formed expression.
     """
-    if depth > _MAX_DEPTH:
-        raise PlanError(path, f"expression nested deeper than {_MAX_DEPTH}")
+    if depth > MAX_DEPTH:
+        raise PlanError(path, f"expression nested deeper than {MAX_DEPTH}")
     if type(plain) is not list or not plain or type(plain[0]) is not str:
         raise PlanError(path, f"expected an array starting with a tag, got {type(plain).__name__}")
     tag = plain[0]
@@ -372,6 +385,18 @@ def expr_from_plain(plain: Any, path: str = "expr", depth: int = 0) -> Expr:
 
 
 # ---------------------------------------------------------------- evaluation
+
+
+def depth_of(expr: Expr) -> int:
+    """How deep ``expr`` nests: 0 for a column, literal or parameter, 1 + its deepest argument's for a call
+    (as ``expr_from_plain`` counts)."""
+    deepest, stack = 0, [(expr, 0)]
+    while stack:
+        e, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(e, Call):
+            stack.extend((a, depth + 1) for a in e.args)
+    return deepest
 
 
 def columns_of(expr: Expr) -> set[str]:

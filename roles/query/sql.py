@@ -19,7 +19,18 @@ import sqlglot
 from sqlglot import exp
 
 from sparkbus.roles.query.errors import SqlError
-from sparkbus.roles.query.expressions import Call, Column, Expr, Literal, Param, fold, outside_int64
+from sparkbus.roles.query.expressions import (
+    MAX_DEPTH,
+    MAX_TERMS,
+    Call,
+    Column,
+    Expr,
+    Literal,
+    Param,
+    depth_of,
+    fold,
+    outside_int64,
+)
 from sparkbus.roles.query.plan import (
     MAX_ROWS,
     AggCall,
@@ -31,6 +42,7 @@ from sparkbus.roles.query.plan import (
     Scan,
     Sort,
     SortKey,
+    chain,
 )
 
 _BINARY: dict[type[exp.Expr], str] = {
@@ -96,6 +108,20 @@ def _unread(node: exp.Expr, read: Collection[str]) -> tuple[str, exp.Expr | None
             part = value[0] if isinstance(value, list) else value
             return key, part if isinstance(part, exp.Expr) else None
     return None
+
+
+def _terms(node: exp.And | exp.Or) -> list[exp.Expr]:
+    """The terms of a chain of ``node``'s operator (``a OR b OR c`` nests as ``(a OR b) OR c``), in order;
+    a parenthesised chain is one term."""
+    terms: list[exp.Expr] = []
+    stack: list[exp.Expr] = [node]
+    while stack:
+        n = stack.pop()
+        if type(n) is type(node) and _unread(n, _OPERANDS) is None:
+            stack += [n.expression, n.this]
+        else:
+            terms.append(n)
+    return terms
 
 
 def _aliases(outputs: dict[str, Expr], then: Hook | None) -> Hook:
@@ -179,6 +205,8 @@ def parse_sql(sql: str) -> PlanNode:
     """
     try:
         statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+    except RecursionError:
+        raise SqlError(_too_deep(), sql) from None
     except sqlglot.errors.ParseError as exc:
         info = exc.errors[0] if exc.errors else {}
         line, col = info.get("line"), info.get("col")
@@ -202,7 +230,20 @@ def parse_sql(sql: str) -> PlanNode:
     select = statements[0]
     if not isinstance(select, exp.Select):
         raise SqlError(f"only SELECT is supported, not {select.key.upper()}", sql, *_span(select))
-    return _Translator(sql, select).plan()
+    try:
+        plan = _Translator(sql, select).plan()
+    except RecursionError:
+        raise SqlError(_too_deep(), sql) from None
+    for node in chain(plan):
+        exprs = [e for _, e in node.items] if isinstance(node, Project) else []
+        predicate = node.predicate if isinstance(node, Scan | Filter) else None
+        if any(depth_of(e) > MAX_DEPTH for e in [*exprs, *([predicate] if predicate else [])]):
+            raise SqlError(_too_deep(), sql)
+    return plan
+
+
+def _too_deep() -> str:
+    return f"an expression nests deeper than {MAX_DEPTH} levels (a chain of AND or OR terms is one level)"
 
 
 def _table(sql: str, select: exp.Select) -> exp.Table:
@@ -320,6 +361,8 @@ class _Translator:
         if isinstance(node, exp.In):
             if node.args.get("query") or not node.expressions:
                 raise self.error("IN takes a list of constants", node)
+            if len(node.expressions) > MAX_TERMS:
+                raise self.error(f"IN takes at most {MAX_TERMS} values, got {len(node.expressions)}", node)
             items = tuple(self.expr(e, hook) for e in node.expressions)
             for e, item in zip(node.expressions, items, strict=True):
                 if not isinstance(item, Literal | Param):
@@ -328,6 +371,14 @@ class _Translator:
         if isinstance(node, exp.Coalesce):
             args = [node.this, *node.expressions]
             return Call(op="coalesce", args=tuple(self.expr(a, hook) for a in args))
+        if isinstance(node, exp.And | exp.Or):
+            # One call for the whole chain: sqlglot nests `a OR b OR c ...` one level per term.
+            terms = _terms(node)
+            if len(terms) > MAX_TERMS:
+                raise self.error(
+                    f"{node.key.upper()} of {len(terms)} terms; at most {MAX_TERMS} are supported", node
+                )
+            return Call(op=_BINARY[type(node)], args=tuple(self.expr(t, hook) for t in terms))
         op = _BINARY.get(type(node))
         if op is not None:
             call = Call(op=op, args=(self.expr(node.this, hook), self.expr(node.expression, hook)))
