@@ -19,13 +19,20 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sparkbus.bus import security
-from sparkbus.bus.config import CurveSettings
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import TopologyError, load
 
+if TYPE_CHECKING:
+    from sparkbus.bus.config import CurveSettings
+
+# sparkbus.bus.security (ZeroMQ, and asyncio through zmq.auth.thread) is imported by the functions that write
+# or read keys, not to build the ``sparkbus keys`` parser: every ``sparkbus`` command builds it.
+
 RUN_DIR = "{run_dir}"
+#: ``sparkbus.bus.security.SHARED_NAME``, named in ``sparkbus keys generate --help``
+SHARED_NAME = "cluster"
 
 
 def run_dir() -> Path:
@@ -50,6 +57,8 @@ def key_dir(topology: Topology) -> Path | None:
 
 def curve_settings(topology: Topology) -> CurveSettings | None:
     """The bus's CURVE settings for ``topology`` (None: plain)."""
+    from sparkbus.bus.config import CurveSettings  # noqa: PLC0415
+
     where = key_dir(topology)
     if where is None:
         return None
@@ -65,6 +74,8 @@ def ensure_keys(topology: Topology) -> list[Path]:
     Returns:
         The files written (none when the keys exist or the topology is plain).
     """
+    from sparkbus.bus import security  # noqa: PLC0415
+
     where = key_dir(topology)
     sec = topology.bus.security
     if where is None or sec.key_dir is None or not sec.key_dir.startswith(RUN_DIR):
@@ -89,7 +100,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     names = gen.add_mutually_exclusive_group()
     names.add_argument(
         "--names",
-        help=f"comma-separated key names, usually node ids (default: one shared pair, {security.SHARED_NAME!r})",
+        help=f"comma-separated key names, usually node ids (default: one shared pair, {SHARED_NAME!r})",
     )
     names.add_argument(
         "--topology",
@@ -105,6 +116,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def main(args: argparse.Namespace) -> int:
     """Run ``sparkbus keys generate``; 0 on success, 1 with a message on stderr otherwise."""
+    from sparkbus.bus import security  # noqa: PLC0415
+
     if args.topology:
         try:
             names = load(args.topology).node_ids()
@@ -138,6 +151,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _has_pair(root: Path, name: str) -> bool:
+    from sparkbus.bus import security  # noqa: PLC0415
+
     return (root / security.PUBLIC / f"{name}.key").is_file() and (
         root / security.PRIVATE / f"{name}.key_secret"
     ).is_file()

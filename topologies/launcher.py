@@ -43,8 +43,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from sparkbus.bus.node import OWN_IPC_DIR_PREFIX
-from sparkbus.topologies.busnode import unavailable
 from sparkbus.topologies.keys import ensure_keys, run_dir
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import TopologyError, load
@@ -125,7 +123,9 @@ def process_gone(pid: int, started: str | None) -> str | None:
     return None
 
 
-OWN_IPC_DIR = OWN_IPC_DIR_PREFIX  # the prefix of the ipc directory a node makes for itself
+#: the prefix of the ipc directory a node makes for itself, ``sparkbus.bus.node.OWN_IPC_DIR_PREFIX`` (the
+#: launcher does not import the node loop)
+OWN_IPC_DIR = "sparkbus-ipc-"
 
 
 def _ipc_sockets(endpoints: Mapping[str, Any]) -> list[Path]:
@@ -229,6 +229,8 @@ def check_local(topo: Topology, *, skip_unavailable: bool) -> list[str]:
         elif spec.host not in LOCAL_HOSTS:
             problems.append(f"node {spec.name}: host {spec.host!r} is not this machine (127.0.0.1)")
     if not problems:
+        from sparkbus.topologies.busnode import unavailable  # noqa: PLC0415 (the bus's node loop)
+
         for node_id in topo.node_ids():
             missing = unavailable(topo, node_id)
             if missing and (not skip_unavailable or set(missing) >= set(topo.spec_of(node_id).runs)):

@@ -11,16 +11,26 @@ import sys
 import pytest
 
 import sparkbus.topologies
+from sparkbus.bus import node, security
+from sparkbus.topologies import keys, launcher
 
 #: imported by the commands that need them, never by ``import sparkbus.topologies.cli`` or ``--help``
 DEFERRED = (
+    "asyncio",
+    "numpy",
+    "pyarrow",
     "pyspark",
     "rich.console",
+    "sparkbus.bus.core",
+    "sparkbus.bus.node",
+    "sparkbus.bus.security",
+    "sparkbus.codecs.batches",
     "sparkbus.roles",
     "sparkbus.topologies.client",
     "sparkbus.topologies.echo",
     "sparkbus.topologies.launcher",
     "sparkbus.topologies.mainjob",
+    "zmq",
 )
 
 
@@ -55,3 +65,17 @@ def test_the_package_names_are_still_offered() -> None:
     assert set(sparkbus.topologies.__all__) <= set(dir(sparkbus.topologies))
     with pytest.raises(AttributeError):
         sparkbus.topologies.nothing  # noqa: B018
+
+
+def test_the_launcher_imports_no_node_loop() -> None:
+    """``sparkbus status`` and ``sparkbus up`` import the launcher; the node loop runs in the nodes."""
+    assert _loaded_after("import sparkbus.topologies.launcher") == [
+        "rich.console",
+        "sparkbus.topologies.launcher",
+        "zmq",
+    ]
+
+
+def test_the_constants_kept_apart_agree() -> None:
+    assert keys.SHARED_NAME == security.SHARED_NAME
+    assert launcher.OWN_IPC_DIR == node.OWN_IPC_DIR_PREFIX
