@@ -62,6 +62,18 @@ def resolve(name: str, names: Sequence[str], what: str = "column") -> str | None
     return found[0] if found else None
 
 
+def fits_int32(value: object) -> bool:
+    """An integer (not a bool) that int32 (SQL's INT) holds."""
+    return type(value) is int and -(1 << 31) <= value < (1 << 31)
+
+
+def scalar(value: Scalar) -> Value:
+    """A literal's (or a parameter's) value as Arrow evaluates it: an integer is an INT (int32) when it fits,
+    else a BIGINT, as Spark SQL types integer literals, so ``i + 1`` over an INT column stays INT and
+    overflows as Spark's does (Arrow widens the INT against a BIGINT column as before)."""
+    return pa.scalar(value, pa.int32()) if fits_int32(value) else pa.scalar(value)
+
+
 def outside_int64(value: object) -> bool:
     """An integer that int64 (SQL's BIGINT) cannot hold."""
     return isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX
@@ -426,11 +438,11 @@ def evaluate(expr: Expr, table: pa.Table, params: Sequence[Scalar] = ()) -> Valu
             raise ExecutionError(f"column {expr.name!r} does not exist; columns are {table.column_names}")
         return table.column(found)
     if isinstance(expr, Literal):
-        return pa.scalar(expr.value)
+        return scalar(expr.value)
     if isinstance(expr, Param):
         if expr.index >= len(params):
             raise ExecutionError(f"parameter {expr.index} is not given ({len(params)} parameters)")
-        return pa.scalar(params[expr.index])
+        return scalar(params[expr.index])
     return apply(expr.op, [evaluate(a, table, params) for a in expr.args])
 
 

@@ -28,6 +28,7 @@ from sparkbus.roles.query.expressions import (
     Literal,
     Param,
     depth_of,
+    fits_int32,
     fold,
     outside_int64,
 )
@@ -345,6 +346,8 @@ class _Translator:
                 isinstance(inner, Literal)
                 and isinstance(inner.value, int | float)
                 and not isinstance(inner.value, bool)
+                # an INT (or BIGINT) whose negation leaves its type overflows, as in Spark: -(-2147483648)
+                and (fits_int32(inner.value) == fits_int32(-inner.value) and not outside_int64(-inner.value))
             ):
                 return Literal(value=-inner.value)
             return Call(op="neg", args=(inner,))

@@ -64,7 +64,8 @@ def test_a_null_in_the_select_list_takes_sparks_type() -> None:
     types = {f.name: f.type for f in got.schema}
     assert types["c"] == pa.int64() and types["u"] == pa.string() and types["e"] == pa.bool_()
     assert types["s"] == types["m"] == types["a"] == pa.float64()
-    assert types["r"] == types["p"] == pa.int64()  # typed by the other argument, a BIGINT
+    assert types["p"] == pa.int64()  # typed by the other argument, a BIGINT
+    assert types["r"] == pa.int32()  # typed by the other argument, the INT literal 2 (Spark: int)
 
 
 def test_a_null_beside_a_column_of_the_null_type_is_left_to_the_kernels() -> None:
