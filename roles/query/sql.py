@@ -1,8 +1,8 @@
 """The SQL front end: one ``SELECT`` over one table, parsed with sqlglot (Spark dialect) into a logical plan.
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
-LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), WHERE, GROUP BY (expressions or
-select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs
+LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), ``*`` or ``t.*`` as the whole
+select list, WHERE, GROUP BY (expressions or select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs
 before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC),
 LIMIT and OFFSET, and the aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
 Everything else is refused with a ``SqlError`` that points at the offending part of the text.
@@ -109,6 +109,11 @@ def _unread(node: exp.Expr, read: Collection[str]) -> tuple[str, exp.Expr | None
             part = value[0] if isinstance(value, list) else value
             return key, part if isinstance(part, exp.Expr) else None
     return None
+
+
+def _is_star(item: exp.Expr) -> bool:
+    """``*`` or ``t.*`` in a select list."""
+    return isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
 
 
 def _terms(node: exp.And | exp.Or) -> list[exp.Expr]:
@@ -322,9 +327,11 @@ class _Translator:
         if isinstance(node, exp.Paren):
             return self.expr(node.this, hook)
         if isinstance(node, exp.Column):
-            qualifier = node.table
-            if qualifier and fold(qualifier) not in (fold(self.ctx.table), fold(self.ctx.alias or "")):
-                raise self.error(f"unknown table {qualifier!r} (the query reads {self.ctx.table!r})", node)
+            if isinstance(node.this, exp.Star):
+                raise self.error(
+                    f"{node.sql(dialect='spark')} is supported only as the whole select list", node
+                )
+            self._qualifier(node)
             # Names compare case-insensitively, as in Spark SQL: spelt one way, a participant finds its column
             # case-insensitively too (``expressions.resolve``).
             return Column(name=fold(node.name))
@@ -394,12 +401,21 @@ class _Translator:
             raise self.error(f"aggregate {node.sql(dialect='spark')} is not allowed here", node)
         raise self.error(f"unsupported expression {node.sql(dialect='spark')!r}", node)
 
+    def _qualifier(self, node: exp.Column) -> None:
+        """Refuse a column qualified by a name other than the table's or its alias's (in any case)."""
+        qualifier = node.table
+        if qualifier and fold(qualifier) not in (fold(self.ctx.table), fold(self.ctx.alias or "")):
+            raise self.error(f"unknown table {qualifier!r} (the query reads {self.ctx.table!r})", node)
+
     def _number(self, node: exp.Literal, *, negative: bool = False) -> int | float:
         """A numeric literal: an int within int64 (BIGINT; there are no decimals here), else a float."""
         try:
             value: int | float = int(node.this)
         except ValueError:
-            value = float(node.this)
+            try:
+                value = float(node.this)
+            except ValueError:  # a token sqlglot reads as a number, such as `1e`
+                raise self.error(f"malformed number {node.this}", node) from None
             if math.isinf(value):  # as Spark SQL: a literal beyond DOUBLE's range is an error, not infinity
                 raise self.error(
                     f"numeric literal {node.this} is outside the range of DOUBLE", node
@@ -429,10 +445,16 @@ class _Translator:
             or having is not None
             or any(isinstance(n, exp.AggFunc) for i in items for n in i.walk())
         )
-        star = len(items) == 1 and isinstance(items[0], exp.Star)
-        if any(isinstance(i, exp.Star) for i in items) and not star:
+        star = len(items) == 1 and _is_star(items[0])
+        if any(_is_star(i) for i in items) and not star:
             raise self.error("* must be the only item of the select list", items[0])
-        unread = _unread(items[0], ()) if star else None
+        if star and isinstance(items[0], exp.Column):  # t.*: every column of the one table
+            self._qualifier(items[0])
+            if _unread(items[0], ("this", "table")) is not None:
+                raise self.error("* qualified by a database is not supported", items[0])
+        unread = (
+            _unread(items[0].this if isinstance(items[0], exp.Column) else items[0], ()) if star else None
+        )
         if unread is not None:
             raise self.error(f"* with {_name(unread[0])} is not supported", items[0])
         if aggregated:
@@ -552,6 +574,21 @@ class _Translator:
                 key_exprs.append(e)
         args: list[Expr] = []
         aggs: list[tuple[str, Expr | None]] = []
+        aliases = {fold(i.alias) for i in self.select.expressions if isinstance(i, exp.Alias)}
+        named = (
+            [g.name for g in group.expressions if isinstance(g, exp.Column) and not g.table] if group else []
+        )
+        # As in Spark, a GROUP BY name is an input column before a select alias; Spark falls back to the alias
+        # when the table has no such column, which the text alone cannot tell.
+        hint = next(
+            (
+                f"; GROUP BY {n} means the input column {n}, not the select list's alias: group by the "
+                "expression or its position"
+                for n in named
+                if fold(n) in aliases
+            ),
+            "",
+        )
 
         def post(node: exp.Expr) -> Expr | None:
             if isinstance(node, exp.AggFunc):
@@ -562,7 +599,9 @@ class _Translator:
             if e in key_exprs:
                 return Column(name=f"__k{key_exprs.index(e)}")
             if isinstance(node, exp.Column):
-                raise self.error(f"column {node.name!r} must appear in GROUP BY or inside an aggregate", node)
+                raise self.error(
+                    f"column {node.name!r} must appear in GROUP BY or inside an aggregate{hint}", node
+                )
             return None
 
         items = [

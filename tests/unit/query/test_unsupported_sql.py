@@ -56,6 +56,23 @@ from sparkbus.roles.query.sql import parse_sql
         ("SELECT * EXCEPT (x) FROM t", "* with EXCEPT is not supported", "* EXCEPT (x)"),
         ("SELECT DISTINCT x FROM t", "DISTINCT is not supported; use GROUP BY", None),
         ("SELECT x FROM c.db.t", "FROM takes one table name", "c.db.t"),
+        # a token sqlglot reads as a number (Spark reads `1e` as a name): GENERIC "ValueError" before
+        ("SELECT count(*) AS n FROM t WHERE x = 1e", "malformed number 1e", "1e"),
+        ("SELECT x FROM t WHERE x > 1.e", "malformed number 1.e", "1.e"),
+        # t.* is read only as the whole select list; it failed at run time ("no column '*'")
+        ("SELECT t.*, x FROM t", "* must be the only item of the select list", "t.*"),
+        ("SELECT count(t.*) FROM t", "t.* is supported only as the whole select list", "t.*"),
+        ("SELECT u.* FROM t", "unknown table 'u' (the query reads 't')", "u.*"),
+        ("SELECT t.* EXCEPT (x) FROM t", "* with EXCEPT is not supported", "t.*"),
+        ("SELECT db.t.* FROM t", "* qualified by a database is not supported", "db.t.*"),
+        ("SELECT t.* FROM t GROUP BY k", "SELECT * cannot be aggregated", "t.*"),
+        # Spark groups by an alias only when the table has no such column, which the text cannot tell
+        (
+            "SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY p",
+            "column 'x' must appear in GROUP BY or inside an aggregate; GROUP BY p means the input column p, "
+            "not the select list's alias: group by the expression or its position",
+            "x",
+        ),
     ],
 )
 def test_a_part_outside_the_subset_is_refused(sql: str, reason: str, at: str | None) -> None:
@@ -99,3 +116,10 @@ def test_select_star_orders_by_a_column_name() -> None:
             SortKey(column="k", descending=False, nulls_first=True),
         ),
     )
+
+
+@pytest.mark.parametrize(
+    "sql", ["SELECT t.* FROM t", "SELECT T.* FROM t", "SELECT a.* FROM t a", "SELECT * FROM t"]
+)
+def test_a_star_qualified_by_the_table_reads_every_column(sql: str) -> None:
+    assert parse_sql(f"{sql} ORDER BY x") == Sort(input=Scan(table="t"), keys=(SortKey(column="x"),))
