@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparkbus.topologies import shipped
+from sparkbus.topologies.launcher import process_gone
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +25,8 @@ READY_TIMEOUT = 30.0
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead but not yet reaped: read its state
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return False
-    return True
+    """The process runs (a zombie, ended but not reaped, does not): as ``sparkbus status`` tells."""
+    return process_gone(pid, None) is None
 
 
 def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
