@@ -48,3 +48,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(batches, name)
     raise AttributeError(f"module 'sparkbus.codecs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_BATCHES))

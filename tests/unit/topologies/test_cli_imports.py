@@ -4,6 +4,7 @@ the commands that use them (docs/OPERATIONS.md, "Start-up time")."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -58,13 +59,18 @@ def test_help_imports_no_command() -> None:
     assert _loaded_after(code) == []
 
 
-def test_the_package_names_are_still_offered() -> None:
-    for name in sparkbus.topologies.__all__:
-        assert getattr(sparkbus.topologies, name) is not None
-    assert sparkbus.topologies.EchoRole.__module__ == "sparkbus.topologies.echo"
-    assert set(sparkbus.topologies.__all__) <= set(dir(sparkbus.topologies))
+@pytest.mark.parametrize("package", ["sparkbus.topologies", "sparkbus.bus", "sparkbus.codecs"])
+def test_the_package_names_are_still_offered(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+    assert set(module.__all__) <= set(dir(module))
     with pytest.raises(AttributeError):
-        sparkbus.topologies.nothing  # noqa: B018
+        module.nothing  # noqa: B018
+
+
+def test_a_lazy_name_comes_from_its_module() -> None:
+    assert sparkbus.topologies.EchoRole.__module__ == "sparkbus.topologies.echo"
 
 
 def test_the_launcher_imports_no_node_loop() -> None:
