@@ -197,9 +197,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         elif isinstance(event, TimerFired):
             if event.key == TICK:
                 out.append(SetTimer(key=TICK, at=now + self.config.tick))
-                for rep in self.local.values():
-                    if rep.store.save_acked():  # acks are recorded lazily (PartitionStore.set_acked)
-                        self._count("acked_saves")
+                self._run_all(tick=True)  # with the lazy ack saves, per replica
+                return
         elif isinstance(event, LocalCall):
             self._on_call(event)
             return
@@ -253,11 +252,15 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
 
     # ------------------------------------------------------------ the procedures (spec 3.5, 3.8)
 
-    def _run_all(self) -> None:
+    def _run_all(self, tick: bool = False) -> None:
         """Run the procedures of every replica; one that fails stops only its own step of this turn.
 
-        The error is counted (``procedure_errors``; ``store_errors`` for a ``StoreError``) and logged
-        when it first occurs (``failing``, in status, keeps it until the step succeeds again); the other
+        On a tick, a hosted replica's step then saves its acked lists recorded lazily
+        (``PartitionStore.set_acked``), so a replica whose manifest cannot be written fails its own step
+        alone: saved outside the guard, one such replica stopped the procedures of every partition on
+        every tick (a step outside a tick, which does not save them, leaves such a replica's
+        ``failing`` entry as it is). The error is counted (``procedure_errors``; ``store_errors`` for a ``StoreError``)
+        and logged when it first occurs (``failing``, in status, keeps it until the step succeeds again); the other
         replicas run on, and the next tick tries again. Raised, it lost the event's actions, the tick's
         re-arm included, and one partition's error stopped every other partition of the node.
         """
@@ -269,6 +272,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 ran.add(where)
                 try:
                     step(rep)
+                    if tick and replicas is self.local and rep.store.save_acked():
+                        self._count("acked_saves")
                 except SimulatedCrash:
                     raise
                 except Exception as exc:
@@ -280,6 +285,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                         self.failing[where] = text
                         log.error("replication %s: %s: %s", self.node, where, text, exc_info=True)
                 else:
+                    if not tick and replicas is self.local and rep.store.acked_unsaved:
+                        continue  # the tick's step, which saves them too, tells whether it succeeds
                     if self.failing.pop(where, None) is not None:
                         log.info("replication %s: %s: the procedures run again", self.node, where)
         for gone in set(self.failing) - ran:

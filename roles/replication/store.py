@@ -673,6 +673,11 @@ class PartitionStore:
         """Random bytes drawn when this store was created: a store that starts empty gets new ones."""
         return bytes(self.meta["epoch"])
 
+    @property
+    def acked_unsaved(self) -> bool:
+        """Acked lists were recorded lazily and are not saved yet (``save_acked``)."""
+        return self._acked_unsaved
+
     def save_acked(self) -> bool:
         """Persist acked lists recorded lazily (the role calls it on its tick); True if it wrote."""
         if not self._acked_unsaved:

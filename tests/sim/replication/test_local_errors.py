@@ -14,18 +14,23 @@ import pytest
 from sparkbus.roles.replication.store import MANIFEST, WAL
 from tests.sim.replication.cluster import NODES, Cluster, P, spec
 
+Q = "t/9"
+
 
 class _Once:
-    """Make ``method`` of ``storage`` raise ENOSPC the first time ``hit(name)`` is true."""
+    """Make ``method`` of ``storage`` raise ENOSPC the first time ``hit(name)`` is true (every time
+    with ``always``); ``fired`` counts the errors raised."""
 
-    def __init__(self, storage: Any, method: str, hit: Callable[[str], bool]) -> None:
+    def __init__(
+        self, storage: Any, method: str, hit: Callable[[str], bool], *, always: bool = False
+    ) -> None:
         self.orig = getattr(storage, method)
-        self.hit, self.fired = hit, False
+        self.hit, self.always, self.fired = hit, always, 0
         setattr(storage, method, self)
 
     def __call__(self, name: str, *args: Any, **kw: Any) -> Any:
-        if not self.fired and self.hit(name):
-            self.fired = True
+        if (self.always or not self.fired) and self.hit(name):
+            self.fired += 1
             raise OSError(28, "No space left on device")
         return self.orig(name, *args, **kw)
 
@@ -87,3 +92,30 @@ def test_a_log_write_error_while_merging_is_acked_and_retried(seed: int) -> None
     c.settle(30)
     c.assert_identical(NODES, keys)
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_lazy_ack_save_that_fails_on_every_tick_stops_no_other_partition(seed: int) -> None:
+    """a leads P and Q; from the time P's followers have acked a segment, P's manifest cannot be
+    written. Saved outside the per-replica guard, the tick's lazy ack save raised before any procedure
+    ran, on every tick: Q's rows written afterwards stayed in a's memtable, neither flushed nor
+    replicated."""
+    c = Cluster([spec(*NODES), spec(*NODES, partition=Q, first_placement=11)], seed=seed)
+    c.settle(5)
+    assert c.leader("a") == "a" and c.leader("a", Q) == "a"
+    armed: list[bool] = []
+    fault = _Once(
+        c.role("a").local[P].store.storage, "create", lambda n: bool(armed) and n == MANIFEST, always=True
+    )
+    keys = c.write_keys("a", range(4))  # flushed: P's acks are recorded, to be saved on the next tick
+    armed.append(True)
+    c.settle(1)
+    keys_q = c.write_keys("a", range(100, 102), partition=Q)  # below flush_rows: only the tick flushes
+    assert keys == [0, 1, 2, 3] and keys_q == [100, 101]
+    c.settle(60)
+    assert fault.fired
+    assert c.role("a").local[Q].store.memtable_rows == 0
+    c.assert_identical(NODES, keys_q, partition=Q)
+    c.assert_identical(NODES, keys)
+    # P alone is listed as failing, and logged once rather than on every tick.
+    assert list(c.status("a")["failing"]) == [P] and c.counters("a").get("handler_errors") is None
