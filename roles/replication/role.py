@@ -239,7 +239,29 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 if was_leader and not rep.leads:
                     # What we wrote while we led must reach the new leader as a segment (our choice: the
                     # spec leaves a follower's memtable open): flush now, the push procedure sends it.
-                    self._flush(rep)
+                    # Every replica's leader is set whatever this flush does: raised, it left the
+                    # partitions after this one with their old leader (two leaders taking writes).
+                    self._try_flush(rep, "on losing leadership")
+
+    def _try_flush(self, rep: LocalReplica, when: str) -> None:
+        """Flush now if the disk lets us; else count (``flush_errors``) and log the error, and leave it
+        to the procedures: they flush first, as a follower or with a full or old memtable, and list a
+        replica whose flush keeps failing under ``failing``. The memtable's rows stay durable in the
+        log meanwhile."""
+        try:
+            self._flush(rep)
+        except SimulatedCrash:
+            raise
+        except Exception as exc:
+            self._count("flush_errors")
+            log.warning(
+                "replication %s: %s: flush %s failed: %s: %s",
+                self.node,
+                rep.spec.partition,
+                when,
+                type(exc).__name__,
+                exc,
+            )
 
     def _leader_of(self, partition: str) -> Replica | None:
         spec = self.layout.partitions.get(partition)

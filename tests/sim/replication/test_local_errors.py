@@ -119,3 +119,28 @@ def test_a_lazy_ack_save_that_fails_on_every_tick_stops_no_other_partition(seed:
     c.assert_identical(NODES, keys)
     # P alone is listed as failing, and logged once rather than on every tick.
     assert list(c.status("a")["failing"]) == [P] and c.counters("a").get("handler_errors") is None
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_failed_flush_on_losing_leadership_still_moves_every_partitions_leader(seed: int) -> None:
+    """b, first of P and Q, restarts; a, which led both meanwhile, steps down and flushes P's memtable,
+    and that flush fails once. Raised, it ended the election loop: a kept leading Q beside b (two
+    leaders taking writes) until an unrelated peer event."""
+    c = Cluster([spec("b", "a", "c"), spec("b", "a", "c", partition=Q, first_placement=11)], seed=seed)
+    c.settle(5)
+    c.crash("b")
+    c.settle(5)
+    assert c.leader("a") == "a" and c.leader("a", Q) == "a"
+    keys = c.write_keys("a", range(2))  # in a's memtable: flushed when a stops leading
+    fault = _Once(c.role("a").local[P].store.storage, "create", lambda n: n.startswith("seg-"))
+    c.restart("b")
+    c.settle(5)
+    assert fault.fired
+    assert c.leader("a") == "b" and c.leader("a", Q) == "b"
+    _, error = c.write("a", Q, {"key": [7], "v": ["x"]})
+    assert error is not None and "not the leader" in error
+    keys_q = c.write_keys("b", range(100, 102), partition=Q)
+    c.settle(30)  # a's unflushed rows of P are flushed by its next step as a follower, and pushed to b
+    c.assert_identical(NODES, keys)
+    c.assert_identical(NODES, keys_q, partition=Q)
+    assert c.counters("a").get("flush_errors") == 1 and c.status("a")["failing"] == {}
