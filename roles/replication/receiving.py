@@ -303,6 +303,8 @@ class Receiving(Hooks):
                 self._check_received(rep, inc)
             except (StoreError, SegmentCorrupt) as exc:
                 return self._refuse_in(rep, inc, str(exc))
+            except OSError as exc:  # reading the file's header or schema, or the store's schema
+                return self._io_failed(rep, inc, exc, "read")
         if decision == "ff":
             entries = list(store.entries)
             try:
@@ -325,7 +327,7 @@ class Receiving(Hooks):
                 )
             except OSError as exc:
                 store.entries = entries  # add_segment listed nothing: the manifest write failed
-                return self._write_failed(rep, inc, exc)
+                return self._io_failed(rep, inc, exc, "write")
             self._count("fast_forwards")
         elif decision == "merge":
             try:
@@ -337,7 +339,7 @@ class Receiving(Hooks):
                 # Rows merged before the failing batch stay (merging them again changes nothing).
                 return self._refuse_in(rep, inc, str(exc))
             except OSError as exc:
-                return self._write_failed(rep, inc, exc)
+                return self._io_failed(rep, inc, exc, "write")
         else:
             self._drop_received(rep, inc)
             if decision is not DeclineReason.SEGMENT_EXISTS:
@@ -392,17 +394,19 @@ class Receiving(Hooks):
         self._drop_received(rep, inc)
         self._send_ack(inc, rep, f"refused: {reason}")
 
-    def _write_failed(self, rep: LocalReplica, inc: _In, exc: OSError) -> None:
-        """A local write error (the manifest or the log) while a received segment was listed or merged:
-        nothing of it is listed, its file goes, and the ack says so; the sender retries later. Not
-        remembered as refused: the disk may have room by then. Raised, it left the transfer without an
+    def _io_failed(self, rep: LocalReplica, inc: _In, exc: OSError, doing: str) -> None:
+        """A local read error while a received segment was checked, or a write error (the manifest or the
+        log) while it was listed or merged: nothing of it is listed, its file goes, and the ack says so
+        (``cannot read: ...``, ``cannot write: ...``); the sender retries later. Not remembered as
+        refused: the disk may have room, or read, by then. Raised, it left the transfer without an
         answer, and the sender, one offer at a time per destination, offered that replica nothing again.
         """
         offer = inc.offer
-        self._count("incoming_write_errors")
+        self._count(f"incoming_{doing}_errors")
         log.warning(
-            "replication %s: cannot store %s/%s from %s: %s",
+            "replication %s: cannot %s %s/%s from %s: %s",
             self.node,
+            "check" if doing == "read" else "store",
             offer.partition,
             offer.segment_id,
             inc.peer,
@@ -416,7 +420,7 @@ class Receiving(Hooks):
                     rep.store.storage.delete(name)
             except OSError:
                 pass  # unlisted: the next open deletes it
-        self._send_ack(inc, rep, f"cannot write: {exc}")
+        self._send_ack(inc, rep, f"cannot {doing}: {exc}")
 
     def _drop_received(self, rep: LocalReplica, inc: _In) -> None:
         """Delete a received file that is not kept as a segment (merged, or no longer needed)."""

@@ -6,6 +6,8 @@ acknowledged before and after it must end on every replica with no further event
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,20 +20,26 @@ Q = "t/9"
 
 
 class _Once:
-    """Make ``method`` of ``storage`` raise ENOSPC the first time ``hit(name)`` is true (every time
-    with ``always``); ``fired`` counts the errors raised."""
+    """Make ``method`` of ``storage`` raise ENOSPC (or ``err``) the first time ``hit(name)`` is true
+    (every time with ``always``); ``fired`` counts the errors raised."""
 
     def __init__(
-        self, storage: Any, method: str, hit: Callable[[str], bool], *, always: bool = False
+        self,
+        storage: Any,
+        method: str,
+        hit: Callable[[str], bool],
+        *,
+        always: bool = False,
+        err: int = errno.ENOSPC,
     ) -> None:
         self.orig = getattr(storage, method)
-        self.hit, self.always, self.fired = hit, always, 0
+        self.hit, self.always, self.err, self.fired = hit, always, err, 0
         setattr(storage, method, self)
 
     def __call__(self, name: str, *args: Any, **kw: Any) -> Any:
         if (self.always or not self.fired) and self.hit(name):
             self.fired += 1
-            raise OSError(28, "No space left on device")
+            raise OSError(self.err, os.strerror(self.err))
         return self.orig(name, *args, **kw)
 
 
@@ -144,3 +152,26 @@ def test_a_failed_flush_on_losing_leadership_still_moves_every_partitions_leader
     c.assert_identical(NODES, keys)
     c.assert_identical(NODES, keys_q, partition=Q)
     assert c.counters("a").get("flush_errors") == 1 and c.status("a")["failing"] == {}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_read_error_while_checking_a_received_segment_is_acked_and_retried(seed: int) -> None:
+    """b's read of a received segment's header fails once (EIO). Raised, it left the transfer unanswered
+    as a write error did: the leader waited for the ack and replicated nothing to b again."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.assert_identical(NODES, keys)
+    storage = c.role("b").local[P].store.storage
+    fault = _Once(storage, "read", lambda n: n.startswith(("seg-", "in-")), err=errno.EIO)
+    keys += c.write_keys("a", range(100, 108))  # flushed: offered to b and c
+    c.settle(30)
+    assert fault.fired
+    keys += c.write_keys("a", range(200, 208))
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    assert c.counters("b").get("incoming_read_errors") == 1
+    store = c.role("b").local[P].store
+    listed = {f"seg-{e.segment_id}" for e in store.entries}
+    assert not [n for n in storage.names() if n.startswith(("seg-", "in-")) and n not in listed]
+    c.assert_clean()
