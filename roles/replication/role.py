@@ -640,7 +640,9 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         table = pa.Table.from_batches([decode_batch(args["rows"])])
         seq = rep.store.write(table, self._now)
         if rep.store.should_flush(self._now):
-            self._flush(rep)
+            # Written: the rows are durable and served, so a failed flush cannot make this a failed
+            # write (the client would take stored rows for not written); the procedures flush them.
+            self._try_flush(rep, "after a write")
         return {"rows": table.num_rows, "seq": seq, "leader": self.node, "term": rep.term}
 
     def _call_read(self, args: dict[str, Any]) -> Any:

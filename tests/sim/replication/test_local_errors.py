@@ -175,3 +175,22 @@ def test_a_read_error_while_checking_a_received_segment_is_acked_and_retried(see
     listed = {f"seg-{e.segment_id}" for e in store.entries}
     assert not [n for n in storage.names() if n.startswith(("seg-", "in-")) and n not in listed]
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_durable_write_whose_flush_fails_is_answered_written(seed: int) -> None:
+    """The 4th write reaches flush_rows and the flush in its call fails once. Its log record was fsync'd
+    first, so it is durable and served: answered ``write failed``, the client took stored rows for not
+    written."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    c.settle(5)
+    fault = _Once(c.role("a").local[P].store.storage, "create", lambda n: n.startswith("seg-"))
+    keys = c.write_keys("a", range(4))  # only the writes answered without an error
+    assert fault.fired
+    assert keys == [0, 1, 2, 3]
+    keys += c.write_keys("a", range(100, 104))
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    assert c.role("a").local[P].store.memtable_rows == 0
+    assert c.counters("a").get("flush_errors") == 1 and c.status("a")["failing"] == {}
+    c.assert_clean()
