@@ -86,6 +86,33 @@ def canonical_nans(table: pa.Table) -> pa.Table:
     return table
 
 
+def value_type(type_: pa.DataType) -> pa.DataType:
+    """The type a column of ``type_`` is held as: a dictionary type's value type, other types as they are."""
+    while pa.types.is_dictionary(type_):
+        type_ = type_.value_type
+    return type_
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each dictionary column given its value type (``value_type``)."""
+    if not any(pa.types.is_dictionary(f.type) for f in schema):
+        return schema
+    return pa.schema([f.with_type(value_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def decoded(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns decoded to their value type.
+
+    A dictionary column enters as plain values: Arrow groups a dictionary column by index, so a value its
+    dictionary repeats would be two groups, and it cannot consolidate chunks whose dictionaries differ.
+    """
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            plain = value_type(field.type)
+            table = table.set_column(i, field.with_type(plain), table.column(i).cast(plain))
+    return table
+
+
 def ungroupable(data: pa.Schema) -> str | None:
     """Why updates of ``data``'s columns cannot be consolidated (Arrow cannot group rows by a column of
     that type, such as a list, struct or map), or None if they can. Tried on one row of nulls: one Acero
@@ -205,13 +232,14 @@ class Arrangement:
     def _fold(self) -> None:
         if not self._dirty:
             return
-        self._dirty = False
         merged = pa.concat_tables([self._consolidated, *self._parts])
-        self._parts = []
-        self._pending_rows = 0
         if self.since:
             merged = advance_times(merged, self.since[0])
+        # The pending updates are let go only once consolidated: a read that fails here loses nothing.
         self._consolidated = consolidate(merged).combine_chunks()
+        self._parts = []
+        self._pending_rows = 0
+        self._dirty = False
 
     def snapshot(self, as_of: int) -> pa.Table:
         """Every update, with times below ``as_of`` moved up to it (what a dataflow built at ``as_of`` reads)."""

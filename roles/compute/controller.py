@@ -68,8 +68,10 @@ from sparkbus.roles.compute.arrangement import (
     Arrangement,
     canonical_nans,
     decode_table,
+    decoded,
     encode_table,
     i64,
+    plain_schema,
     ungroupable,
     update_schema,
 )
@@ -543,6 +545,7 @@ class ComputeController:
         _check_name(name, "table")
         if not isinstance(schema, pa.Schema):
             schema = pa.ipc.read_schema(pa.py_buffer(schema))
+        schema = plain_schema(schema)  # a dictionary column is held as its values (``decoded``)
         if name in self.tables or name in self.views:
             raise LocalProtocolError(f"{name!r} already exists")
         if name in self._used_ids:
@@ -590,7 +593,7 @@ class ComputeController:
         except DecodeError as exc:
             raise LocalProtocolError(f"write to {name!r}: {exc}") from None
         diff = batch[DIFF] if DIFF in batch.column_names else None
-        data = batch.select([n for n in batch.column_names if n != DIFF])
+        data = decoded(batch.select([n for n in batch.column_names if n != DIFF]))
         if not data.schema.equals(schema):
             raise LocalProtocolError(f"write to {name!r}: schema {data.schema} is not the table's {schema}")
         # One NaN, so that NaN equals NaN in every group, consolidation and upsert key, whatever bits the

@@ -24,6 +24,7 @@ from sparkbus.roles.compute.arrangement import (
     consolidate,
     data_schema,
     decode_table,
+    decoded,
     i64,
     ungroupable,
     update_schema,
@@ -72,8 +73,9 @@ def checked_updates(msg: AppendUpdates, where: str) -> pa.Table:
         raise RemoteProtocolError(
             f"{where}: an update's time is outside [lower, upper) or below the since {msg.since}"
         )
-    # A controller sends NaNs made one already; a NaN of other bits would be another group key here.
-    return canonical_nans(updates)
+    # A controller sends plain columns with NaNs made one already; a dictionary column or a NaN of other
+    # bits would make other group keys here.
+    return canonical_nans(decoded(updates))
 
 
 def plan_append(
