@@ -521,6 +521,8 @@ class Reduction:
         for b, a in zip(before, after, strict=True):
             changed |= b != a
         old_ext, new_ext = self._extremes(delta, slots, touched, changed)
+        if self.global_agg and started and before[0][0] <= 0 and after[0][0] <= 0:
+            changed[:] = False  # no rows before or after: one row (count 0, others null) whatever the sums
         retract, insert = old_live & changed, new_live & changed
         retracted, inserted = int(np.count_nonzero(retract)), int(np.count_nonzero(insert))
         if retracted == inserted == touched.size:
@@ -692,6 +694,10 @@ class Reduction:
         """Output updates for ``slots`` from their accumulators: the first ``retracted`` with diff -1."""
         n = accs[0]
         held = sum(c is not None for c in self._counts)
+        if self.global_agg and len(n) and (n <= 0).any():
+            # A global aggregate over a collection with no row (its row count 0, or below once rows were
+            # retracted before they were inserted) is the row of no rows; the accumulators keep their sums.
+            accs, extremes, n = _no_rows(accs, extremes, n > 0)
         it = iter(accs[1 : 1 + held])
         counts = [n if c is None else next(it) for c in self._counts]
         totals = accs[1 + held : 1 + held + len(self._totals)]
@@ -826,6 +832,17 @@ def _extreme(mult: pa.Table, keys: pa.Array, func: str) -> pa.Array:
     where = pc.index_in(keys, value_set=best[_SLOT].combine_chunks())
     values = best[f"{_VALUE}_{func}"].combine_chunks()
     return values.take(where)
+
+
+def _no_rows(
+    accs: list[Nums], extremes: list[pa.Array], rows: npt.NDArray[np.bool_]
+) -> tuple[list[Nums], list[pa.Array], Nums]:
+    """``accs`` and ``extremes`` with the entries where ``rows`` is False made those of no rows: every count
+    and sum 0 (a count 0 makes its sum and avg null), every extreme null; also the row count, ``accs[0]``."""
+    accs = [np.where(rows, a, np.zeros(1, a.dtype)) for a in accs]
+    valid = pa.array(rows)
+    extremes = [pc.if_else(valid, e, pa.scalar(None, e.type)) for e in extremes]
+    return accs, extremes, accs[0]
 
 
 def _pick(

@@ -160,6 +160,7 @@ WIDE_AGGS = tuple(
         ("max", "x"),
     ]
 )
+NO_ROWS = {a.name: 0 if a.func == "count" else None for a in WIDE_AGGS}
 # Values whose float sums are exact in any order, so maintained and recomputed must be equal, not close.
 wide_update = st.tuples(
     st.sampled_from([1, 2, None]),
@@ -202,6 +203,10 @@ def test_a_view_over_negative_multiplicities_equals_its_recomputation_at_every_t
             again.append(fresh.feed(pa.concat_tables(seen)), t + 1)
             maintained = sorted(map(repr, out.read_at(t).to_pylist()))
             assert maintained == sorted(map(repr, again.read_at(t).to_pylist())), f"at time {t}"
+            if not keyed:  # one row; with no rows in the collection (a row count <= 0), the row of no rows
+                (row,) = out.read_at(t).to_pylist()
+                total = sum(r[3] for batch in batches[:t] for r in batch)
+                assert (row == NO_ROWS) if total <= 0 else (row["count_all"] == total), f"at time {t}"
 
 
 def test_a_row_retracted_before_it_was_inserted_is_counted_by_every_replica_and_every_view_alike() -> None:
@@ -221,6 +226,24 @@ def test_a_row_retracted_before_it_was_inserted_is_counted_by_every_replica_and_
     write(c, ("z", 5, 1))  # the retracted row comes: z holds 7 and 3
     assert peeks(c, "s") == {r: [{"k": "z", "n": 2, "s": 10}] for r in ("r1", "r2")}
     assert peeks(c, "t") == {r: [{"k": "z", "v": 3}, {"k": "z", "v": 7}] for r in ("r1", "r2")}
+
+
+def test_a_global_aggregate_over_rows_only_retracted_is_the_row_of_no_rows() -> None:
+    c = cluster()
+    aggs = (
+        *SUM.aggregates,
+        Aggregate(func="avg", column="v", name="a"),
+        Aggregate(func="min", column="v", name="lo"),
+    )
+    c.do("create_view", name="g", view=ViewDef(source="t", group_by=(), aggregates=aggs))
+    no_rows = {r: [{"n": 0, "s": None, "a": None, "lo": None}] for r in ("r1", "r2")}
+    write(c, ("z", 5, -1))  # a delete of a row never inserted: the table shows no row
+    assert peeks(c, "t") == {"r1": [], "r2": []}
+    assert peeks(c, "g") == no_rows
+    write(c, ("y", 3, 1))  # the row count is back to 0 with y shown: still no rows counted
+    assert peeks(c, "g") == no_rows
+    write(c, ("x", 4, 1))  # one row counted; the sums are those of the accumulated collection
+    assert peeks(c, "g") == {r: [{"n": 1, "s": 2, "a": 2.0, "lo": 3}] for r in ("r1", "r2")}
 
 
 # ---------------------------------------------------------------- NaN keys
