@@ -3,6 +3,8 @@ and appends use, so dictionaries that differ, or repeat a value, change nothing 
 
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 import pytest
 
@@ -11,7 +13,7 @@ from sparkbus.roles.compute import arrangement as arrangement_module
 from sparkbus.roles.compute.storage import checked_updates
 
 from .harness import Cluster, ipc
-from .test_exactness import cluster, peeks
+from .test_exactness import SIGNED_NAN, cluster, peeks
 
 STRINGS = pa.dictionary(pa.int32(), pa.string())
 COUNT = (Aggregate(func="count", column=None, name="n"),)
@@ -69,3 +71,20 @@ def test_a_read_whose_consolidation_fails_loses_no_update(monkeypatch: pytest.Mo
     monkeypatch.setattr(arrangement_module, "consolidate", real)
     assert len(table) == 2
     assert table.read_at(1).to_pylist() == [{"x": "a"}, {"x": "b"}]
+
+
+def test_nans_of_any_bits_in_a_dictionary_of_doubles_are_one_group_and_one_row() -> None:
+    c = cluster()
+    c.do("create_table", name="d", schema=pa.schema([("x", pa.dictionary(pa.int32(), pa.float64()))]))
+    c.do("create_view", name="by_x", view=ViewDef(source="d", group_by=("x",), aggregates=COUNT))
+    nans = pa.DictionaryArray.from_arrays(
+        pa.array([0, 1, 2], pa.int32()), pa.array([math.nan, SIGNED_NAN, 1.0])
+    )
+    c.do("write", table="d", batch=ipc(pa.table({"x": nans})))
+    for r, got in peeks(c, "by_x").items():
+        assert sorted(map(repr, got)) == ["{'x': 1.0, 'n': 1}", "{'x': nan, 'n': 2}"], r
+    # A retraction of a NaN row cancels the row written with the other NaN.
+    one = pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), pa.array([SIGNED_NAN]))
+    c.do("write", table="d", batch=ipc(pa.table({"x": one, DIFF: pa.array([-2], pa.int64())})))
+    assert peeks(c, "by_x") == {r: [{"x": 1.0, "n": 1}] for r in ("r1", "r2")}
+    assert peeks(c, "d") == {r: [{"x": 1.0}] for r in ("r1", "r2")}
