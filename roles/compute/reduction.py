@@ -831,7 +831,23 @@ def _extreme(mult: pa.Table, keys: pa.Array, func: str) -> pa.Array:
     best = live.group_by([_SLOT], use_threads=False).aggregate([(_VALUE, func)])
     where = pc.index_in(keys, value_set=best[_SLOT].combine_chunks())
     values = best[f"{_VALUE}_{func}"].combine_chunks()
+    if pa.types.is_floating(values.type):
+        values = _signed_zero(live, best[_SLOT].combine_chunks(), values, func)
     return values.take(where)
+
+
+def _signed_zero(live: pa.Table, slots: pa.Array, values: pa.Array, func: str) -> pa.Array:
+    """``values`` (each slot's extreme) with a zero extreme made 0.0 for ``max`` and -0.0 for ``min`` when
+    the slot holds that zero: -0.0 equals 0.0, so which of them Arrow's min/max returns depends on the
+    order of the rows, and a maintained view and its recomputation would show different zeros."""
+    zero = pa.scalar(0.0, values.type)
+    zeros = live.filter(pc.equal(live[_VALUE], zero))
+    if zeros.num_rows == 0:
+        return values
+    negative = np.signbit(_np(zeros[_VALUE]))
+    wanted = zeros.filter(pa.array(negative if func == "min" else ~negative))[_SLOT]
+    held = pc.and_(pc.equal(values, zero), pc.is_in(slots, value_set=wanted.combine_chunks()))
+    return pc.if_else(held, pa.scalar(-0.0 if func == "min" else 0.0, values.type), values)
 
 
 def _no_rows(

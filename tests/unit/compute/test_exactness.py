@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sparkbus.roles.compute import (
@@ -183,6 +183,19 @@ def wide_updates(rows: list[tuple[Any, Any, Any, int]], t: int) -> pa.Table:
     keyed=st.booleans(),
     reclaim=st.booleans(),
     preaggregate=st.booleans(),
+)
+# -0.0 equals 0.0: the greatest of the two must not depend on the order the rows came in.
+@example(
+    batches=[[(1, None, -0.0, -1), (1, None, -0.0, 1)], [(1, None, 0.0, 1), (1, None, -0.0, 1)]],
+    keyed=False,
+    reclaim=False,
+    preaggregate=False,
+)
+@example(
+    batches=[[(1, None, 0.0, -2), (1, None, 0.0, 2), (1, None, -0.0, 1)], [(1, None, 0.0, 1)]],
+    keyed=True,
+    reclaim=False,
+    preaggregate=False,
 )
 def test_a_view_over_negative_multiplicities_equals_its_recomputation_at_every_time(
     batches: list[list[tuple[Any, Any, Any, int]]], keyed: bool, reclaim: bool, preaggregate: bool
