@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import re
 import sys
@@ -256,8 +257,13 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         done = f"loaded {rows.num_rows:,} rows into {args.table} for SQL ({held:,} rows on the gateway node)"
     if args.no_views:
         return done
-    _write_views(client, args.table, views, None if spec is None else spec.key)
     how = "appended" if spec is None else f"upserted by {', '.join(spec.key)}"
+    if spec is not None and _created_from_stored(client, spec, args.timeout):
+        # The stored rows include the file's: the new compute table now holds the whole table.
+        return (
+            f"{done} and into the compute controller's table {args.table}, new, with every stored row ({how})"
+        )
+    _write_views(client, args.table, views, None if spec is None else spec.key)
     return f"{done} and into the compute controller's table {args.table} for views ({how})"
 
 
@@ -275,20 +281,46 @@ def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] 
         client.write_table(table, part)
 
 
+def _created_from_stored(client: Client, spec: TableSpec, timeout: float) -> bool:
+    """The compute controller's table for the replicated table ``spec``, created now and filled with every
+    row the partitions hold, when the controller has none: False when it already has one.
+
+    The controller keeps its tables and views in memory, while the partitions keep their rows on disk
+    (``SPARKBUS_DATA_DIR``): after the cluster starts again the stored table has rows the views' table
+    has not. Filled with the file's rows alone, it would make every view count only rows loaded since.
+    """
+    if _views_schema(client, spec.name) is not None:
+        return False
+    batches = client.sql_batches(f"SELECT * FROM {spec.name}", timeout=timeout)
+    first = next(batches, None)
+    schema = first.schema if first is not None else _sql_schema(client, spec.name)
+    if schema is None:
+        raise CommandError(f"table {spec.name}: the cluster has no such table")
+    import pyarrow as pa  # noqa: PLC0415
+
+    client.create_table(spec.name, schema, key=spec.key)
+    for batch in itertools.chain([] if first is None else [first], batches):
+        for part in _slices(pa.Table.from_batches([batch])):
+            client.write_table(spec.name, part)
+    return True
+
+
 # ---------------------------------------------------------------- load routed to partition leaders
 
 _NOT_LEADER = re.compile(r"not the leader of \S+; leader: (\S+)")
 
 
-def _topology_table(args: argparse.Namespace) -> TableSpec | None:
-    """The ``[tables.X]`` entry of the topology the command connects by, or None (``--address`` without
-    ``--topology``, or a table the topology does not declare: loaded into the gateway node's catalog)."""
+def _topology_table(args: argparse.Namespace, name: str | None = None) -> TableSpec | None:
+    """The ``[tables.X]`` entry for ``name`` (default ``args.table``) of the topology the command connects
+    by, or None (``--address`` without ``--topology``, or a table the topology does not declare: loaded
+    into the gateway node's catalog)."""
     from sparkbus.topologies.schema import load  # noqa: PLC0415
 
     if args.address and args.topology is None:
         return None
     topo = load(args.topology)
-    return next((t for t in topo.tables if t.name == args.table), None)
+    wanted = args.table if name is None else name
+    return next((t for t in topo.tables if t.name == wanted), None)
 
 
 def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
@@ -610,6 +642,11 @@ def cluster_command(args: argparse.Namespace) -> int:
             elif args.command == "sql":
                 _print_table(client.sql(args.query, timeout=args.timeout), args, "")
             elif args.view_command == "create":
+                source = _topology_table(args, view.source)
+                if source is not None and _created_from_stored(client, source, args.timeout):
+                    print(
+                        f"table {view.source}: the compute controller's table created with every stored row"
+                    )
                 created = client.create_view(args.name, view)
                 print(f"view {args.name} created (as of time {created.get('as_of')})")
             else:
