@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -262,6 +263,9 @@ class Launcher:
         self.state_path = state_path or state_file(path)
         self.children: dict[str, Child] = {}
         self.events: queue.SimpleQueue[tuple[str, dict[str, Any] | None]] = queue.SimpleQueue()
+        #: the nodes' temporary directory (their TMPDIR): removed once every node is gone, so that what a
+        #: node killed with SIGKILL kept there (its replicas, without $SPARKBUS_DATA_DIR) goes with it
+        self.tmp: str | None = None
 
     # -- starting
 
@@ -270,6 +274,8 @@ class Launcher:
         extra = ["--ready-timeout", str(self.ready_timeout)]
         if self.skip_unavailable:
             extra.append("--skip-unavailable")
+        self.tmp = tempfile.mkdtemp(prefix="sparkbus-up-")
+        env = {**os.environ, "TMPDIR": self.tmp}
         for node_id in self.topo.node_ids():
             proc = subprocess.Popen(
                 [*cmd, node_id, *extra],
@@ -278,6 +284,7 @@ class Launcher:
                 text=True,
                 bufsize=1,
                 process_group=0,
+                env=env,
             )
             self.children[node_id] = Child(node_id=node_id, proc=proc)
             assert proc.stdout is not None
@@ -451,6 +458,11 @@ class Launcher:
                 c.proc.stdout.close()
             if c.endpoints is not None and c.proc.poll() is not None:
                 remove_ipc(c.endpoints)  # a node that stopped removed its own; one killed did not
+        if self.tmp is not None and all(c.proc.poll() is not None for c in self.children.values()):
+            shutil.rmtree(
+                self.tmp, ignore_errors=True
+            )  # a node that stopped emptied its part; one killed did not
+            self.tmp = None
         with contextlib.suppress(OSError):  # none written, or the run directory is not usable: said already
             self.state_path.unlink()
 

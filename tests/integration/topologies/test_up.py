@@ -127,7 +127,9 @@ class Up:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    (tmp_path / "tmp").mkdir()  # the nodes' temporary files (their replicas: no $SPARKBUS_DATA_DIR)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
+    env.pop("SPARKBUS_DATA_DIR", None)
     running = Up(env)
     try:
         yield running
@@ -162,6 +164,7 @@ def test_up_reaches_ready_answers_status_and_stops_on_sigterm(up: Up) -> None:
     assert "SIGTERM" in out
     assert wait_gone([*pids.values(), up.proc.pid]) == []
     assert not list(Path(up.env["XDG_RUNTIME_DIR"]).glob("sparkbus-*/*.json"))
+    assert list(Path(up.env["TMPDIR"]).iterdir()) == []
 
 
 def test_a_killed_node_stops_the_others_and_is_named(up: Up) -> None:
@@ -173,6 +176,8 @@ def test_a_killed_node_stops_the_others_and_is_named(up: Up) -> None:
     assert code == 1, out
     assert "node store-1" in out and "SIGKILL" in out, out
     assert wait_gone([*pids.values(), up.proc.pid]) == []
+    # The killed node's replicas (in a temporary directory) went with the run's.
+    assert list(Path(up.env["TMPDIR"]).iterdir()) == []
 
 
 def test_status_without_a_running_cluster_says_so(tmp_path: Path) -> None:
