@@ -632,6 +632,7 @@ def status_table(answers: dict[str, dict[str, Any] | str]) -> Table:
         "node",
         "peers up",
         "sessions out/in",
+        "clients",
         "streams out/in",
         "msgs out/in",
         "bytes out/in",
@@ -641,18 +642,26 @@ def status_table(answers: dict[str, dict[str, Any] | str]) -> Table:
         table.add_column(col)
     for name, ans in answers.items():
         if isinstance(ans, str):
-            table.add_row(Text(name), Text(ans, style="red"), "", "", "", "", "", "")
+            table.add_row(Text(name), Text(ans, style="red"), "", "", "", "", "", "", "")
             continue
         st = ans["status"]
-        peers = st["peers"]
+        every = st["peers"]
         cnt = st["counters"]
+        node = ans.get("node", name)
+        # The bus's peers are the nodes it dials; the rest are thin clients' sessions, and the node itself
+        # once it streamed to itself (a query's initiator to its own fragment).
+        peers = {p: v for p, v in every.items() if v["outbound"] is not None}
+        clients = [
+            p for p, v in every.items() if v["outbound"] is None and p != node and v["inbound_session"]
+        ]
         up = [p for p, v in peers.items() if v["up"]]
         table.add_row(
-            Text(ans.get("node", name)),
+            Text(node),
             f"{len(up)}/{len(peers)}",
             f"{sum(1 for v in peers.values() if v['outbound'] == 'established')}/"
             f"{sum(1 for v in peers.values() if v['inbound_session'])}",
-            f"{sum(v['streams_out'] for v in peers.values())}/{sum(v['streams_in'] for v in peers.values())}",
+            str(len(clients)),
+            f"{sum(v['streams_out'] for v in every.values())}/{sum(v['streams_in'] for v in every.values())}",
             f"{cnt.get('messages_out', 0)}/{cnt.get('messages_in', 0)}",
             f"{cnt.get('bytes_out', 0)}/{cnt.get('bytes_in', 0)}",
             ", ".join(f"{k}: {v}" for k, v in st.get("refused", {}).items()) or "-",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -150,3 +151,28 @@ def test_a_status_error_is_printed_as_it_is() -> None:
     console.print(status_table({"a-0": "error: [/x] refused", "a-1": "unreachable: no answer from [y]"}))
     out = console.export_text()
     assert "error: [/x] refused" in out and "unreachable: no answer from [y]" in out
+
+
+def test_status_counts_the_nodes_peers_apart_from_itself_and_its_clients() -> None:
+    def peer(up: bool, outbound: str | None, inbound: bool, out: int = 0, into: int = 0) -> dict[str, Any]:
+        return {
+            "up": up,
+            "outbound": outbound,
+            "inbound_session": inbound,
+            "streams_out": out,
+            "streams_in": into,
+        }
+
+    peers = {
+        "coordinator": peer(True, None, False, 1, 1),  # itself: a query streamed to its own fragment
+        "client:ab12": peer(True, None, True),  # a thin client's session
+        "store-0": peer(True, "established", True, 1, 0),
+        "store-1": peer(False, "connecting", False),
+    }
+    answer = {"node": "coordinator", "status": {"peers": peers, "counters": {}}}
+    console = Console(width=200, record=True)
+    console.print(status_table({"coordinator": answer}))
+    row = next(line for line in console.export_text().splitlines() if "coordinator" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    # peers up, sessions out/in, clients, streams out/in
+    assert cells[1:5] == ["1/2", "1/1", "1", "2/1"], cells
