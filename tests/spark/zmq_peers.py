@@ -51,7 +51,12 @@ def handshake(sock: zmq.Socket[bytes], endpoint: str, messages: Sequence[bytes] 
     try:
         sock.connect(endpoint)
         for message in messages:
-            sock.send(message, zmq.NOBLOCK)
+            try:
+                sock.send(message, zmq.NOBLOCK)
+            except zmq.Again:
+                # The handshake failed already and ZeroMQ dropped the connection's pipe (with no
+                # IMMEDIATE, only that refuses a few messages): nothing more can be queued.
+                break
         while True:
             event: int = recv_monitor_message(monitor)["event"]
             if event & ends:
