@@ -238,10 +238,11 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         )
     if not args.replace:  # --replace: the SQL table takes the file as it is
         rows = _as_existing(rows, _sql_schema(client, args.table), f"table {args.table}")
-    views = rows
+    views, views_schema = rows, None
     if not args.no_views:
         where = f"the compute controller's table {args.table}"
-        views = _as_existing(rows, _views_schema(client, args.table), where)
+        views_schema = _views_schema(client, args.table)
+        views = _as_existing(rows, views_schema, where)
     if spec is not None:
         done = routed_load(client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path)
     else:
@@ -258,7 +259,8 @@ def _load(client: Client, args: argparse.Namespace) -> str:
     if args.no_views:
         return done
     how = "appended" if spec is None else f"upserted by {', '.join(spec.key)}"
-    if spec is not None and _created_from_stored(client, spec, args.timeout):
+    if spec is not None and views_schema is None:
+        _create_from_stored(client, spec, args.timeout)
         # The stored rows include the file's: the new compute table now holds the whole table.
         return (
             f"{done} and into the compute controller's table {args.table}, new, with every stored row ({how})"
@@ -281,16 +283,14 @@ def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] 
         client.write_table(table, part)
 
 
-def _created_from_stored(client: Client, spec: TableSpec, timeout: float) -> bool:
-    """The compute controller's table for the replicated table ``spec``, created now and filled with every
-    row the partitions hold, when the controller has none: False when it already has one.
+def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None:
+    """The compute controller's table for the replicated table ``spec``, which it has none of, created and
+    filled with every row the partitions hold.
 
     The controller keeps its tables and views in memory, while the partitions keep their rows on disk
     (``SPARKBUS_DATA_DIR``): after the cluster starts again the stored table has rows the views' table
     has not. Filled with the file's rows alone, it would make every view count only rows loaded since.
     """
-    if _views_schema(client, spec.name) is not None:
-        return False
     batches = client.sql_batches(f"SELECT * FROM {spec.name}", timeout=timeout)
     first = next(batches, None)
     schema = first.schema if first is not None else _sql_schema(client, spec.name)
@@ -302,7 +302,6 @@ def _created_from_stored(client: Client, spec: TableSpec, timeout: float) -> boo
     for batch in itertools.chain([] if first is None else [first], batches):
         for part in _slices(pa.Table.from_batches([batch])):
             client.write_table(spec.name, part)
-    return True
 
 
 # ---------------------------------------------------------------- load routed to partition leaders
@@ -643,7 +642,8 @@ def cluster_command(args: argparse.Namespace) -> int:
                 _print_table(client.sql(args.query, timeout=args.timeout), args, "")
             elif args.view_command == "create":
                 source = _topology_table(args, view.source)
-                if source is not None and _created_from_stored(client, source, args.timeout):
+                if source is not None and _views_schema(client, source.name) is None:
+                    _create_from_stored(client, source, args.timeout)
                     print(
                         f"table {view.source}: the compute controller's table created with every stored row"
                     )
