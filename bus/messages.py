@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from sparkbus.codecs import blob, message
+from sparkbus.codecs.schema import quote
 
 MAGIC = b"SBUS"
 
@@ -108,7 +109,7 @@ class Hello:
         if not self.node_id or len(self.node_id) > 255:
             raise ValueError("node_id must be 1..255 characters")
         if self.kind not in ("node", "client"):
-            raise ValueError(f"kind must be 'node' or 'client', got {self.kind!r}")
+            raise ValueError(f"kind must be 'node' or 'client', got {quote(self.kind)}")
         if len(self.features) > 64:
             raise ValueError("features bitset longer than 64 bytes")
 

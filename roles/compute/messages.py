@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkbus.codecs import blob, message
+from sparkbus.codecs.schema import quote
 from sparkbus.roles.compute.plans import Finishing, ViewDef
 from sparkbus.roles.compute.times import Frontier, check_frontier, check_time
 
@@ -24,7 +25,7 @@ from sparkbus.roles.compute.times import Frontier, check_frontier, check_time
 
 def _check_id(value: str, what: str) -> None:
     if type(value) is not str or not value:
-        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+        raise ValueError(f"{what} must be a non-empty str, got {quote(value)}")
 
 
 # ---------------------------------------------------------------- commands (controller -> replica)
@@ -40,9 +41,9 @@ class CreateTimely:
 
     def __post_init__(self) -> None:
         if type(self.epoch) is not int or self.epoch < 0:
-            raise ValueError(f"CreateTimely.epoch must be a non-negative int, got {self.epoch!r}")
+            raise ValueError(f"CreateTimely.epoch must be a non-negative int, got {quote(self.epoch)}")
         if type(self.workers) is not int or self.workers < 1:
-            raise ValueError(f"CreateTimely.workers must be a positive int, got {self.workers!r}")
+            raise ValueError(f"CreateTimely.workers must be a positive int, got {quote(self.workers)}")
 
 
 @message(0x0301)
@@ -63,7 +64,9 @@ class CreateInstance:
         for name in ("logging_interval_ms", "expiration_offset_ms"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"CreateInstance.{name} must be a non-negative int or None, got {value!r}")
+                raise ValueError(
+                    f"CreateInstance.{name} must be a non-negative int or None, got {quote(value)}"
+                )
 
     def compatible_with(self, new: CreateInstance) -> bool:
         """Materialize's ``InstanceConfig::compatible_with``: same logging, expiration offset not larger.
@@ -111,7 +114,7 @@ class UpdateConfiguration:
             type(self.max_result_size) is not int or self.max_result_size < 1
         ):
             raise ValueError(
-                f"UpdateConfiguration.max_result_size must be a positive int, got {self.max_result_size!r}"
+                f"UpdateConfiguration.max_result_size must be a positive int, got {quote(self.max_result_size)}"
             )
 
     def update(self, other: UpdateConfiguration) -> UpdateConfiguration:
@@ -151,20 +154,26 @@ class CreateDataflow:
     def __post_init__(self) -> None:
         check_frontier(self.as_of, "CreateDataflow.as_of")
         if not self.as_of:
-            raise ValueError(f"CreateDataflow.as_of of {self.name!r} must be set (not the empty frontier)")
+            raise ValueError(
+                f"CreateDataflow.as_of of {quote(self.name)} must be set (not the empty frontier)"
+            )
         if self.imports != (self.view.source,):
             raise ValueError(
-                f"CreateDataflow.imports of {self.name!r} must be exactly ({self.view.source!r},)"
+                f"CreateDataflow.imports of {quote(self.name)} must be exactly ({quote(self.view.source)},)"
             )
         exports = self.export_ids
         if not exports:
-            raise ValueError(f"CreateDataflow {self.name!r} exports nothing")
+            raise ValueError(f"CreateDataflow {quote(self.name)} exports nothing")
         for e in exports:
             _check_id(e, "CreateDataflow export id")
         if len(set(exports)) != len(exports):
-            raise ValueError(f"CreateDataflow {self.name!r}: export ids are not unique: {exports}")
+            raise ValueError(
+                f"CreateDataflow {quote(self.name)}: export ids are not unique: {quote(exports)}"
+            )
         if self.view.source in exports:
-            raise ValueError(f"CreateDataflow {self.name!r} imports its own export {self.view.source!r}")
+            raise ValueError(
+                f"CreateDataflow {quote(self.name)} imports its own export {quote(self.view.source)}"
+            )
 
     @property
     def export_ids(self) -> tuple[str, ...]:
@@ -235,7 +244,7 @@ class Peek:
     def __post_init__(self) -> None:
         _check_id(self.uuid, "Peek.uuid")
         if not isinstance(self.target, TargetKind):
-            raise ValueError(f"Peek.target must be a TargetKind, got {self.target!r}")
+            raise ValueError(f"Peek.target must be a TargetKind, got {quote(self.target)}")
         _check_id(self.target_id, "Peek.target_id")
         check_time(self.timestamp, "Peek.timestamp")
         if not isinstance(self.finishing, Finishing):
@@ -414,7 +423,7 @@ class Status:
     def __post_init__(self) -> None:
         if self.refused_epoch is not None and (type(self.refused_epoch) is not int or self.refused_epoch < 0):
             raise ValueError(
-                f"Status.refused_epoch must be a non-negative int or None, got {self.refused_epoch!r}"
+                f"Status.refused_epoch must be a non-negative int or None, got {quote(self.refused_epoch)}"
             )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sparkbus.codecs import blob, message
+from sparkbus.codecs.schema import quote
 
 U64_MAX = (1 << 64) - 1
 #: The longest task id accepted (Presto's are ``queryId.stage.partition.attempt``, well under this).
@@ -43,7 +44,7 @@ def pack_sizes(sizes: Iterable[int]) -> bytes:
     try:
         return struct.pack(f"<{len(values)}Q", *values)
     except struct.error:
-        raise ValueError(f"page sizes must be u64s, got {values!r}") from None
+        raise ValueError(f"page sizes must be u64s, got {quote(values)}") from None
 
 
 def unpack_sizes(packed: bytes) -> tuple[int, ...]:
