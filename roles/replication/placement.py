@@ -47,7 +47,7 @@ from sparkbus.roles.replication.segments import (
     UnsupportedSegmentFormat,
     chain,
 )
-from sparkbus.roles.replication.storage import Storage
+from sparkbus.roles.replication.storage import SimulatedCrash, Storage
 from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, StoreError, read_manifest
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,10 @@ class Placement(Hooks):
             store.save_manifest()
         spec = self._with_saved_split(spec, store)
         rep = LocalReplica(spec=spec, me=me, store=store)
-        self.local[partition] = rep
         self._merge_carried(rep)
+        # Hosted only once whole: a replica whose carried rows failed to merge is opened again
+        # (``ReplicationRole._open``), not served without them.
+        self.local[partition] = rep
 
     def _knows_store(self, msg: SplitFinalized) -> bool:
         """Whether this node's replica of the partition heard the hello of the store ``msg`` names."""
@@ -228,10 +230,19 @@ class Placement(Hooks):
                 continue
             try:
                 self._resume_drain(self.layout.partitions[partition])
-            except (StoreError, SegmentCorrupt, OSError):
+            except SimulatedCrash:
+                raise
+            except Exception as exc:  # a StoreError, an OSError, a ValueError of a file not classified
                 # Files it cannot open stay as they are; raised, they stopped the node's start (its
-                # timer, its elections) for a partition it does not even serve.
+                # elections) for a partition it does not even serve.
                 self._count("drains_unreadable")
+                log.error(
+                    "replication %s: %s: cannot resume its drain: %s: %s",
+                    self.node,
+                    partition,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _resume_drain(self, spec: PartitionSpec) -> None:
         storage = self.storage_for(spec.partition)

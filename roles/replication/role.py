@@ -129,8 +129,11 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         self.damaged: dict[str, str] = {}
         self.strays: list[str] = []
         self.answered: dict[tuple[str, str], float] = {}
-        # Replicas whose procedures failed in their last run, with the error (``_run_all``).
+        # Replicas whose procedures failed in their last run, or that could not be opened, with the
+        # error (``_run_all``, ``_open``).
         self.failing: dict[str, str] = {}
+        # Partitions placed here whose replica could not be opened; opened again on each tick (``_open``).
+        self.unopened: set[str] = set()
 
     # ------------------------------------------------------------ entry point
 
@@ -159,7 +162,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             self._started = True
             out.append(SetTimer(key=TICK, at=now + self.config.tick))  # first: armed whatever follows
             for spec in list(self.layout.partitions.values()):
-                self._host(spec)
+                self._open(spec)  # one that cannot be opened is listed under failing; the others open
             self._resume_drains()  # files of partitions the layout no longer places here
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
@@ -197,6 +200,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         elif isinstance(event, TimerFired):
             if event.key == TICK:
                 out.append(SetTimer(key=TICK, at=now + self.config.tick))
+                if self.unopened:
+                    self._open_again()
                 self._run_all(tick=True)  # with the lazy ack saves, per replica
                 return
         elif isinstance(event, LocalCall):
@@ -263,6 +268,48 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 exc,
             )
 
+    def _open(self, spec: PartitionSpec, reraise: bool = False) -> None:
+        """Host ``spec`` (``_host``); a replica that cannot be opened fails alone.
+
+        Whatever opening it raises (a ``StoreError``, an ``OSError``, a ``ValueError`` of a file the store
+        does not classify, an ``UnsupportedSegmentFormat``) is counted (``open_errors``), logged when it
+        first occurs and listed under ``failing`` while the partition is not hosted; each tick opens it
+        again. Raised at start, it ended the start: every partition after it stayed unopened, with no
+        leader elected, for good. ``reraise`` (a local call's ``assign``) raises it on once recorded.
+        """
+        partition = spec.partition
+        try:
+            self._host(spec)
+        except SimulatedCrash:
+            raise
+        except Exception as exc:
+            self._count("open_errors")
+            self.unopened.add(partition)
+            text = f"cannot open: {type(exc).__name__}: {exc}"
+            if self.failing.get(partition) != text:
+                self.failing[partition] = text
+                log.error("replication %s: %s: %s", self.node, partition, text, exc_info=True)
+            if reraise:
+                raise
+        else:
+            if partition in self.unopened:
+                self.unopened.discard(partition)
+                if self.failing.pop(partition, None) is not None:
+                    log.info("replication %s: %s: opened", self.node, partition)
+
+    def _open_again(self) -> None:
+        """On a tick: open again each partition placed here whose replica could not be opened."""
+        before = set(self.unopened)
+        for partition in sorted(before):
+            spec = self.layout.partitions.get(partition)
+            if spec is None:
+                self.unopened.discard(partition)
+                self.failing.pop(partition, None)
+            else:
+                self._open(spec)
+        if before - self.unopened:
+            self._elect()  # a replica opened now gets its leader
+
     def _leader_of(self, partition: str) -> Replica | None:
         spec = self.layout.partitions.get(partition)
         if spec is None:
@@ -311,7 +358,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                         continue  # the tick's step, which saves them too, tells whether it succeeds
                     if self.failing.pop(where, None) is not None:
                         log.info("replication %s: %s: the procedures run again", self.node, where)
-        for gone in set(self.failing) - ran:
+        for gone in set(self.failing) - ran - self.unopened:
             del self.failing[gone]  # no longer hosted (or draining) here: its error is not current
 
     def _run(self, rep: LocalReplica) -> None:
@@ -542,7 +589,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         self.layout.partitions[spec.partition] = spec
-        self._host(spec)
+        self._open(spec, reraise=True)
         self._elect()
 
     # ------------------------------------------------------------ messages and peers

@@ -166,5 +166,8 @@ def test_every_acknowledged_row_survives_sigkill_of_a_follower_and_of_the_leader
     for p in procs.values():
         counters = p.status()["counters"]
         # the role catches its own errors (logged and counted): none is expected here either
-        failed = {k: counters.get(k, 0) for k in ("handler_failed", "handler_errors", "procedure_errors")}
+        failed = {
+            k: counters.get(k, 0)
+            for k in ("handler_failed", "handler_errors", "procedure_errors", "open_errors")
+        }
         assert failed == dict.fromkeys(failed, 0), (p.node, failed)

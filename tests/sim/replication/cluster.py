@@ -160,13 +160,16 @@ class Cluster:
 
     def role_errors(self) -> dict[str, int]:
         """Per live node: errors the node core saw raised by the role, and those the role caught itself
-        (``handle`` and each replica's procedures log and count what they raise instead)."""
+        (``handle``, each replica's procedures and each replica's opening log and count what they raise
+        instead)."""
         errors = {}
         for n in self.nodes:
             if self.alive(n):
                 caught = self.role(n).counters
                 raised = self.sim.node(n).core.counters["role_errors"]
-                errors[n] = raised + caught.get("handler_errors", 0) + caught.get("procedure_errors", 0)
+                errors[n] = raised + sum(
+                    caught.get(k, 0) for k in ("handler_errors", "procedure_errors", "open_errors")
+                )
         return errors
 
     def assert_clean(self) -> None:

@@ -64,7 +64,7 @@ def flushed(
 
 
 def _errors(role: ReplicationRole) -> int:
-    return role.counters.get("handler_errors", 0) + role.counters.get("procedure_errors", 0)
+    return sum(role.counters.get(k, 0) for k in ("handler_errors", "procedure_errors", "open_errors"))
 
 
 @dataclass(frozen=True)

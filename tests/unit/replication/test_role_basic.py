@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 
 import pyarrow as pa
 import pytest
@@ -12,7 +14,7 @@ from sparkbus.codecs import encode_batch
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
 from sparkbus.roles.replication.role import TICK, ReplicationConfig, ReplicationRole
 from sparkbus.roles.replication.storage import MemoryStorage
-from sparkbus.roles.replication.store import StoreConfig
+from sparkbus.roles.replication.store import MANIFEST, StoreConfig
 
 from .harness import Cluster
 
@@ -46,8 +48,11 @@ def test_steady_state_fast_forward() -> None:
 
 
 def _role(*partitions: str) -> ReplicationRole:
+    return _role_on({}, *partitions)
+
+
+def _role_on(storages: dict[str, MemoryStorage], *partitions: str) -> ReplicationRole:
     specs = [PartitionSpec(partition=p, replicas=(Replica(node="a", placement=1),)) for p in partitions]
-    storages: dict[str, MemoryStorage] = {}
     return ReplicationRole("a", Layout.of(specs), lambda p: storages.setdefault(p, MemoryStorage()), config())
 
 
@@ -117,3 +122,84 @@ def test_a_replica_that_failed_and_is_no_longer_hosted_is_not_listed_as_failing(
     list(role.handle(LocalCall(call_id=2, name="assign", args={"spec": elsewhere}), 101.0))
     assert "t/0" not in role.local and "t/0" in role.draining
     assert role.failing == {"t/0 (draining)": "RuntimeError: disk on fire"}
+
+
+@pytest.mark.parametrize(
+    "error",
+    [OSError(errno.EIO, os.strerror(errno.EIO)), ValueError("unpack(b) received extra data")],
+    ids=["OSError", "ValueError"],
+)
+def test_a_partition_that_cannot_be_opened_at_start_fails_alone(error: Exception) -> None:
+    """t/1's manifest cannot be read when the node starts. Raised, the error ended the start: t/2 was
+    never opened and no leader was elected, so nothing was served, and t/1 was listed nowhere."""
+    storages: dict[str, MemoryStorage] = {}
+    partitions = ("t/0", "t/1", "t/2")
+    role = _role_on(storages, *partitions)
+    list(role.handle(TimerFired(key="boot"), 0.0))
+    for i, p in enumerate(partitions):
+        _write(role, p, [i], i)
+    storages = {p: s.crashed() for p, s in storages.items()}  # the node is killed and starts again
+    broken = storages["t/1"]
+    readable = broken.read
+
+    def read(name: str, offset: int = 0, size: int = -1) -> bytes:
+        if name == MANIFEST:
+            raise error
+        return readable(name, offset, size)
+
+    broken.read = read  # type: ignore[method-assign]
+    role = _role_on(storages, *partitions)
+    actions = list(role.handle(TimerFired(key="boot"), 1.0))
+    assert SetTimer(key=TICK, at=1.0 + role.config.tick) in actions
+    assert sorted(role.local) == ["t/0", "t/2"]
+    for i, p in enumerate(("t/0", "t/2")):
+        (reply,) = _write(role, p, [10 + i], 10 + i)
+        assert isinstance(reply, Reply) and reply.error is None, reply
+    status = role.handle(LocalCall(call_id=20, name="status", args={}), 1.0)
+    (reply,) = [a for a in status if isinstance(a, Reply)]
+    assert reply.result["failing"] == {"t/1": f"cannot open: {type(error).__name__}: {error}"}
+    assert role.counters["open_errors"] == 1 and "handler_errors" not in role.counters
+    list(role.handle(TimerFired(key=TICK), 2.0))  # still unreadable: still listed, tried again
+    assert role.failing == {"t/1": f"cannot open: {type(error).__name__}: {error}"}
+    assert role.counters["open_errors"] == 2
+    del broken.read  # readable again: the next tick opens it, and it serves its rows
+    list(role.handle(TimerFired(key=TICK), 3.0))
+    assert role.failing == {} and role.local["t/1"].leads
+    assert role.local["t/1"].store.rows().column("key").to_pylist() == [1]
+
+
+class _Held:
+    """A node's stores, with ``held`` as ``NodeData`` has it: a start drains the ones no longer placed."""
+
+    def __init__(self, storages: dict[str, MemoryStorage]) -> None:
+        self.storages = storages
+
+    def __call__(self, partition: str) -> MemoryStorage:
+        return self.storages.setdefault(partition, MemoryStorage())
+
+    def held(self, partitions: list[str]) -> list[str]:
+        return [p for p in partitions if p in self.storages and self.storages[p].exists(MANIFEST)]
+
+
+def test_a_drain_that_cannot_be_resumed_at_start_stops_nothing_else() -> None:
+    """t/1 moved to b while a was down, and its files on a cannot be read (a ValueError the store does
+    not classify). Raised, it ended the start before the elections: a led nothing, t/0 included."""
+    storages: dict[str, MemoryStorage] = {}
+    role = _role_on(storages, "t/0", "t/1")
+    list(role.handle(TimerFired(key="boot"), 0.0))
+    _write(role, "t/1", [1], 1)
+    storages = {p: s.crashed() for p, s in storages.items()}
+
+    def read(name: str, offset: int = 0, size: int = -1) -> bytes:
+        raise ValueError("unpack(b) received extra data")
+
+    storages["t/1"].read = read  # type: ignore[method-assign]
+    specs = [
+        PartitionSpec(partition="t/0", replicas=(Replica(node="a", placement=1),)),
+        PartitionSpec(partition="t/1", replicas=(Replica(node="b", placement=2),)),
+    ]
+    role = ReplicationRole("a", Layout.of(specs), _Held(storages), config())
+    list(role.handle(TimerFired(key="boot"), 1.0))
+    assert role.counters["drains_unreadable"] == 1 and "handler_errors" not in role.counters
+    (reply,) = _write(role, "t/0", [5], 2)
+    assert isinstance(reply, Reply) and reply.error is None, reply
