@@ -38,6 +38,7 @@ from sparkbus.roles.query import engine
 from sparkbus.roles.query import exchange as x
 from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
+from sparkbus.roles.query.expressions import resolve
 from sparkbus.roles.query.messages import (
     MESSAGES,
     QueriesInactive,
@@ -60,7 +61,8 @@ _TIMEOUT_TIMER = "timeout/"
 _BATCH_SHARE = BusConfig().low_watermark
 
 
-#: queries whose fragments the initiator keeps, by SQL text, participants and repartition
+#: queries whose fragments the initiator keeps, by SQL text, participants and repartition (with the logical
+#: plan they were made for: a GROUP BY name's meaning can change with the table's columns)
 _PLAN_CACHE = 256
 
 
@@ -108,9 +110,10 @@ class QueryRole(PulledExchange):
         self.peers_up: set[str] = set()
         self.counters: Counter[str] = Counter()
         self._next_local = 0
-        #: (sql, participants, repartition) -> the fragments and their plain form, the oldest first
+        #: (sql, participants, repartition) -> the logical plan, its fragments and their plain form, the oldest
+        #: first
         self._plans: dict[
-            tuple[str, tuple[str, ...], bool], tuple[tuple[Fragment, ...], tuple[Any, ...]]
+            tuple[str, tuple[str, ...], bool], tuple[PlanNode, tuple[Fragment, ...], tuple[Any, ...]]
         ] = {}
         self._check_at: float | None = None
         self._chosen: dict[QueryId, str] = {}  # ExchangeChosen received, start not yet
@@ -238,10 +241,17 @@ class QueryRole(PulledExchange):
     def _logical(self, args: dict[str, Any]) -> PlanNode:
         sql, plan = args.get("sql"), args.get("plan")
         if isinstance(sql, str) and plan is None:
-            return parse_sql(sql)
+            return parse_sql(sql, self._columns)
         if sql is None and plan is not None:
             return plan_from_plain(plan)
         raise QueryError(ErrorCode.PARSING, "execute takes either sql (str) or plan (a plain plan tree)")
+
+    def _columns(self, table: str) -> list[str] | None:
+        """The columns of this node's partition of ``table``, None when it holds none: what a GROUP BY name
+        that is also a select-list alias needs (``parse_sql``)."""
+        found = resolve(table, self.store.names(), "table")
+        rows = self.store.get(found) if found is not None else None
+        return None if rows is None else list(rows.column_names)
 
     def _execute(self, call: c.LocalCall, now: float, out: list[c.Action]) -> None:
         args = call.args
@@ -272,16 +282,16 @@ class QueryRole(PulledExchange):
         sql = args.get("sql")
         key = (sql, tuple(participants), repartition) if isinstance(sql, str) else None
         planned = self._plans.get(key) if key is not None else None
-        if planned is None:
+        if planned is None or planned[0] != logical:
             fragments = plan_fragments(
                 logical, initiator=self.member, participants=participants, repartition=repartition
             )
-            planned = (fragments, tuple(fragment_to_plain(f) for f in fragments))
+            planned = (logical, fragments, tuple(fragment_to_plain(f) for f in fragments))
             if key is not None:
                 if len(self._plans) >= _PLAN_CACHE:
                     del self._plans[next(iter(self._plans))]  # the oldest
                 self._plans[key] = planned
-        fragments, plain = planned
+        _, fragments, plain = planned
         self._next_local += 1
         qid = QueryId(member=self.member, local=f"{self.incarnation}.{self._next_local}")
         edges = {f.send.edge for f in fragments if f.send is not None}

@@ -2,8 +2,10 @@
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
 LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), ``*`` or ``t.*`` as the whole
-select list, WHERE, GROUP BY (expressions or select-list ordinals), HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs
-before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC),
+select list, WHERE, GROUP BY (expressions or select-list ordinals; a name is the table's column, else the select
+list's alias of that name, as in Spark, when the table's columns are given), HAVING, ORDER BY (output names,
+ordinals or expressions, whose names mean outputs before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's
+defaults: first for ASC, last for DESC),
 LIMIT and OFFSET, and the aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
 Everything else is refused with a ``SqlError`` that points at the offending part of the text.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import sqlglot
@@ -96,6 +98,23 @@ _READS: dict[type[exp.Expr], frozenset[str]] = {
 }
 
 Hook = Callable[[exp.Expr], Expr | None]
+#: the column names of a table, or None when they are not known (``parse_sql``)
+Columns = Callable[[str], Sequence[str] | None]
+
+
+class _Ask(Exception):
+    """The translation needs the columns of ``table``: a GROUP BY name is also a select-list alias."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(table)
+        self.table = table
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """``_parse``'s answer when the text needs the columns of ``table`` (kept like a plan)."""
+
+    table: str
 
 
 def _unread(node: exp.Expr, read: Collection[str]) -> tuple[str, exp.Expr | None] | None:
@@ -199,16 +218,33 @@ def _span(node: exp.Expr) -> tuple[int | None, int | None]:
     return min(starts), max(ends)
 
 
-@functools.lru_cache(maxsize=256)
-def parse_sql(sql: str) -> PlanNode:
+def parse_sql(sql: str, columns: Columns | None = None) -> PlanNode:
     """A logical plan for ``sql``.
 
-    Plans are immutable, so the plans of recently parsed texts are kept: a dashboard repeating the same
-    query skips sqlglot (0.2 to 0.4 ms a query). Errors are not cached.
+    A GROUP BY name that is also a select-list alias is resolved as Spark SQL resolves it
+    (``spark.sql.groupByAliases``): the table's column when the table has one, else the alias's expression.
+    That needs the table's columns: ``columns`` gives them (None when unknown), and is asked only for such a
+    text. Where they are not known the name is the input column, as if the table had one.
+
+    Plans are immutable, so the plans of recently parsed texts (with the columns asked) are kept: a dashboard
+    repeating the same query skips sqlglot (0.2 to 0.4 ms a query). Errors are not cached.
 
     Raises:
         SqlError: a syntax error or a construct outside the subset, pointing at the offending text.
     """
+    plan = _parse(sql, None, columns is not None)
+    if isinstance(plan, _Asked):
+        assert columns is not None
+        names = columns(plan.table)
+        plan = _parse(sql, None if names is None else tuple(names), False)
+    assert not isinstance(plan, _Asked)
+    return plan
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(sql: str, columns: tuple[str, ...] | None, ask: bool) -> PlanNode | _Asked:
+    """``parse_sql``'s plan, given the table's ``columns`` (None: not known); with ``ask``, a text that needs
+    them (and has not got them) is answered ``_Asked``."""
     try:
         statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
     except RecursionError:
@@ -237,9 +273,11 @@ def parse_sql(sql: str) -> PlanNode:
     if not isinstance(select, exp.Select):
         raise SqlError(f"only SELECT is supported, not {select.key.upper()}", sql, *_span(select))
     try:
-        plan = _Translator(sql, select).plan()
+        plan = _Translator(sql, select, columns, ask).plan()
     except RecursionError:
         raise SqlError(_too_deep(), sql) from None
+    except _Ask as needed:
+        return _Asked(needed.table)
     for node in chain(plan):
         exprs = [e for _, e in node.items] if isinstance(node, Project) else []
         predicate = node.predicate if isinstance(node, Scan | Filter) else None
@@ -293,8 +331,10 @@ def _table(sql: str, select: exp.Select) -> exp.Table:
 
 
 class _Translator:
-    def __init__(self, sql: str, select: exp.Select) -> None:
+    def __init__(self, sql: str, select: exp.Select, columns: tuple[str, ...] | None, ask: bool) -> None:
         self.select = select
+        self.columns = None if columns is None else {fold(c) for c in columns}
+        self.ask = ask
         table = _table(sql, select)
         self.ctx = _Context(sql, table.name, table.alias or None)
         order = 0
@@ -561,34 +601,65 @@ class _Translator:
         node = Project(input=scan, items=tuple(items + hidden))
         return self._finish(node, names, keys, hidden)
 
+    def _grouped(self, aliases: dict[str, exp.Expr], hints: list[str]) -> Hook:
+        """GROUP BY's name resolution, as Spark SQL's (``spark.sql.groupByAliases``): an unqualified name is
+        the table's column when the table has one, else the select list's alias of that name, also inside an
+        expression (``GROUP BY p + 1``). Names compare case-insensitively. A name kept as a column although
+        an alias has it adds a hint to ``hints``, for the error of a select item the column leaves ungrouped.
+
+        Raises:
+            _Ask: such a name when the columns are not known and may be asked.
+            SqlError: the alias's expression holds an aggregate (Spark's GROUP_BY_AGGREGATE).
+        """
+
+        def hook(node: exp.Expr) -> Expr | None:
+            if not isinstance(node, exp.Column) or node.table or fold(node.name) not in aliases:
+                return None
+            name = node.name
+            if self.columns is None and self.ask:
+                raise _Ask(self.ctx.table)
+            if self.columns is None:
+                hints.append(
+                    f"; GROUP BY {name} means the input column {name}: the node planning the query holds no "
+                    f"partition of table {self.ctx.table}, so it cannot tell whether the table has such a column "
+                    "(Spark groups by the select list's alias when it has none): group by the alias's "
+                    "expression or its position"
+                )
+                return None
+            if fold(name) in self.columns:
+                hints.append(
+                    f"; GROUP BY {name} means the column {name} of table {self.ctx.table}, which comes before "
+                    "the select list's alias, as in Spark: group by the alias's expression or its position"
+                )
+                return None
+            alias = aliases[fold(name)]
+            if any(isinstance(n, exp.AggFunc) for n in alias.walk()):
+                raise self.error(
+                    f"GROUP BY cannot hold an aggregate: {name} is the select list's alias of "
+                    f"{alias.sql(dialect='spark')}",
+                    node,
+                )
+            return self.expr(alias)
+
+        return hook
+
     def _aggregated(self, scan: Scan, group: exp.Group | None, having: exp.Having | None) -> PlanNode:
         names = self._names()
+        aliases = {fold(i.alias): i.this for i in self.select.expressions if isinstance(i, exp.Alias)}
+        hints: list[str] = []
+        grouped = self._grouped(aliases, hints)
         key_exprs: list[Expr] = []
         for g in group.expressions if group is not None else []:
             position = self._ordinal(g, "GROUP BY")
             node = self._item_expr(self.select.expressions[position]) if position is not None else g
             if any(isinstance(n, exp.AggFunc) for n in node.walk()):
                 raise self.error("GROUP BY cannot hold an aggregate", g)
-            e = self.expr(node)
+            e = self.expr(node, grouped if position is None else None)
             if e not in key_exprs:
                 key_exprs.append(e)
         args: list[Expr] = []
         aggs: list[tuple[str, Expr | None]] = []
-        aliases = {fold(i.alias) for i in self.select.expressions if isinstance(i, exp.Alias)}
-        named = (
-            [g.name for g in group.expressions if isinstance(g, exp.Column) and not g.table] if group else []
-        )
-        # As in Spark, a GROUP BY name is an input column before a select alias; Spark falls back to the alias
-        # when the table has no such column, which the text alone cannot tell.
-        hint = next(
-            (
-                f"; GROUP BY {n} means the input column {n}, not the select list's alias: group by the "
-                "expression or its position"
-                for n in named
-                if fold(n) in aliases
-            ),
-            "",
-        )
+        hint = hints[0] if hints else ""
 
         def post(node: exp.Expr) -> Expr | None:
             if isinstance(node, exp.AggFunc):

@@ -1,4 +1,5 @@
-"""The query family's results equal Spark SQL's on the same generated data (2 simulated participants)."""
+"""The query family's results equal Spark SQL's on the same generated data (2 simulated participants; 3 for
+GROUP BY of a select-list alias, which the initiator resolves with its own partition's columns)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkbus.bus.sim import SimBus
-from sparkbus.roles.query import QueryConfig, QueryRole, load, sql
+from sparkbus.roles.query import ErrorCode, QueryConfig, QueryError, QueryRole, load, sql
 
 pytestmark = pytest.mark.spark
 ROWS = 4000
@@ -62,21 +63,62 @@ QUERIES = [
 ]
 
 
+#: GROUP BY names that the table has no column of: Spark groups by the select list's alias of the name
+ALIAS_QUERIES = [
+    "SELECT user % 7 AS bucket, COUNT(*) AS n, SUM(value) AS s FROM t GROUP BY bucket ORDER BY bucket",
+    "SELECT lower(kind) AS k, user % 2 AS parity, COUNT(DISTINCT user) AS users FROM t GROUP BY K, parity "
+    "ORDER BY k, parity",
+    "SELECT ts % 10 AS d, AVG(value) AS a FROM t GROUP BY d HAVING d > 4 ORDER BY d",
+    "SELECT coalesce(value, -1.0) > 50 AS high, COUNT(*) AS n FROM t GROUP BY high ORDER BY high",
+    "SELECT user % 5 AS b, COUNT(*) AS n FROM t GROUP BY b, b * 2 ORDER BY b",
+    "SELECT user % 4 AS b, MAX(ts) AS hi FROM t GROUP BY b ORDER BY b DESC LIMIT 3",
+    # the table's column user comes before the alias: one group per user, not two
+    "SELECT user % 2 AS user, COUNT(*) AS n, MIN(ts) AS first FROM t GROUP BY user ORDER BY first",
+]
+#: GROUP BY names Spark refuses (its error condition), and the reason this family gives
+ALIAS_REFUSALS = [
+    ("SELECT COUNT(*) AS c FROM t GROUP BY c", "GROUP_BY_AGGREGATE", "GROUP BY cannot hold an aggregate"),
+    (
+        "SELECT user % 7 AS ts, COUNT(*) AS n FROM t GROUP BY ts",
+        "MISSING_AGGREGATION",
+        "column 'user' must appear in GROUP BY or inside an aggregate; GROUP BY ts means the column ts",
+    ),
+    (
+        "SELECT user % 7 AS b, COUNT(*) AS n FROM t GROUP BY b + 1",
+        "MISSING_AGGREGATION",
+        "column 'user' must appear in GROUP BY or inside an aggregate",
+    ),
+]
+
+
+def members(parts: dict[str, pa.Table]) -> SimTarget:
+    """Query roles on ``i``, ``p1`` and ``p2``, each node holding its ``parts`` of ``t``; the target is ``i``."""
+    sim = SimBus(seed=3)
+    for name in ("i", "p1", "p2"):
+        sim.add_node(name, roles=[QueryRole(name, config=QueryConfig(), incarnation=f"{name}0")])
+    sim.start()
+    sim.run_until(sim.all_up)
+    for name, part in parts.items():
+        load(SimTarget(sim, name), "t", part)
+    return SimTarget(sim, "i")
+
+
 @pytest.fixture(scope="module")
 def both(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[SimTarget, Any]:
     data = generate(ROWS)
     path = Path(tmp_path_factory.mktemp("query-vs-spark")) / "t.parquet"
     pq.write_table(data, path)
     spark.read.parquet(str(path)).createOrReplaceTempView("t")
-    sim = SimBus(seed=3)
-    for name in ("i", "p1", "p2"):
-        sim.add_node(name, roles=[QueryRole(name, config=QueryConfig(), incarnation=f"{name}0")])
-    sim.start()
-    sim.run_until(sim.all_up)
     half = ROWS // 2
-    load(SimTarget(sim, "p1"), "t", data.slice(0, half))
-    load(SimTarget(sim, "p2"), "t", data.slice(half))
-    return SimTarget(sim, "i"), spark
+    return members({"p1": data.slice(0, half), "p2": data.slice(half)}), spark
+
+
+@pytest.fixture(scope="module")
+def holding(both: tuple[SimTarget, Any]) -> tuple[SimTarget, Any]:
+    """As ``both`` (the same rows and Spark view), with a third of the rows on the initiator."""
+    data, third = generate(ROWS), ROWS // 3
+    parts = {"i": data.slice(0, third), "p1": data.slice(third, third), "p2": data.slice(2 * third)}
+    return members(parts), both[1]
 
 
 def _close(u: Any, v: Any) -> bool:
@@ -87,7 +129,30 @@ def _close(u: Any, v: Any) -> bool:
 
 @pytest.mark.parametrize("text", QUERIES)
 def test_results_equal_spark_sql(both: tuple[SimTarget, Any], text: str) -> None:
-    target, spark = both
+    same_rows(*both, text)
+
+
+@pytest.mark.parametrize("text", ALIAS_QUERIES)
+def test_group_by_a_select_alias_equals_spark_sql(holding: tuple[SimTarget, Any], text: str) -> None:
+    same_rows(*holding, text)
+
+
+@pytest.mark.parametrize(("text", "condition", "reason"), ALIAS_REFUSALS)
+def test_group_by_a_select_alias_is_refused_where_spark_sql_refuses_it(
+    holding: tuple[SimTarget, Any], text: str, condition: str, reason: str
+) -> None:
+    from pyspark.errors import AnalysisException
+
+    target, spark = holding
+    with pytest.raises(AnalysisException) as theirs:
+        spark.sql(text).collect()
+    assert theirs.value.getCondition() == condition
+    with pytest.raises(QueryError) as ours:
+        sql(target, text)
+    assert ours.value.code is ErrorCode.PARSING and reason in ours.value.message, ours.value.message
+
+
+def same_rows(target: SimTarget, spark: Any, text: str) -> None:
     ours = sql(target, text)
     theirs = spark.sql(text).toArrow()
     assert ours.column_names == theirs.column_names
