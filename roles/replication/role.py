@@ -168,11 +168,14 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 for placement in rep.store.meta.get("joined", ()):
                     self._apply_join(rep.spec.partition, placement)
             self._reapply_rejoins()
-            for rep in list(self.local.values()):  # splits this replica finalized before a restart
-                if rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL) and rep.spec.split_targets:
+            for rep in [*self.local.values(), *self.draining.values()]:  # splits finalized before a restart
+                split = self._split_made(rep)
+                if split is not None:
                     # Its UNLOAD is saved before the local targets' clocks and SERVE: killed in between,
                     # they stayed in LOAD, and no peer tells the finalize back to the node it came from.
-                    self._apply_split(rep.split_finalized())
+                    # A draining source too: its manifest holds UNLOAD and the targets, its spec (the
+                    # layout's) no split, and with the split's replicas down nobody told it again.
+                    self._apply_split(split)
             self._elect()
         if isinstance(event, MessageReceived):
             self._on_message(event.peer, event.message)
@@ -512,6 +515,18 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         msg = rep.split_finalized()
         self._tell_split(msg, self._split_nodes(rep.spec) & self.live)  # the others on PeerUp
         self._apply_split(msg)
+
+    def _split_made(self, rep: LocalReplica) -> SplitFinalized | None:
+        """The finalize of the split ``rep`` (hosted or draining) is in, or None: not in UNLOAD.
+
+        A drainer's spec is the layout's, without the split: its targets are in its manifest."""
+        if rep.lifecycle not in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL):
+            return None
+        targets = rep.spec.split_targets or self._saved_targets(rep.store)
+        if not targets:
+            return None
+        saved = rep.store.meta.get("split") or {"async_split": rep.spec.async_split}
+        return rep.split_finalized(targets, bool(saved["async_split"]))
 
     def _split_nodes(self, spec: PartitionSpec) -> set[str]:
         nodes = {r.node for r in spec.replicas}
