@@ -40,6 +40,7 @@ from sparkbus.bus.node import Node
 from sparkbus.codecs import encode_batch
 from sparkbus.roles.exchange import BinxClient, BinxServer, OutputBuffers
 from sparkbus.topologies.echo import EchoRole
+from sparkbus.topologies.mainjob_report import compare
 
 MiB = 1 << 20
 _SERVER, _CLIENT = "exchange-server", "exchange-client"
@@ -59,14 +60,11 @@ def _p50_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-def _rows_of(table: pa.Table) -> pa.Table:
-    """``table`` in a canonical row order (an unordered query's rows may come in any order)."""
-    return table.sort_by([(name, "ascending") for name in table.column_names]) if table.num_rows else table
-
-
 def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float = 60.0) -> dict[str, Any]:
     """Run ``sql`` ``reps`` times with each exchange (the order rotating every round); p50 milliseconds per
-    exchange and whether every run returned the same rows as the first push run.
+    exchange and whether every run returned the same rows as the first push run, in any order and by the
+    comparison the reference queries use (NaN equal to NaN, as in Spark SQL; ``Table.equals`` holds no
+    table with a NaN equal even to itself).
 
     Args:
         cluster: a connected thin client (``Client.sql`` takes ``exchange``).
@@ -80,11 +78,10 @@ def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float
             t0 = time.perf_counter()
             got = cluster.sql(sql, timeout=timeout, exchange=kind)
             samples[kind].append(time.perf_counter() - t0)
-            rows = _rows_of(got)
             if reference is None:
-                reference = rows
-            elif not mismatch and not rows.equals(reference):
-                mismatch = f"{kind}: {rows.num_rows} rows differ from the first run's {reference.num_rows}"
+                reference = got
+            elif not mismatch and not compare(got, reference, ordered=False)[0]:
+                mismatch = f"{kind}: {got.num_rows} rows differ from the first run's {reference.num_rows}"
     return {
         "query_p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
         "query_reps": reps,

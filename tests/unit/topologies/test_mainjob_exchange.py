@@ -42,6 +42,21 @@ def test_an_exchange_that_returns_other_rows_is_named() -> None:
     assert out["query_mismatch"] == "http: 2 rows differ from the first run's 3"
 
 
+def test_rows_holding_a_nan_match_themselves_in_any_order() -> None:
+    # Spark SQL takes NaN for `value >= 950` (NaN is above every double) and says NaN = NaN.
+    t = pa.table({"event_id": [1, 2], "value": [float("nan"), 960.5]})
+    fake = Fake({"push": t, "binx": t.take([1, 0]), "http": t})
+    out = query_per_exchange(fake, "SELECT event_id, value FROM events WHERE value >= 950", reps=2)
+    assert out["query_results_match"] is True, out["query_mismatch"]
+
+
+def test_a_nan_where_the_first_run_has_a_number_is_named() -> None:
+    t = pa.table({"value": [float("nan"), 960.5]})
+    fake = Fake({"push": t, "binx": pa.table({"value": [951.0, 960.5]}), "http": t})
+    out = query_per_exchange(fake, "SELECT value FROM events", reps=1)
+    assert out["query_mismatch"] == "binx: 2 rows differ from the first run's 2"
+
+
 def test_the_transport_comparison_runs_under_curve_with_a_pair_per_node(tmp_path: Path) -> None:
     # What `sparkbus keys generate DIR --topology FILE` writes: no pair for the comparison's two nodes, and
     # an address list of the cluster's machines that loopback is not on.
