@@ -266,6 +266,24 @@ def check_outputs(opts: Options) -> None:
             f"--report {opts.report}: the PNG chart would overwrite the report; give the report another "
             "name (such as report.json)"
         )
+    _check_not_an_input(opts)
+
+
+def _check_not_an_input(opts: Options) -> None:
+    """JobError when the report or the chart would land on one of the job's inputs: the topology file, the
+    ``--data`` file, or inside the ``--data`` directory (Spark would read it as data the next time)."""
+    topology = opts.topology.resolve()
+    data = opts.data.resolve() if opts.data is not None else None
+    for what, target in (("report", opts.report), ("chart", opts.chart)):
+        where = target.resolve()
+        if where == topology:
+            raise JobError(f"--report {opts.report}: the {what} would overwrite the topology {opts.topology}")
+        if data is not None and where == data:
+            raise JobError(f"--report {opts.report}: the {what} would overwrite the --data file {opts.data}")
+        if data is not None and data.is_dir() and where.is_relative_to(data):
+            raise JobError(
+                f"--report {opts.report}: the {what} would be written inside the --data directory {opts.data}"
+            )
 
 
 #: what the driver node the job connects to runs: the thin client's gateway and the roles it routes to

@@ -360,6 +360,46 @@ def test_a_report_that_cannot_be_written_is_refused_in_one_line_before_spark(
         assert capsys.readouterr().err == f"sparkbus run: {error}\n"
 
 
+def test_a_report_over_one_of_the_jobs_inputs_is_refused_before_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparkbus.topologies import mainjob
+
+    def spark_would_start() -> None:
+        raise AssertionError("the job went on to start Spark")
+
+    monkeypatch.setattr(mainjob, "_check_java", spark_would_start)
+    topology = tmp_path / "my.toml"
+    topology.write_text(shipped("local.toml").read_text())
+    data = tmp_path / "events.csv"
+    data.write_text("event_id,user_id,kind,value,ts\n1,42,click,1.0,2024-01-01 00:00:00\n")
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "part-0.csv").write_text(data.read_text())
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(b"not a chart")
+    refused = {
+        ("--data", str(data), "--report", str(data)): f"the report would overwrite the --data file {data}",
+        ("--data", str(shot), "--report", str(tmp_path / "shot.json")): (
+            f"the chart would overwrite the --data file {shot}"
+        ),
+        ("--data", str(tmp_path / "parts"), "--report", str(tmp_path / "parts" / "r.json")): (
+            f"the report would be written inside the --data directory {tmp_path / 'parts'}"
+        ),
+        (
+            str(topology),
+            "--rows",
+            "1",
+            "--report",
+            str(topology),
+        ): f"the report would overwrite the topology {topology}",
+    }
+    for args, error in refused.items():
+        assert cli.main(["run", *args]) == 1
+        assert capsys.readouterr().err == f"sparkbus run: --report {args[-1]}: {error}\n"
+    assert data.read_text().startswith("event_id,") and shot.read_bytes() == b"not a chart"
+    assert topology.read_text() == shipped("local.toml").read_text()
+
+
 def test_the_java_check_follows_java_home_as_sparks_launcher_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
