@@ -81,6 +81,9 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
         )
         return 1
     report_path = Path(report)
+    if not report_path.name:  # ".", "" and "/" name no file for the report nor its chart
+        print(f"sparkbus run: --report {report}: the report {report_path} is a directory", file=sys.stderr)
+        return 1
     return main_job(
         Options(
             topology=path,

@@ -360,6 +360,19 @@ def test_a_report_that_cannot_be_written_is_refused_in_one_line_before_spark(
         assert capsys.readouterr().err == f"sparkbus run: {error}\n"
 
 
+@pytest.mark.parametrize(("report", "shown"), [(".", "."), ("", "."), ("/", "/")])
+def test_a_report_that_names_no_file_is_a_directory_in_one_line(
+    report: str,
+    shown: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--rows", "1", "--report", report]) == 1
+    assert capsys.readouterr().err == f"sparkbus run: --report {report}: the report {shown} is a directory\n"
+
+
 def test_a_report_over_one_of_the_jobs_inputs_is_refused_before_spark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
