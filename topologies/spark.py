@@ -26,7 +26,8 @@ channel between every step and wait (its links' in slices, the row exchange's al
 stops its node before Spark kills it without its cleanup.
 
 Every node keeps its data in ``<SparkFiles root>/<job group>/<node>`` (``NodeRequest.data_dir``), which its
-task removes when the node stops, and the driver on its machine at the end (``_abort``).
+task removes when the node stops, and the driver on its machine at the end (``_abort``), in local mode
+with each task node's own ipc directory (a killed task never stops its node).
 
 This module is the driver's side; what runs in the barrier tasks is ``sparkbus.topologies.spark_task``.
 """
@@ -51,6 +52,7 @@ from typing import Any
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from sparkbus.bus.node import OWN_IPC_DIR_PREFIX
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.runtime import Endpoints, NodeFactory, NodeHandle, NodeRequest, advertise_host
 from sparkbus.topologies.spark_channel import DriverChannel
@@ -611,4 +613,22 @@ class SparkRuntime:
             self._channel = None
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)  # in local mode, the tasks' too
+        self._remove_task_ipc_dirs()
         return errors
+
+    def _remove_task_ipc_dirs(self) -> None:
+        """In local mode, remove each executor node's own ipc directory (``/tmp/sparkbus-ipc-*``, made when
+        ``bus.ipc_dir`` is unset), which its ``bound`` endpoints name: only the node's stop removes it, and
+        a task whose Python worker died (killed, out of memory) or that Spark killed never stopped its node.
+        After a clean stop the nodes have removed theirs already."""
+        spark = self.topology.spark
+        if spark is None or not spark.is_local:
+            return
+        for nid in self.executor_ids:
+            endpoints = self.endpoints.get(nid)
+            for address in (endpoints.control, endpoints.data) if endpoints is not None else ():
+                if not address.startswith("ipc://"):
+                    continue
+                directory = Path(address.removeprefix("ipc://")).parent
+                if directory.parent == Path("/tmp") and directory.name.startswith(OWN_IPC_DIR_PREFIX):
+                    shutil.rmtree(directory, ignore_errors=True)

@@ -69,6 +69,8 @@ class _RecordedBusNode(BusNodeHandle):
         super().wait_ready(timeout)
         if self.fail == "ready":
             raise ValueError("disk on fire")
+        if self.fail == "sigkill":  # its worker dies as the OOM killer would have it: no cleanup at all
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def stop(self) -> None:
         super().stop()
@@ -80,7 +82,8 @@ class RecordingBusFactory(BusNodeFactory):
     """Real bus nodes, each writing where its replicas live (one directory a line) to
     ``<record>/<node>.roots`` when it is built, its endpoints to ``<node>.endpoints`` when it is bound, and
     ``<record>/<node>.stopped`` once it has stopped; ``victim`` fails in ``when``: ``ready`` (once its links
-    are up) or ``start`` (its node never starts, so the others wait for their links to it)."""
+    are up), ``start`` (its node never starts, so the others wait for their links to it) or ``sigkill`` (its
+    Python worker is killed once its links are up)."""
 
     record: str = ""
     victim: str = ""

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
+from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import load, loads, shipped
 from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError
 
@@ -26,13 +27,27 @@ def recorded(record: Path) -> list[Path]:
     return [Path(line) for f in sorted(record.glob("*.roots")) for line in f.read_text().splitlines()]
 
 
+def over_ipc() -> Topology:
+    """local.toml over ipc: each node's socket files live in a directory of its own, which only its stop
+    removes."""
+    text = shipped("local.toml").read_text().replace('transport = "tcp"', 'transport = "ipc"')
+    return loads(re.sub(r"(?m)^(host|ports) = .*$", "", text))
+
+
+def socket_dirs(record: Path) -> list[Path]:
+    """The directories of every socket file the nodes wrote down (``faults.RecordingBusFactory``)."""
+    return [
+        Path(line.removeprefix("ipc://")).parent
+        for f in sorted(record.glob("*.endpoints"))
+        for line in f.read_text().split()
+    ]
+
+
 @pytest.mark.timeout(120)
 def test_a_node_that_fails_leaves_no_node_running_and_no_node_data_behind(spark: Any, tmp_path: Path) -> None:
     # store-1 fails in start(): its node never comes up, so store-0 is still waiting for its link to it when
-    # the stage fails, and Spark kills a task without its cleanup. Over ipc each node's socket files live in
-    # a directory of its own, which only its stop removes.
-    text = shipped("local.toml").read_text().replace('transport = "tcp"', 'transport = "ipc"')
-    topo = loads(re.sub(r"(?m)^(host|ports) = .*$", "", text))
+    # the stage fails, and Spark kills a task without its cleanup.
+    topo = over_ipc()
     factory = faults.RecordingBusFactory(record=str(tmp_path), victim="store-1", when="start")
     with pytest.raises(SparkRuntimeError, match="store-1") as err:
         SparkRuntime(topo, spark, factory, ready_timeout=30).start()
@@ -41,12 +56,23 @@ def test_a_node_that_fails_leaves_no_node_running_and_no_node_data_behind(spark:
     roots = recorded(tmp_path)
     assert len(roots) == 2  # store-0's and store-1's
     assert [p for p in roots if p.exists()] == []
-    sockets = [
-        Path(line.removeprefix("ipc://"))
-        for f in tmp_path.glob("*.endpoints")
-        for line in f.read_text().split()
-    ]
-    assert len(sockets) == 6 and [p.parent for p in sockets if p.parent.exists()] == []
+    dirs = socket_dirs(tmp_path)
+    assert len(dirs) == 6 and [p for p in dirs if p.exists()] == []
+
+
+@pytest.mark.timeout(120)
+def test_a_task_node_whose_worker_is_killed_leaves_no_socket_directory_or_data_behind(
+    spark: Any, tmp_path: Path
+) -> None:
+    # store-1's Python worker is SIGKILLed once its links are up: its node never stops, so the directory of
+    # its socket files, which only a node's stop removes, falls to the driver.
+    factory = faults.RecordingBusFactory(record=str(tmp_path), victim="store-1", when="sigkill")
+    with pytest.raises(SparkRuntimeError, match="store-1"):
+        SparkRuntime(over_ipc(), spark, factory, ready_timeout=30).start()
+    assert not (tmp_path / "store-1.stopped").exists()
+    dirs = socket_dirs(tmp_path)
+    assert len(dirs) == 6 and [p for p in dirs if p.exists()] == []
+    assert [p for p in recorded(tmp_path) if p.exists()] == []
 
 
 @pytest.mark.timeout(120)
