@@ -40,7 +40,7 @@ from sparkbus.roles.replication.segments import (
     read_schema,
 )
 from sparkbus.roles.replication.storage import FileWriter
-from sparkbus.roles.replication.store import MAX_LSN, StoreError, segment_file
+from sparkbus.roles.replication.store import MAX_LSN, ReadFailed, StoreError, segment_file
 from sparkbus.roles.replication.transfers import InEvent, InState, next_in
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,9 @@ class Receiving(Hooks):
             except (StoreError, SegmentCorrupt) as exc:
                 # Rows merged before the failing batch stay (merging them again changes nothing).
                 return self._refuse_in(rep, inc, str(exc))
-            except OSError as exc:
+            except ReadFailed as exc:  # reading the received file, as while it was checked
+                return self._io_failed(rep, inc, exc, "read")
+            except OSError as exc:  # writing its rows: the log, the flush after it
                 return self._io_failed(rep, inc, exc, "write")
         else:
             self._drop_received(rep, inc)
@@ -395,9 +397,9 @@ class Receiving(Hooks):
         self._send_ack(inc, rep, f"refused: {reason}")
 
     def _io_failed(self, rep: LocalReplica, inc: _In, exc: OSError, doing: str) -> None:
-        """A local read error while a received segment was checked, or a write error (the manifest or the
-        log) while it was listed or merged: nothing of it is listed, its file goes, and the ack says so
-        (``cannot read: ...``, ``cannot write: ...``); the sender retries later. Not remembered as
+        """A local read error while a received segment was checked or merged, or a write error (the
+        manifest or the log) while it was listed or merged: nothing of it is listed, its file goes, and
+        the ack says so (``cannot read: ...``, ``cannot write: ...``); the sender retries later. Not remembered as
         refused: the disk may have room, or read, by then. Raised, it left the transfer without an
         answer, and the sender, one offer at a time per destination, offered that replica nothing again.
         """
@@ -406,7 +408,7 @@ class Receiving(Hooks):
         log.warning(
             "replication %s: cannot %s %s/%s from %s: %s",
             self.node,
-            "check" if doing == "read" else "store",
+            doing,
             offer.partition,
             offer.segment_id,
             inc.peer,

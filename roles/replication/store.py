@@ -70,6 +70,11 @@ class StoreError(Exception):
     """A store operation was refused (bad rows from the caller, or corrupt files); names the partition."""
 
 
+class ReadFailed(OSError):
+    """The storage failed to read a segment file whose rows were being merged (``merge_segment_file``),
+    told apart from an ``OSError`` writing them (the log): the file is not at fault, nor the disk's room."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreConfig:
     """Thresholds of one partition store.
@@ -467,12 +472,23 @@ class PartitionStore:
             self.save_manifest()
 
     def merge_segment_file(self, name: str, now: float) -> int:
-        """Merge every row of a stored segment file, one record batch at a time."""
+        """Merge every row of a stored segment file, one record batch at a time.
+
+        Raises:
+            ReadFailed: the storage failed to read the file (its header, its opening); any other
+                ``OSError`` is one writing the rows.
+        """
         rows = 0
-        for batch in iter_batches(self.storage, name):
+        batches = iter_batches(self.storage, name)
+        while True:
+            try:
+                batch = next(batches, None)
+            except OSError as exc:
+                raise ReadFailed(*exc.args) from exc
+            if batch is None:
+                return rows
             self.merge(pa.Table.from_batches([batch]), now)
             rows += batch.num_rows
-        return rows
 
     def _log_and_apply(self, rows: pa.Table, now: float) -> int:
         if rows.num_rows == 0:

@@ -80,10 +80,9 @@ def test_a_manifest_write_error_on_fast_forward_is_acked_and_retried(seed: int) 
     c.assert_clean()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_log_write_error_while_merging_is_acked_and_retried(seed: int) -> None:
-    """b leads its side of a cut and takes writes; on the heal a merges b's fork, and its log append
-    fails once. Unanswered, a never got b's acknowledged rows: reads on the leader missed them for good."""
+def _b_forked(seed: int) -> tuple[Cluster, list[int]]:
+    """a leads P on every node; cut off from a and c, b leads alone and flushes writes: a fork, which
+    a merges once ``_heal_b`` joins them again. Returns the keys acknowledged."""
     c = Cluster([spec(*NODES)], seed=seed)
     keys = c.write_keys("a", range(8))
     c.settle(10)
@@ -91,10 +90,22 @@ def test_a_log_write_error_while_merging_is_acked_and_retried(seed: int) -> None
     c.cut("b", "c")
     keys += c.write_keys("b", range(50, 58))  # b leads alone
     c.call("b", "flush", partition=P)
-    fault = _Once(c.role("a").local[P].store.storage, "append_durable", lambda n: n == WAL)
+    return c, keys
+
+
+def _heal_b(c: Cluster) -> None:
     c.heal("a", "b")
     c.heal("b", "c")
     c.settle(30)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_log_write_error_while_merging_is_acked_and_retried(seed: int) -> None:
+    """b leads its side of a cut and takes writes; on the heal a merges b's fork, and its log append
+    fails once. Unanswered, a never got b's acknowledged rows: reads on the leader missed them for good."""
+    c, keys = _b_forked(seed)
+    fault = _Once(c.role("a").local[P].store.storage, "append_durable", lambda n: n == WAL)
+    _heal_b(c)
     assert fault.fired
     assert c.counters("a").get("incoming_write_errors") == 1
     c.settle(30)
@@ -193,4 +204,40 @@ def test_a_durable_write_whose_flush_fails_is_answered_written(seed: int) -> Non
     c.assert_identical(NODES, keys)
     assert c.role("a").local[P].store.memtable_rows == 0
     assert c.counters("a").get("flush_errors") == 1 and c.status("a")["failing"] == {}
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_read_error_while_merging_a_received_segment_is_answered_as_one(seed: int) -> None:
+    """a merges b's fork on the heal, and its read of the received file fails once (EIO) after the file
+    was checked. The ack said ``cannot write``: the sender retried, rightly, but was told of a write
+    that never failed; it says ``cannot read`` now, as for a read error while the file is checked."""
+    c, keys = _b_forked(seed)
+    role = c.role("a")
+    store = role.local[P].store
+    opened: dict[str, int] = {}
+
+    def merge_read(name: str) -> bool:
+        """The second open of a received file: the check read its schema, the merge reads its rows."""
+        if name in {f"seg-{e.segment_id}" for e in store.entries} or not name.startswith(("seg-", "in-")):
+            return False
+        opened[name] = opened.get(name, 0) + 1
+        return opened[name] == 2
+
+    fault = _Once(store.storage, "open", merge_read, err=errno.EIO)
+    acks: list[str] = []
+    send_ack = role._send_ack
+
+    def spy(inc: Any, rep: Any, error: str) -> None:
+        acks.append(error)
+        send_ack(inc, rep, error)
+
+    role._send_ack = spy  # type: ignore[method-assign]
+    _heal_b(c)
+    assert fault.fired
+    assert [e for e in acks if e] == [f"cannot read: [Errno {errno.EIO}] {os.strerror(errno.EIO)}"]
+    assert c.counters("a").get("incoming_read_errors") == 1
+    assert c.counters("a").get("incoming_write_errors") is None
+    c.settle(30)
+    c.assert_identical(NODES, keys)
     c.assert_clean()
