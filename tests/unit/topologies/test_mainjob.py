@@ -338,14 +338,8 @@ def test_the_view_check_counts_null_kinds_and_keeps_null_sums_as_spark_sql_does(
 
 
 def test_a_report_that_cannot_be_written_is_refused_in_one_line_before_spark(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spark_must_not_start: None
 ) -> None:
-    from sparkbus.topologies import mainjob
-
-    def spark_would_start() -> None:  # the step right before Spark starts
-        raise AssertionError("the job went on to start Spark")
-
-    monkeypatch.setattr(mainjob, "_check_java", spark_would_start)
     (tmp_path / "out").mkdir()
     (tmp_path / "r.png").mkdir()
     refused = {
@@ -374,14 +368,8 @@ def test_a_report_that_names_no_file_is_a_directory_in_one_line(
 
 
 def test_a_report_over_one_of_the_jobs_inputs_is_refused_before_spark(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spark_must_not_start: None
 ) -> None:
-    from sparkbus.topologies import mainjob
-
-    def spark_would_start() -> None:
-        raise AssertionError("the job went on to start Spark")
-
-    monkeypatch.setattr(mainjob, "_check_java", spark_would_start)
     topology = tmp_path / "my.toml"
     topology.write_text(shipped("local.toml").read_text())
     data = tmp_path / "events.csv"
