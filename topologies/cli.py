@@ -51,11 +51,13 @@ def validate_command(path: str) -> int:
     """``sparkbus validate FILE``: 0 and a summary when valid, 1 and every problem when not."""
     from rich.console import Console  # noqa: PLC0415
 
+    from sparkbus.topologies.runtime import check_filled_in  # noqa: PLC0415
     from sparkbus.topologies.schema import TopologyError, load  # noqa: PLC0415
     from sparkbus.topologies.summary import print_summary  # noqa: PLC0415
 
     try:
         topo = load(path)
+        check_filled_in(topo)
     except TopologyError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -66,6 +68,7 @@ def validate_command(path: str) -> int:
 def run_command(topology: str | None, *, rows: int, data: str | None, report: str) -> int:
     """``sparkbus run``: the main job (``sparkbus.topologies.mainjob``)."""
     from sparkbus.topologies.mainjob import Options, main_job  # noqa: PLC0415 (pulls in pyarrow and Spark)
+    from sparkbus.topologies.runtime import check_filled_in  # noqa: PLC0415
     from sparkbus.topologies.schema import TopologyError, load, shipped  # noqa: PLC0415
 
     if rows <= 0 and data is None:
@@ -73,7 +76,7 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
         return 1
     path = Path(topology) if topology is not None else shipped("local.toml")
     try:
-        load(path)
+        check_filled_in(load(path))
     except TopologyError as exc:
         print(
             f"sparkbus run: {str(exc).splitlines()[0]} (sparkbus validate {path} lists every problem)",

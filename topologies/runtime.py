@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from sparkbus.topologies.model import Topology
+from sparkbus.topologies.model import Problem, Topology, TopologyError
 from sparkbus.topologies.registry import RoleContext
 
 #: Bind addresses that mean "every interface": a node bound there advertises its machine's address.
@@ -133,3 +133,25 @@ NodeFactory = Callable[[NodeRequest], NodeHandle]
 def advertise_host(bind_host: str, machine_address: str) -> str:
     """The address peers should dial for a node bound on ``bind_host`` on a machine at ``machine_address``."""
     return machine_address if bind_host in WILDCARD_HOSTS else bind_host
+
+
+#: what ``topologies/cluster.example.toml`` holds where a value of the user's own goes
+PLACEHOLDER = "FILL-IN"
+
+
+def check_filled_in(topo: Topology) -> None:
+    """Raise ``TopologyError`` naming each setting a cluster runs on that still holds ``PLACEHOLDER``
+    (``spark.master``, ``bus.security.key_dir``; ``allow`` takes IP addresses only): the file loads, being of
+    a valid shape, but Spark would spend a minute and more failing to reach a master named
+    FILL-IN-MASTER-HOST."""
+    values = [("spark.master", topo.spark.master if topo.spark else "", "your cluster's master URL")]
+    values += [
+        ("bus.security.key_dir", topo.bus.security.key_dir or "", "the directory of the cluster's keys")
+    ]
+    problems = [
+        Problem(where, f"{value!r} is the example's placeholder; fill in {what}")
+        for where, value, what in values
+        if PLACEHOLDER in value.upper()
+    ]
+    if problems:
+        raise TopologyError(topo.source, problems)

@@ -15,9 +15,17 @@ from sparkbus.topologies.launcher import status_table
 from sparkbus.topologies.schema import SHIPPED, shipped
 
 
+def filled_in_example(where: Path) -> Path:
+    """``cluster.example.toml`` with its master filled in, as its first line asks."""
+    path = where / "cluster.example.toml"
+    path.write_text(shipped(path.name).read_text().replace("FILL-IN-MASTER-HOST", "spark-master.example"))
+    return path
+
+
 @pytest.mark.parametrize("name", SHIPPED)
-def test_valid_files_print_a_summary(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["validate", str(shipped(name))]) == 0
+def test_valid_files_print_a_summary(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = filled_in_example(tmp_path) if name == "cluster.example.toml" else shipped(name)
+    assert cli.main(["validate", str(path)]) == 0
     out = capsys.readouterr()
     assert out.err == ""
     assert f"{name}: valid topology" in out.out
@@ -94,6 +102,28 @@ def test_an_absurd_count_is_refused_in_one_line_and_up_starts_nothing(
         assert cli.main([command, str(bad)]) == 1
         out = capsys.readouterr()
         assert (out.out, out.err.splitlines()) == ("", refused), command
+
+
+def test_the_examples_placeholders_are_refused_in_one_line_by_validate_and_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spark_must_not_start: None
+) -> None:
+    example = shipped("cluster.example.toml")
+    master = f"{example}: spark.master: 'spark://FILL-IN-MASTER-HOST:7077' is the example's placeholder; "
+    master += "fill in your cluster's master URL"
+    assert cli.main(["validate", str(example)]) == 1
+    assert capsys.readouterr() == ("", master + "\n")
+    assert cli.main(["run", str(example), "--rows", "1", "--report", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"sparkbus run: {master} (sparkbus validate {example} lists every problem)\n"
+    # A key directory still holding one is named too.
+    text = filled_in_example(tmp_path).read_text().replace("/etc/sparkbus/keys", "/FILL-IN/keys")
+    (tmp_path / "cl.toml").write_text(text)
+    assert cli.main(["validate", str(tmp_path / "cl.toml")]) == 1
+    assert capsys.readouterr().err == (
+        f"{tmp_path}/cl.toml: bus.security.key_dir: '/FILL-IN/keys' is the example's placeholder; fill in "
+        "the directory of the cluster's keys\n"
+    )
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
