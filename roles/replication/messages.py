@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sparkbus.bus.contract import RemoteProtocolError
 from sparkbus.codecs import message
+from sparkbus.codecs.schema import quote
 from sparkbus.roles.replication.layout import SplitTarget
 from sparkbus.roles.replication.store import EPOCH_BYTES, MAX_LSN
 
@@ -44,12 +45,12 @@ class DeclineReason(enum.IntEnum):
 
 def _check_partition(value: str) -> None:
     if not value or len(value) > _MAX_ID:
-        raise ValueError(f"partition must be 1..{_MAX_ID} characters, got {value!r}")
+        raise ValueError(f"partition must be 1..{_MAX_ID} characters, got {quote(value)}")
 
 
 def _check_segment(value: str) -> None:
     if not value or len(value) > _MAX_ID or "/" in value:
-        raise ValueError(f"segment_id must be 1..{_MAX_ID} characters without '/', got {value!r}")
+        raise ValueError(f"segment_id must be 1..{_MAX_ID} characters without '/', got {quote(value)}")
 
 
 @message(0x0120)
@@ -102,7 +103,7 @@ class SegmentAccepted:
             raise ValueError(f"credit must be >= 1, got {self.credit}")
         prefix = stream_key(self.partition, self.segment_id, 0)[:-1]
         if not self.stream.startswith(prefix) or not self.stream[len(prefix) :].isdigit():
-            raise ValueError(f"stream must be {prefix!r} and an attempt number, got {self.stream!r}")
+            raise ValueError(f"stream must be {prefix!r} and an attempt number, got {quote(self.stream)}")
 
 
 @message(0x0122)
@@ -176,7 +177,7 @@ class JoinFinalized:
 
 def _check_epoch(value: bytes) -> None:
     if not isinstance(value, bytes) or len(value) != EPOCH_BYTES:
-        raise ValueError(f"epoch must be {EPOCH_BYTES} bytes, got {value!r}")
+        raise ValueError(f"epoch must be {EPOCH_BYTES} bytes, got {quote(value)}")
 
 
 @message(0x0126)
@@ -247,7 +248,7 @@ class ReplicaHello(_StoreNamed):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.state not in HELLO_STATES:
-            raise ValueError(f"state must be one of {HELLO_STATES}, got {self.state!r}")
+            raise ValueError(f"state must be one of {HELLO_STATES}, got {quote(self.state)}")
 
 
 @message(0x0128)
@@ -279,7 +280,7 @@ def parse_stream(stream: str) -> tuple[str, str, int]:
     """
     parts = stream.split("/")
     if len(parts) < 4 or parts[0] != "replication" or not parts[-1].isdigit() or not parts[-2]:
-        raise RemoteProtocolError(f"stream {stream!r} is not a replication stream")
+        raise RemoteProtocolError(f"stream {quote(stream)} is not a replication stream")
     return "/".join(parts[1:-2]), parts[-2], int(parts[-1])
 
 

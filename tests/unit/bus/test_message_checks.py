@@ -9,6 +9,7 @@ from sparkbus.bus.messages import MAGIC, Hello
 from sparkbus.codecs.schema import QUOTED
 from sparkbus.roles.compute.messages import _check_id
 from sparkbus.roles.exchange.messages import pack_sizes
+from sparkbus.roles.replication.messages import _check_partition
 
 BIG = 1 << 20
 #: A bounded quote, the check's own words and a length: far below the value's size.
@@ -35,3 +36,11 @@ def test_page_sizes_out_of_range_are_quoted_bounded() -> None:
     with pytest.raises(ValueError) as caught:
         pack_sizes([1 << 70] * BIG)
     assert len(str(caught.value)) <= LIMIT
+
+
+def test_a_replication_partition_name_too_long_is_quoted_bounded() -> None:
+    with pytest.raises(ValueError) as caught:
+        _check_partition("p" * BIG)
+    text = str(caught.value)
+    assert len(text) <= LIMIT, len(text)
+    assert f"({BIG} chars)" in text
