@@ -251,6 +251,19 @@ def check_keys(topo: Topology) -> None:
         raise JobError(f"{topo.source}: {exc}") from None
 
 
+def spark_start_failure(exc: Exception, master: str) -> str:
+    """What starting Spark raised, as one line naming the master. For a Py4J error that is the Java
+    exception's line (with its root cause when it has one), not Py4J's own first line ("An error occurred
+    while calling None.org.apache.spark.sql.classic.SparkSession."), which says nothing of the cause."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    java = next((line.removeprefix(": ") for line in lines[1:] if line.startswith(": ")), None)
+    text = java or (lines[0] if lines else type(exc).__name__)
+    root = next((line for line in reversed(lines) if line.startswith("Caused by: ")), None)
+    if java is not None and root is not None:
+        text += f"; caused by {root.removeprefix('Caused by: ')}"
+    return f"Spark did not start (master {master}): {text}"
+
+
 def check_outputs(opts: Options) -> None:
     """JobError when the report or the chart cannot be written where ``opts`` says: found before Spark
     starts, not after the whole job has run."""
@@ -640,7 +653,7 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                     topo, **{"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"}
                 )
             except Exception as exc:
-                raise JobError(f"Spark did not start: {str(exc).strip().splitlines()[0]}") from None
+                raise JobError(spark_start_failure(exc, topo.spark.master if topo.spark else "")) from None
             spark.sparkContext.setLogLevel("ERROR")
         with _phase(phases, "data"):
             # Both engines, and the toArrow() baseline, read the same cached rows.

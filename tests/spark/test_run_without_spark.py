@@ -1,7 +1,8 @@
 """``sparkbus run`` with Spark's start replaced: stopped by a signal, the cleanup of every phase still runs
 (nothing is left in the temporary directory) and the command ends with one line and the signal's exit status;
-a CURVE key the driver's nodes need is named before Spark starts. No JVM starts, but
-``sparkbus.topologies.spark`` imports pyspark, so these run where it is installed."""
+a CURVE key the driver's nodes need is named before Spark starts; a Spark that does not start is one line
+with its cause. No JVM starts, but ``sparkbus.topologies.spark`` imports pyspark, so these run where it is
+installed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from py4j.protocol import Py4JJavaError
 
 from sparkbus.bus import security
 from sparkbus.topologies import cli, mainjob, spark
@@ -94,3 +96,54 @@ def test_run_names_a_missing_curve_key_in_one_line_before_spark_starts(
     (keys / "public" / "store-1.key").unlink()
     with pytest.raises(JobError, match="no public key for peer 'store-1'"):
         check_keys(loads(text))
+
+
+class _JavaError(Py4JJavaError):
+    """What PySpark raises when the JVM refuses to make the session: Py4J's line, then the Java trace."""
+
+    def __init__(self, trace: str) -> None:
+        Exception.__init__(self, trace)
+        self.trace = trace
+
+    def __str__(self) -> str:
+        return (
+            f"An error occurred while calling None.org.apache.spark.sql.classic.SparkSession.\n: {self.trace}"
+        )
+
+
+@pytest.mark.parametrize(
+    ("raised", "line"),
+    [
+        (
+            _JavaError(
+                "java.lang.IllegalStateException: Cannot call methods on a stopped SparkContext.\n"
+                "\tat org.apache.spark.SparkContext.assertNotStopped(SparkContext.scala:122)\n"
+                "Caused by: java.io.IOException: Failed to connect to FILL-IN-MASTER-HOST/<unresolved>:7077\n"
+                "\t... 4 more\n"
+                "Caused by: java.net.UnknownHostException: FILL-IN-MASTER-HOST\n"
+                "\t... 1 more\n"
+            ),
+            "java.lang.IllegalStateException: Cannot call methods on a stopped SparkContext.; caused by "
+            "java.net.UnknownHostException: FILL-IN-MASTER-HOST",
+        ),
+        (
+            RuntimeError("Java gateway process exited\nbefore sending its port number"),
+            "Java gateway process exited",
+        ),
+    ],
+)
+def test_a_spark_that_does_not_start_is_one_line_with_its_cause_and_master(
+    raised: Exception,
+    line: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(mainjob, "_check_java", lambda: None)
+    monkeypatch.setattr(spark, "embedded_session", refused)
+    assert cli.main(["run", "--rows", "1", "--report", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"sparkbus run: Spark did not start (master local[2]): {line}\n"
