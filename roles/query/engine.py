@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
-from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.expressions import (
     Call,
     Column,
@@ -35,6 +35,7 @@ from sparkbus.roles.query.expressions import (
     columns_of,
     evaluate,
     evaluate_column,
+    fold,
     normalised,
     resolve,
 )
@@ -418,6 +419,7 @@ def _scan(
     if src is None:
         return None
     table = src.table
+    _refuse_columns_of_group_aliases(op, table)
     wanted = op.columns
     project = above[0] if above and isinstance(above[0], Project) else None
     if wanted is None and project is not None:
@@ -450,6 +452,26 @@ def _scan(
     if isinstance(mask, pa.Scalar):
         return table if mask.as_py() is True else table.slice(0, 0)
     return table.filter(mask)
+
+
+def _refuse_columns_of_group_aliases(op: Scan, table: pa.Table) -> None:
+    """Refuse a plan that read a GROUP BY name as the select list's alias (``Scan.group_aliases``) over a
+    partition that has a column of that name, which Spark SQL groups by before the alias: a refusal, where
+    running the plan would answer otherwise than Spark.
+
+    Raises:
+        QueryError: ``PARSING``, naming the column.
+    """
+    for name in op.group_aliases:
+        column = next((c for c in table.column_names if fold(c) == fold(name)), None)
+        if column is not None:
+            raise QueryError(
+                ErrorCode.PARSING,
+                f"GROUP BY {name} was planned as the select list's alias {name} by a node that holds no "
+                f"partition of table {op.table}, but table {op.table} has a column {column}, which GROUP BY "
+                f"{name} means before the alias, as in Spark: group by the alias's expression or its position "
+                "(or qualify the name for the column)",
+            )
 
 
 def _column_of(table: pa.Table, name: str, missing: str) -> str:

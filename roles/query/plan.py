@@ -6,8 +6,9 @@ A plan is a chain of operators over one table (each operator has at most one inp
 phases ``partial`` / ``final``, ``TopK``, ``MergeSort``, ``Send`` and ``Receive``.
 
 Plain form: every node is a msgpack map with an ``"op"`` tag and exactly its fields; decoding is strict
-(an unknown op, a missing, extra or mistyped field is a ``PlanError`` naming the path to it). Plans never
-travel as pickles.
+(an unknown op, a missing, extra or mistyped field is a ``PlanError`` naming the path to it), except that a
+field added later (a scan's ``group_aliases``) is written only when it holds something and read as none when
+missing, so a plan without it reads as before. Plans never travel as pickles.
 """
 
 from __future__ import annotations
@@ -75,16 +76,24 @@ class SortKey:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Scan:
-    """Read the local partition of ``table``: only ``columns`` (None: all), rows where ``predicate`` holds."""
+    """Read the local partition of ``table``: only ``columns`` (None: all), rows where ``predicate`` holds.
+
+    ``group_aliases`` are GROUP BY names that the plan reads as the select list's aliases without knowing the
+    table's columns (its initiator holds no partition of the table): right only where the table has no column
+    of such a name, which Spark SQL would group by instead. A partition that has one refuses the query
+    rather than answer it otherwise than Spark (``engine``). Names compare case-insensitively.
+    """
 
     table: str
     columns: tuple[str, ...] | None = None
     predicate: Expr | None = None
+    group_aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _name(self.table, "scan.table")
         if self.columns is not None:
             _names(self.columns, "scan.columns")
+        _names(self.group_aliases, "scan.group_aliases")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,12 +289,15 @@ def _key_to_plain(k: SortKey) -> dict[str, Any]:
 def plan_to_plain(node: PlanNode) -> dict[str, Any]:
     """The msgpack-able form of a plan tree."""
     if isinstance(node, Scan):
-        return {
+        plain = {
             "op": "scan",
             "table": node.table,
             "columns": list(node.columns) if node.columns is not None else None,
             "predicate": expr_to_plain(node.predicate) if node.predicate is not None else None,
         }
+        if node.group_aliases:  # only when there are some: a plan without them reads as before
+            plain["group_aliases"] = list(node.group_aliases)
+        return plain
     if isinstance(node, Receive):
         return {"op": "receive", "edge": node.edge}
     base: dict[str, Any] = {"input": plan_to_plain(node.input)}
@@ -309,10 +321,12 @@ def plan_to_plain(node: PlanNode) -> dict[str, Any]:
 class _Reader:
     """Strict access to one plain node's fields, with the path for errors."""
 
-    def __init__(self, plain: Any, path: str, fields: tuple[str, ...]) -> None:
+    def __init__(
+        self, plain: Any, path: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> None:
         if type(plain) is not dict:
             raise PlanError(path, f"expected a map, got {type(plain).__name__}")
-        extra = set(plain) - set(fields) - {"op"}
+        extra = set(plain) - set(fields) - set(optional) - {"op"}
         if extra:
             raise PlanError(path, f"unexpected field {sorted(map(str, extra))[0]!r}")
         for f in fields:
@@ -387,6 +401,8 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "send": ("input", "edge", "mode", "keys"),
     "receive": ("edge",),
 }
+#: fields an operator may leave out, meaning none (added after the plain form was first read)
+_OPTIONAL: dict[str, tuple[str, ...]] = {"scan": ("group_aliases",)}
 
 
 def plan_from_plain(plain: Any, path: str = "plan", depth: int = 0) -> PlanNode:
@@ -403,14 +419,23 @@ def plan_from_plain(plain: Any, path: str = "plan", depth: int = 0) -> PlanNode:
     if op not in _FIELDS:
         raise PlanError(f"{path}.op", f"unknown operator {op!r}; known: {', '.join(sorted(_FIELDS))}")
     path = f"{path}<{op}>"
-    r = _Reader(plain, path, _FIELDS[op])
+    r = _Reader(plain, path, _FIELDS[op], _OPTIONAL.get(op, ()))
     if op == "scan":
         columns = None if r.plain["columns"] is None else r.strs("columns")
         pred = r.plain["predicate"]
         predicate = None if pred is None else expr_from_plain(pred, f"{path}.predicate")
+        aliases = r.strs("group_aliases") if "group_aliases" in r.plain else ()
         return cast(
             PlanNode,
-            _wrap(path, lambda: Scan(table=r.get("table", str, "str"), columns=columns, predicate=predicate)),
+            _wrap(
+                path,
+                lambda: Scan(
+                    table=r.get("table", str, "str"),
+                    columns=columns,
+                    predicate=predicate,
+                    group_aliases=aliases,
+                ),
+            ),
         )
     if op == "receive":
         return cast(PlanNode, _wrap(path, lambda: Receive(edge=r.get("edge", int, "int"))))

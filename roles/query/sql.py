@@ -2,11 +2,11 @@
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
 LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), ``*`` or ``t.*`` as the whole
-select list, WHERE, GROUP BY (expressions or select-list ordinals; a name is the table's column, else the select
-list's alias of that name, as in Spark, when the table's columns are given), HAVING, ORDER BY (output names,
-ordinals or expressions, whose names mean outputs before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's
-defaults: first for ASC, last for DESC),
-LIMIT and OFFSET, and the aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
+select list, WHERE, GROUP BY (expressions or select-list ordinals; a name is the table's column, else the
+select list's alias of that name, as in Spark; without the table's columns the alias, which the scan checks),
+HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs before input columns;
+ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC), LIMIT and OFFSET, and the
+aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
 Everything else is refused with a ``SqlError`` that points at the offending part of the text.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sqlglot
 from sqlglot import exp
@@ -224,7 +224,9 @@ def parse_sql(sql: str, columns: Columns | None = None) -> PlanNode:
     A GROUP BY name that is also a select-list alias is resolved as Spark SQL resolves it
     (``spark.sql.groupByAliases``): the table's column when the table has one, else the alias's expression.
     That needs the table's columns: ``columns`` gives them (None when unknown), and is asked only for such a
-    text. Where they are not known the name is the input column, as if the table had one.
+    text. Where they are not known (the planning node holds no partition of the table) the name is the alias's
+    expression, and the plan's scan names it in ``group_aliases``: a partition that has such a column refuses
+    the query rather than group by the alias where Spark would group by the column.
 
     Plans are immutable, so the plans of recently parsed texts (with the columns asked) are kept: a dashboard
     repeating the same query skips sqlglot (0.2 to 0.4 ms a query). Errors are not cached.
@@ -335,6 +337,8 @@ class _Translator:
         self.select = select
         self.columns = None if columns is None else {fold(c) for c in columns}
         self.ask = ask
+        #: GROUP BY names read as aliases without the columns (``_grouped``), for ``Scan.group_aliases``
+        self.group_aliases: list[str] = []
         table = _table(sql, select)
         self.ctx = _Context(sql, table.name, table.alias or None)
         order = 0
@@ -606,6 +610,10 @@ class _Translator:
         the table's column when the table has one, else the select list's alias of that name, also inside an
         expression (``GROUP BY p + 1``). Names compare case-insensitively. A name kept as a column although
         an alias has it adds a hint to ``hints``, for the error of a select item the column leaves ungrouped.
+        Where the columns are not known the name is the alias, and goes to ``group_aliases``, for the scan: a
+        partition with such a column refuses the plan. But it is the column when the alias's expression reads
+        a column of that name (the table has one, or the query fails anyway), and when the alias holds an
+        aggregate (the one reading that can be right).
 
         Raises:
             _Ask: such a name when the columns are not known and may be asked.
@@ -618,28 +626,27 @@ class _Translator:
             name = node.name
             if self.columns is None and self.ask:
                 raise _Ask(self.ctx.table)
-            if self.columns is None:
-                hints.append(
-                    f"; GROUP BY {name} means the input column {name}: the node planning the query holds no "
-                    f"partition of table {self.ctx.table}, so it cannot tell whether the table has such a column "
-                    "(Spark groups by the select list's alias when it has none): group by the alias's "
-                    "expression or its position"
-                )
-                return None
-            if fold(name) in self.columns:
+            if self.columns is not None and fold(name) in self.columns:
                 hints.append(
                     f"; GROUP BY {name} means the column {name} of table {self.ctx.table}, which comes before "
                     "the select list's alias, as in Spark: group by the alias's expression or its position"
                 )
                 return None
             alias = aliases[fold(name)]
+            if self.columns is None and fold(name) in {fold(c.name) for c in alias.find_all(exp.Column)}:
+                return None  # the alias reads a column of its name (upper(k) AS k): the table has it, as in Spark
             if any(isinstance(n, exp.AggFunc) for n in alias.walk()):
+                if self.columns is None:
+                    return None  # the column: the one reading that can be right (else the scan finds none)
                 raise self.error(
                     f"GROUP BY cannot hold an aggregate: {name} is the select list's alias of "
                     f"{alias.sql(dialect='spark')}",
                     node,
                 )
-            return self.expr(alias)
+            e = self.expr(alias)
+            if self.columns is None and fold(name) not in self.group_aliases:
+                self.group_aliases.append(fold(name))  # right only where the table has no such column
+            return e
 
         return hook
 
@@ -657,6 +664,8 @@ class _Translator:
             e = self.expr(node, grouped if position is None else None)
             if e not in key_exprs:
                 key_exprs.append(e)
+        if self.group_aliases:
+            scan = replace(scan, group_aliases=tuple(self.group_aliases))
         args: list[Expr] = []
         aggs: list[tuple[str, Expr | None]] = []
         hint = hints[0] if hints else ""
@@ -687,9 +696,7 @@ class _Translator:
             (f"__a{i}", e) for i, e in enumerate(args)
         ]
         pre: PlanNode = (
-            Project(input=scan, items=tuple(pre_items))
-            if pre_items
-            else Scan(table=scan.table, columns=(), predicate=scan.predicate)
+            Project(input=scan, items=tuple(pre_items)) if pre_items else replace(scan, columns=())
         )
         calls = tuple(
             AggCall(name=f"__g{i}", func=func, column=None if arg is None else f"__a{args.index(arg)}")  # type: ignore[arg-type]

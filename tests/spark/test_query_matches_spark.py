@@ -1,5 +1,6 @@
-"""The query family's results equal Spark SQL's on the same generated data (2 simulated participants; 3 for
-GROUP BY of a select-list alias, which the initiator resolves with its own partition's columns)."""
+"""The query family's results equal Spark SQL's on the same generated data (2 simulated participants, the
+initiator holding no rows; for GROUP BY of a select-list alias, which the initiator resolves with its own
+partition's columns when it holds one, also 3 with rows on the initiator)."""
 
 from __future__ import annotations
 
@@ -72,9 +73,12 @@ ALIAS_QUERIES = [
     "SELECT coalesce(value, -1.0) > 50 AS high, COUNT(*) AS n FROM t GROUP BY high ORDER BY high",
     "SELECT user % 5 AS b, COUNT(*) AS n FROM t GROUP BY b, b * 2 ORDER BY b",
     "SELECT user % 4 AS b, MAX(ts) AS hi FROM t GROUP BY b ORDER BY b DESC LIMIT 3",
-    # the table's column user comes before the alias: one group per user, not two
+    # the table's column user comes before the alias: one group per user, not two (an alias reading the column
+    # of its name tells an initiator without rows that the table has it)
     "SELECT user % 2 AS user, COUNT(*) AS n, MIN(ts) AS first FROM t GROUP BY user ORDER BY first",
 ]
+#: a GROUP BY name of a column of the table that the alias does not read: Spark groups by the column user
+SHADOWED_QUERY = "SELECT 1 AS user, COUNT(*) AS n FROM t GROUP BY user"
 #: GROUP BY names Spark refuses (its error condition), and the reason this family gives
 ALIAS_REFUSALS = [
     ("SELECT COUNT(*) AS c FROM t GROUP BY c", "GROUP_BY_AGGREGATE", "GROUP BY cannot hold an aggregate"),
@@ -135,6 +139,26 @@ def test_results_equal_spark_sql(both: tuple[SimTarget, Any], text: str) -> None
 @pytest.mark.parametrize("text", ALIAS_QUERIES)
 def test_group_by_a_select_alias_equals_spark_sql(holding: tuple[SimTarget, Any], text: str) -> None:
     same_rows(*holding, text)
+
+
+@pytest.mark.parametrize("text", ALIAS_QUERIES)
+def test_group_by_a_select_alias_equals_spark_sql_where_the_initiator_holds_no_rows(
+    both: tuple[SimTarget, Any], text: str
+) -> None:
+    # the initiator plans the alias without the table's columns; the participants' have no such column
+    same_rows(*both, text)
+
+
+def test_group_by_a_column_that_an_initiator_without_rows_read_as_the_alias_is_refused(
+    holding: tuple[SimTarget, Any], both: tuple[SimTarget, Any]
+) -> None:
+    same_rows(holding[0], holding[1], f"{SHADOWED_QUERY} ORDER BY n, user")  # one group per user, as Spark's
+    target, spark = both
+    assert spark.sql(SHADOWED_QUERY).count() > 2
+    with pytest.raises(QueryError) as ours:
+        sql(target, SHADOWED_QUERY)
+    assert ours.value.code is ErrorCode.PARSING, ours.value.message
+    assert "but table t has a column user, which GROUP BY user means before the alias" in ours.value.message
 
 
 @pytest.mark.parametrize(("text", "condition", "reason"), ALIAS_REFUSALS)

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from sparkbus.roles.query import engine
-from sparkbus.roles.query.errors import ErrorCode, ExecutionError, SqlError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError, SqlError
+from sparkbus.roles.query.plan import Scan, chain
 from sparkbus.roles.query.planner import plan_fragments
 from sparkbus.roles.query.sql import Columns, parse_sql
 
@@ -186,19 +187,94 @@ def test_the_columns_are_asked_only_for_a_name_an_alias_has() -> None:
     assert asked == ["T"]
 
 
+def scan_of(sql: str, columns: Columns | None = None) -> Scan:
+    leaf = chain(parse_sql(sql, columns))[0]
+    assert isinstance(leaf, Scan)
+    return leaf
+
+
 @pytest.mark.parametrize("columns", [None, lambda table: None])
-def test_without_the_columns_the_name_is_the_input_column(columns: Columns | None) -> None:
+def test_without_the_columns_the_name_is_the_alias_and_the_scan_names_it(columns: Columns | None) -> None:
     sql = "SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY p"
-    with pytest.raises(SqlError) as caught:
-        parse_sql(sql, columns)
-    assert caught.value.reason == (
-        "column 'x' must appear in GROUP BY or inside an aggregate; GROUP BY p means the input column p: the "
-        "node planning the query holds no partition of table t, so it cannot tell whether the table has such "
-        "a column (Spark groups by the select list's alias when it has none): group by the alias's expression "
-        "or its position"
+    assert scan_of(sql, columns).group_aliases == ("p",)
+    assert rows(sql, known=False) == rows(sql) == [(0, 2), (1, 3)]
+    # with the columns known, the alias needs no check: the plan was made for them
+    assert scan_of(sql, schema(PLAIN).get).group_aliases == ()
+
+
+@pytest.mark.parametrize(
+    ("sql", "names"),
+    [
+        ("SELECT x % 2 AS P, count(*) AS n FROM t GROUP BY p", ("p",)),  # folded, as every name of a plan
+        ("SELECT x % 2 AS p, k AS q, count(*) AS n FROM t GROUP BY p, Q, p + 1", ("p", "q")),
+        ("SELECT 1 AS p, count(*) AS n FROM t GROUP BY p + x", ("p",)),
+        # an alias that reads a column of its own name: the table has that column, which GROUP BY means
+        ("SELECT x AS X, count(*) AS n FROM t GROUP BY x", ()),
+        ("SELECT t.x AS x, count(*) AS n FROM t GROUP BY x", ()),
+        ("SELECT upper(k) AS k, count(*) AS n FROM t GROUP BY k", ()),
+        ("SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY p, upper(K)", ("p",)),
+        ("SELECT x % 2 AS p, upper(K) AS k, count(*) AS n FROM t GROUP BY p, k", ("p",)),
+        # the alias of an aggregate cannot be grouped by: only the column can be meant
+        ("SELECT count(*) AS p FROM t GROUP BY p", ()),
+        # a qualified name, an ordinal and a name no alias has are never aliases
+        ("SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY t.p, x", ()),
+        ("SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY 1", ()),
+        ("SELECT k, count(*) AS n FROM t GROUP BY k", ()),
+    ],
+)
+def test_the_scan_names_every_alias_read_without_the_columns(sql: str, names: tuple[str, ...]) -> None:
+    assert scan_of(sql).group_aliases == names
+
+
+@pytest.mark.parametrize(
+    ("sql", "table", "column"),
+    [
+        ("SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY p", WITH_P, "p"),
+        ("SELECT 1 AS p, count(*) AS n FROM t GROUP BY p", WITH_P, "p"),  # Spark: five groups, by the column
+        ("SELECT x % 2 AS p, count(*) AS n FROM t GROUP BY p", PLAIN.append_column("P", PLAIN["x"]), "P"),
+        ("SELECT x AS k, count(*) AS n FROM t GROUP BY k", PLAIN, "k"),
+    ],
+)
+def test_a_partition_with_a_column_of_the_name_refuses_the_alias(
+    sql: str, table: pa.Table, column: str
+) -> None:
+    with pytest.raises(QueryError) as caught:
+        rows(sql, table, known=False)
+    error = caught.value
+    assert error.code is ErrorCode.PARSING and not isinstance(error, ExecutionError)
+    name = column.lower()
+    assert error.message == (
+        f"GROUP BY {name} was planned as the select list's alias {name} by a node that holds no partition of "
+        f"table t, but table t has a column {column}, which GROUP BY {name} means before the alias, as in "
+        "Spark: group by the alias's expression or its position (or qualify the name for the column)"
     )
-    # where nothing refuses it, it groups by the column (right when the table has one; else the scan fails)
-    assert rows("SELECT 1 AS p, count(*) AS n FROM t GROUP BY p", WITH_P, known=False) == [(1, 1)] * 5
+
+
+def test_the_refusal_comes_before_any_row_is_read() -> None:
+    # a predicate that fails on every row of the partition: the refusal is what the participant reports
+    sql = "SELECT x % 2 AS p, count(*) AS n FROM t WHERE x / 0 > 1 GROUP BY p"
+    with pytest.raises(QueryError) as caught:
+        engine.run(parse_sql(sql), stores([WITH_P])[0])
+    assert caught.value.code is ErrorCode.PARSING and "has a column p" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT upper(k) AS k, count(*) AS n FROM t GROUP BY k",  # Spark: by the column k, four groups
+        "SELECT upper(k) AS K, count(*) AS n FROM t GROUP BY k HAVING k = 'a'",  # HAVING's k: the key k
+        "SELECT x AS x, count(*) AS n FROM t GROUP BY x",
+    ],
+)
+def test_an_alias_reading_its_own_name_is_the_column_without_the_columns(sql: str) -> None:
+    assert rows(sql, known=False) == rows(sql)
+
+
+def test_the_alias_of_an_aggregate_stays_the_column_without_the_columns() -> None:
+    sql = "SELECT count(*) AS p FROM t GROUP BY p"
+    assert rows(sql, WITH_P, known=False) == [(1,)] * 5  # as Spark: by the column
+    with pytest.raises(ExecutionError, match="no column 'p'"):  # Spark: GROUP_BY_AGGREGATE
+        rows(sql, known=False)
 
 
 def test_the_plan_follows_the_columns_given() -> None:
