@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkbus.codecs import message
+from sparkbus.codecs.schema import quote
 from sparkbus.roles.query.errors import ErrorCode
 from sparkbus.roles.query.expressions import is_literal_value, outside_int64
 from sparkbus.roles.query.plan import Fragment, check_fragments, fragment_from_plain
@@ -37,9 +38,11 @@ class QueryId:
 
     def __post_init__(self) -> None:
         if not isinstance(self.member, str) or not self.member:
-            raise ValueError(f"member: expected a non-empty str, got {self.member!r}")
+            raise ValueError(f"member: expected a non-empty str, got {quote(self.member)}")
         if not isinstance(self.local, str) or not self.local or _SEP in self.local or "/" in self.local:
-            raise ValueError(f"local: expected a non-empty str without {_SEP!r} or '/', got {self.local!r}")
+            raise ValueError(
+                f"local: expected a non-empty str without {_SEP!r} or '/', got {quote(self.local)}"
+            )
 
     def __str__(self) -> str:
         return f"{self.member}{_SEP}{self.local}"
@@ -53,7 +56,7 @@ class QueryId:
         """
         member, sep, local = text.rpartition(_SEP)
         if not sep:
-            raise ValueError(f"not a query id: {text!r}")
+            raise ValueError(f"not a query id: {quote(text)}")
         return cls(member=member, local=local)
 
 
@@ -71,7 +74,7 @@ def parse_stream_key(key: str) -> tuple[QueryId, int]:
     prefix, _, rest = key.partition("/")
     qid, _, edge = rest.rpartition("/")
     if prefix != "query" or not qid or not edge.isdigit():
-        raise ValueError(f"not a query stream key: {key!r}")
+        raise ValueError(f"not a query stream key: {quote(key)}")
     return QueryId.parse(qid), int(edge)
 
 

@@ -9,6 +9,7 @@ from sparkbus.bus.messages import MAGIC, Hello
 from sparkbus.codecs.schema import QUOTED
 from sparkbus.roles.compute.messages import _check_id
 from sparkbus.roles.exchange.messages import pack_sizes
+from sparkbus.roles.query.messages import QueryId
 from sparkbus.roles.replication.messages import _check_partition
 
 BIG = 1 << 20
@@ -41,6 +42,14 @@ def test_page_sizes_out_of_range_are_quoted_bounded() -> None:
 def test_a_replication_partition_name_too_long_is_quoted_bounded() -> None:
     with pytest.raises(ValueError) as caught:
         _check_partition("p" * BIG)
+    text = str(caught.value)
+    assert len(text) <= LIMIT, len(text)
+    assert f"({BIG} chars)" in text
+
+
+def test_a_query_id_with_a_long_member_is_quoted_bounded() -> None:
+    with pytest.raises(ValueError) as caught:
+        QueryId.parse("m" * BIG)
     text = str(caught.value)
     assert len(text) <= LIMIT, len(text)
     assert f"({BIG} chars)" in text
