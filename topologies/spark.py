@@ -599,6 +599,10 @@ class SparkRuntime:
                         self._channel.send(nid, "abort", {"cause": "the driver is stopping"})
                     if event == "ended":
                         self._progress.ended.add(nid)
+        if self._thread is not None and self._progress.ended >= set(self.executor_ids):
+            # Every task has returned its row (``aborted``): the stage ends by itself, and succeeds, where a
+            # cancel would race it and kill the tasks still handing their rows over.
+            self._thread.join(ABORT_WAIT)
         if self._thread is not None and self._thread.is_alive():
             self._cancel_stage()
         errors: list[str] = []

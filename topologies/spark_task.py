@@ -148,6 +148,9 @@ class _Task:
         self.deadline = time.monotonic() + plan.ready_timeout
 
     def run(self) -> dict[str, Any]:
+        """The task's result row: status ``stopped`` with the node's counters, or ``aborted`` when the driver
+        called the start or the stage off. Raises (failing the stage) when the node or the task failed."""
+        status, counters = "stopped", {}
         try:
             try:
                 self._start()
@@ -163,6 +166,10 @@ class _Task:
             self._serve()
             assert self.node is not None
             counters = self.node.counters()
+        except _Abort:
+            # Asked for by the driver (another node failed, or it is stopping), not a failure of this task:
+            # raised, Spark would log it as a failed task with the worker's traceback and a Java stack.
+            status = "aborted"
         except Exception as exc:
             raise RuntimeError(tagged(self.node_id, self.task, describe(exc))) from exc
         finally:
@@ -178,7 +185,7 @@ class _Task:
         return {
             "node": self.node_id,
             "partition": self.task,
-            "status": "stopped",
+            "status": status,
             "counters": json.dumps(counters),
         }
 

@@ -109,9 +109,17 @@ def test_a_start_the_driver_calls_off_stops_every_task_node_before_the_stage_is_
     # cancelled task is killed without its finally (which stops the node and removes its data).
     topo = load(shipped("local.toml"))
     factory = faults.RecordingBusFactory(record=str(tmp_path), victim="coordinator")
+    rt = SparkRuntime(topo, spark, factory, ready_timeout=30)
     with pytest.raises(SparkRuntimeError) as err:
-        SparkRuntime(topo, spark, factory, ready_timeout=30).start()
+        rt.start()
     assert str(err.value) == "sparkbus node coordinator (driver) failed: ValueError: disk on fire"
+    # The tasks the driver aborted did not fail (Spark logs a failed task with its traceback): each returned
+    # its row, and the stage ended by itself rather than by the cancel.
+    assert rt._error is None and rt._rows is not None
+    assert sorted((row["node"], row["status"]) for row in rt._rows) == [
+        ("store-0", "aborted"),
+        ("store-1", "aborted"),
+    ]
     assert sorted(p.name for p in tmp_path.glob("*.stopped")) == [
         "coordinator.stopped",
         "store-0.stopped",
