@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -558,42 +559,48 @@ def verify_segment(storage: Storage, name: str, chunk: int = 1 << 20) -> bytes:
     return check.finish()
 
 
-def iter_batches(storage: Storage, name: str) -> Iterator[pa.RecordBatch]:
-    """The record batches of a stored segment, one at a time (the file is never read whole)."""
+@contextmanager
+def _ipc_body(storage: Storage, name: str) -> Iterator[Any]:
+    """The Arrow IPC stream reader of a stored segment's body; its file is closed on leaving.
+
+    Arrow failing to read the body is bad bytes, ``SegmentCorrupt``: an ``ArrowInvalid``, or the
+    ``OSError`` Arrow raises itself for a message cut short or not a message, which carries no errno.
+    The storage's own read error is not: Arrow raises the ``OSError`` the file object raised as it is,
+    errno included (``EIO`` from the disk), and so does this, a read error the caller may retry. Taken
+    for a bad body, one transient error had a received segment refused (declined INVALID on every offer
+    after) and, at open, the whole store set aside as damaged.
+    """
     _, body = read_header(storage, name)
     f = storage.open(name)
     try:
         f.seek(body)
-        reader = pa.ipc.open_stream(pa.PythonFile(f, mode="r"))
-        yield from reader
+        yield pa.ipc.open_stream(pa.PythonFile(f, mode="r"))
     except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # the storage's
         raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
     finally:
         f.close()
+
+
+def iter_batches(storage: Storage, name: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of a stored segment, one at a time (the file is never read whole).
+
+    Raises ``SegmentCorrupt`` for a bad body, an ``OSError`` with an errno for the storage's read error.
+    """
+    with _ipc_body(storage, name) as reader:
+        yield from reader
 
 
 def read_schema(storage: Storage, name: str) -> pa.Schema:
-    """The Arrow schema of a stored segment (reads the IPC schema message only)."""
-    _, body = read_header(storage, name)
-    f = storage.open(name)
-    try:
-        f.seek(body)
-        schema: pa.Schema = pa.ipc.open_stream(pa.PythonFile(f, mode="r")).schema
+    """The Arrow schema of a stored segment (reads the IPC schema message only); errors as ``iter_batches``."""
+    with _ipc_body(storage, name) as reader:
+        schema: pa.Schema = reader.schema
         return schema
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
-    finally:
-        f.close()
 
 
 def read_table(storage: Storage, name: str) -> pa.Table:
-    """All rows of a stored segment as one table."""
-    _, body = read_header(storage, name)
-    f = storage.open(name)
-    try:
-        f.seek(body)
-        return pa.ipc.open_stream(pa.PythonFile(f, mode="r")).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SegmentCorrupt(name, f"bad Arrow IPC body ({exc})") from None
-    finally:
-        f.close()
+    """All rows of a stored segment as one table; errors as ``iter_batches``."""
+    with _ipc_body(storage, name) as reader:
+        table: pa.Table = reader.read_all()
+        return table

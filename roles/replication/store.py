@@ -225,7 +225,9 @@ class PartitionStore:
         """Open (and recover) the store in ``storage``.
 
         Raises:
-            SegmentCorrupt: a segment the manifest lists fails its checksum (the disk lost data).
+            SegmentCorrupt: a segment the manifest lists fails its checksum (the disk lost data), or
+                its body is not Arrow's.
+            OSError: the storage failed to read a file (with an errno, even under Arrow): not damage.
         """
         store = cls(storage, partition, placement, config)
         temporaries = storage.discard_partial()

@@ -6,6 +6,7 @@ or durably appended (``MemoryStorage.crashed``) and the restarted node gets fres
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -32,6 +33,22 @@ def config(**store: Any) -> ReplicationConfig:
     base: dict[str, Any] = {"flush_rows": 4, "compact_minors": 3, "flush_age": 5.0}
     base.update(store)
     return ReplicationConfig(store=StoreConfig(**base), chunk_bytes=300, credit_bytes=900, retry_after=0.5)
+
+
+class Unreadable:
+    """A file object whose reads fail with ``err`` (say EIO), as a failing disk's do; the rest is
+    ``file``'s. What a storage's ``open`` returns to fail under Arrow reading a segment's body."""
+
+    def __init__(self, file: Any, err: int) -> None:
+        self.file, self.err = file, err
+
+    def read(self, *args: Any) -> bytes:
+        raise OSError(self.err, os.strerror(self.err))
+
+    readinto = read1 = read
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
 
 
 class _NodeStorages:

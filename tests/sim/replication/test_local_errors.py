@@ -1,7 +1,8 @@
-"""Local disk errors (ENOSPC) on one node: the role answers, keeps its tick and tries again.
+"""Local disk errors (ENOSPC, EIO) on one node: the role answers, keeps its tick and tries again.
 
 Each fault strikes once, at a chosen storage operation of one replica (``_Once``), and the rows
-acknowledged before and after it must end on every replica with no further event but the tick.
+acknowledged before and after it must end on every replica with no further event but the tick. A read
+error is not damage: the file it struck is read again later, never refused or set aside for it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from typing import Any
 
 import pytest
 
-from sparkbus.roles.replication.store import MANIFEST, WAL
-from tests.sim.replication.cluster import NODES, Cluster, P, spec
+from sparkbus.roles.replication.store import MANIFEST, WAL, PartitionStore, read_manifest
+from tests.sim.replication.cluster import NODES, Cluster, P, Unreadable, spec
 
 Q = "t/9"
 
 
 class _Once:
     """Make ``method`` of ``storage`` raise ENOSPC (or ``err``) the first time ``hit(name)`` is true
-    (every time with ``always``); ``fired`` counts the errors raised."""
+    (every time with ``always``); ``fired`` counts the errors raised. With ``reads`` the call itself
+    succeeds, and the file object it returns (``open``) raises on each read: the storage failing under
+    Arrow as it reads a segment's body."""
 
     def __init__(
         self,
@@ -31,16 +34,49 @@ class _Once:
         *,
         always: bool = False,
         err: int = errno.ENOSPC,
+        reads: bool = False,
     ) -> None:
         self.orig = getattr(storage, method)
-        self.hit, self.always, self.err, self.fired = hit, always, err, 0
+        self.hit, self.always, self.err, self.reads, self.fired = hit, always, err, reads, 0
         setattr(storage, method, self)
 
     def __call__(self, name: str, *args: Any, **kw: Any) -> Any:
         if (self.always or not self.fired) and self.hit(name):
             self.fired += 1
+            if self.reads:
+                return Unreadable(self.orig(name, *args, **kw), self.err)
             raise OSError(self.err, os.strerror(self.err))
         return self.orig(name, *args, **kw)
+
+
+def _nth_open_of_a_received_file(store: PartitionStore, nth: int) -> Callable[[str], bool]:
+    """A ``hit`` true for the ``nth`` opening of each received file (not a listed segment): the check
+    opens it first (its schema), the merge second (its rows)."""
+    opened: dict[str, int] = {}
+
+    def hit(name: str) -> bool:
+        if name in {f"seg-{e.segment_id}" for e in store.entries} or not name.startswith(("seg-", "in-")):
+            return False
+        opened[name] = opened.get(name, 0) + 1
+        return opened[name] == nth
+
+    return hit
+
+
+def _acks_of(role: Any) -> list[str]:
+    """The errors of the acks ``role`` sends from now on (``""`` for an ack that is ok)."""
+    acks: list[str] = []
+    send_ack = role._send_ack
+
+    def spy(inc: Any, rep: Any, error: str) -> None:
+        acks.append(error)
+        send_ack(inc, rep, error)
+
+    role._send_ack = spy
+    return acks
+
+
+EIO = f"[Errno {errno.EIO}] {os.strerror(errno.EIO)}"
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -215,29 +251,66 @@ def test_a_read_error_while_merging_a_received_segment_is_answered_as_one(seed: 
     c, keys = _b_forked(seed)
     role = c.role("a")
     store = role.local[P].store
-    opened: dict[str, int] = {}
-
-    def merge_read(name: str) -> bool:
-        """The second open of a received file: the check read its schema, the merge reads its rows."""
-        if name in {f"seg-{e.segment_id}" for e in store.entries} or not name.startswith(("seg-", "in-")):
-            return False
-        opened[name] = opened.get(name, 0) + 1
-        return opened[name] == 2
-
-    fault = _Once(store.storage, "open", merge_read, err=errno.EIO)
-    acks: list[str] = []
-    send_ack = role._send_ack
-
-    def spy(inc: Any, rep: Any, error: str) -> None:
-        acks.append(error)
-        send_ack(inc, rep, error)
-
-    role._send_ack = spy  # type: ignore[method-assign]
+    fault = _Once(store.storage, "open", _nth_open_of_a_received_file(store, 2), err=errno.EIO)
+    acks = _acks_of(role)
     _heal_b(c)
     assert fault.fired
-    assert [e for e in acks if e] == [f"cannot read: [Errno {errno.EIO}] {os.strerror(errno.EIO)}"]
+    assert [e for e in acks if e] == [f"cannot read: {EIO}"]
     assert c.counters("a").get("incoming_read_errors") == 1
     assert c.counters("a").get("incoming_write_errors") is None
     c.settle(30)
     c.assert_identical(NODES, keys)
     c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("stage", ["check", "merge"])
+def test_a_read_error_under_arrow_reading_a_received_segment_is_no_damage(seed: int, stage: str) -> None:
+    """a merges b's fork on the heal, and its storage fails once (EIO) under Arrow reading a received
+    file's body: its schema while the file is checked, or its rows while they are merged. Taken for a
+    bad body, the segment was refused and then declined INVALID on every offer (``refused before``):
+    a never held b's rows, until a restart. Answered ``cannot read`` now, the next offer is merged."""
+    c, keys = _b_forked(seed)
+    role = c.role("a")
+    store = role.local[P].store
+    nth = 1 if stage == "check" else 2
+    fault = _Once(store.storage, "open", _nth_open_of_a_received_file(store, nth), err=errno.EIO, reads=True)
+    acks = _acks_of(role)
+    _heal_b(c)
+    assert fault.fired
+    assert [e for e in acks if e] == [f"cannot read: {EIO}"]
+    assert c.counters("a").get("incoming_read_errors") == 1
+    assert c.counters("a").get("incoming_refused") is None and not role.refused
+    c.settle(30)
+    c.assert_identical(NODES, keys)
+    c.assert_clean()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_read_error_under_arrow_at_start_fails_the_open_and_sets_nothing_aside(seed: int) -> None:
+    """b starts again and its storage fails once (EIO) under Arrow reading its newest segment's schema
+    as the store opens. Taken for a bad body, it set the whole store aside as damaged: b started empty,
+    under a new epoch, and took every row from its peers again. It is an error opening the replica
+    now: listed under failing, and the next tick opens the store as it is."""
+    c = Cluster([spec(*NODES)], seed=seed)
+    keys = c.write_keys("a", range(8))
+    c.settle(10)
+    c.assert_identical(NODES, keys)
+    c.crash("b")
+    storage = c.storages["b", P]
+    epoch = read_manifest(storage)["meta"]["epoch"]
+    fault = _Once(storage, "open", lambda n: n.startswith("seg-"), err=errno.EIO, reads=True)
+    c.restart("b")
+    c.settle(0.1)  # started, not ticked yet
+    assert fault.fired
+    assert c.status("b")["failing"] == {P: f"cannot open: OSError: {EIO}"}
+    c.settle(10)
+    status = c.status("b")
+    assert status["failing"] == {} and status["damaged"] == {}
+    assert status["counters"].get("open_errors") == 1 and status["counters"].get("stores_set_aside") is None
+    assert not [n for n in storage.names() if n.startswith("damaged")]
+    assert read_manifest(storage)["meta"]["epoch"] == epoch
+    keys += c.write_keys("a", range(100, 104))
+    c.settle(10)
+    c.assert_identical(NODES, keys)
+    assert c.quiet() and c.role_errors() == {"a": 0, "b": 1, "c": 0}  # b's: the open error

@@ -8,6 +8,8 @@ or an error ack), never with an exception that leaves the sender waiting.
 
 from __future__ import annotations
 
+import errno
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ from sparkbus.roles.replication.store import (
     StoreError,
     read_manifest,
 )
+from tests.sim.replication.cluster import Unreadable
 
 P = "t/0"
 SPEC = PartitionSpec(partition=P, replicas=(Replica(node="a", placement=1), Replica(node="b", placement=2)))
@@ -391,3 +394,37 @@ def test_a_manifest_write_error_on_fast_forward_lists_nothing_and_the_offer_is_t
     del store.storage.create  # the disk has room again: the same offer travels and is listed
     assert transfer(role, offer_of(entry, data), data).ok
     assert [e.segment_id for e in store.entries] == [entry.segment_id]
+
+
+def test_a_read_error_under_arrow_reading_a_received_segment_is_answered_cannot_read() -> None:
+    """The storage fails (EIO) under Arrow reading the received file's schema. Taken for a bad body, the
+    segment was refused and declined INVALID on every offer after; the same offer now travels again."""
+    entry, data = segment()
+    role = follower()
+    store = role.local[P].store
+    readable = store.storage.open
+    store.storage.open = lambda n: Unreadable(readable(n), errno.EIO)  # type: ignore[method-assign]
+    ack = transfer(role, offer_of(entry, data), data)
+    assert not ack.ok and ack.error == f"cannot read: [Errno {errno.EIO}] {os.strerror(errno.EIO)}", ack
+    assert role.counters["incoming_read_errors"] == 1 and not role.refused and store.entries == []
+    assert not any(n.startswith("seg-") for n in store.storage.names()), store.storage.names()
+    del store.storage.open  # read again: the same offer travels and is listed
+    assert transfer(role, offer_of(entry, data), data).ok
+    assert [e.segment_id for e in store.entries] == [entry.segment_id]
+
+
+def test_a_received_body_arrow_cannot_read_is_refused_though_its_checksum_holds() -> None:
+    entry, good = segment()
+    (hlen,) = struct.unpack(">I", good[8:12])
+    before = good[: 12 + hlen] + b"\xff" * 64  # a sender's bug: bad bytes, checksummed
+    digest = new_digest()
+    digest.update(before)
+    data = before + TRAILER_MAGIC + struct.pack(">Q", len(before)) + digest.digest()
+    role = follower()
+    offer = offer_of(entry, data, checksum=data[-16:])
+    ack = transfer(role, offer, data)
+    assert not ack.ok and ack.error.startswith("refused: ") and "bad Arrow IPC body" in ack.error, ack
+    assert role.counters["incoming_refused"] == 1 and role.local[P].store.entries == []
+    again = answer(role, offer)
+    assert isinstance(again, SegmentDeclined) and again.reason is DeclineReason.INVALID
+    assert "refused before" in again.detail

@@ -3,6 +3,8 @@ verified, on disk, in a store and when a peer offers it; older versions are refu
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import struct
 from dataclasses import replace
@@ -21,12 +23,15 @@ from sparkbus.roles.replication.segments import (
     SegmentCorrupt,
     TrailerCheck,
     UnsupportedSegmentFormat,
+    iter_batches,
     magic,
+    read_schema,
     read_table,
     verify_segment,
 )
 from sparkbus.roles.replication.storage import MemoryStorage
 from sparkbus.roles.replication.store import PartitionStore, StoreConfig, segment_file
+from tests.sim.replication.cluster import Unreadable
 
 from .harness import Cluster, flushed
 
@@ -182,3 +187,81 @@ def test_a_follower_refuses_offered_bytes_of_an_unsupported_version_and_keeps_no
     assert c.status("b")["counters"].get("fast_forwards", 0) == 0
     assert not [n for n in c.storages["b", P].names() if n.startswith("seg-")]
     assert c.status("a")["counters"].get("acked", 0) == 0
+
+
+def with_body(data: bytes, body: bytes) -> bytes:
+    """Segment file ``data`` (version 4) with ``body`` for its Arrow IPC stream, under a trailer that fits."""
+    (hlen,) = struct.unpack(">I", data[8:12])
+    before = data[: 12 + hlen] + body
+    return before + TRAILER_MAGIC + struct.pack(">Q", len(before)) + xxhash.xxh3_128(before).digest()
+
+
+def ipc_body(data: bytes) -> bytes:
+    (hlen,) = struct.unpack(">I", data[8:12])
+    return data[12 + hlen : -TRAILER_BYTES]
+
+
+READS = {
+    "schema": read_schema,
+    "batches": lambda st, name: list(iter_batches(st, name)),
+    "table": read_table,
+}
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("body", ["not Arrow", "message cut short"])
+def test_a_body_arrow_cannot_read_is_corrupt_though_its_checksum_holds(body: str, read: str) -> None:
+    """Bad bytes under a good checksum (as a sender's bug would write them) are found by Arrow: an
+    ``ArrowInvalid``, or for a message cut short an ``OSError`` Arrow raises itself, which has no errno."""
+    st = MemoryStorage()
+    _, entry = flushed(st, P, CFG, rows(1, 2, 3, 4))
+    name = segment_file(entry.segment_id)
+    good = ipc_body(st.read(name))
+    bad = b"\xff" * 64 if body == "not Arrow" else good[:-9]  # the last batch's body loses a byte
+    if body == "message cut short":
+        with pytest.raises(OSError) as raw:
+            pa.ipc.open_stream(bad).read_all()
+        assert raw.value.errno is None and not isinstance(raw.value, pa.ArrowInvalid)
+        if read == "schema":
+            return  # the schema message is whole
+    st._files[name] = with_body(st.read(name), bad)
+    verify_segment(st, name)
+    with pytest.raises(SegmentCorrupt, match=f"{name}: bad Arrow IPC body"):
+        READS[read](st, name)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_the_storages_read_error_under_arrow_is_raised_as_it_is(read: str) -> None:
+    """An ``OSError`` of the file Arrow reads reaches the caller as Arrow passes it on, errno included: a
+    read error, not a bad body (``SegmentCorrupt``), which a store's open and a receiver take for damage."""
+    st = MemoryStorage()
+    _, entry = flushed(st, P, CFG, rows(1, 2, 3, 4))
+    name = segment_file(entry.segment_id)
+    readable = st.open
+    st.open = lambda n: Unreadable(readable(n), errno.EIO)  # type: ignore[method-assign]
+    with pytest.raises(OSError) as caught:
+        READS[read](st, name)
+    assert type(caught.value) is OSError and caught.value.errno == errno.EIO
+    assert str(caught.value) == f"[Errno {errno.EIO}] {os.strerror(errno.EIO)}"
+
+
+def test_open_tells_a_listed_segment_arrow_cannot_read_from_a_read_error() -> None:
+    """Both fail the open; only the bad body is ``SegmentCorrupt``, which the role sets aside as damage."""
+    st = MemoryStorage()
+    store = PartitionStore.open(st, P, 1, CFG)
+    store.write(rows(1, 2, 3, 4), 0.0)
+    store.flush()
+    readable = st.open
+    st.open = lambda n: Unreadable(readable(n), errno.EIO)  # type: ignore[method-assign]
+    with pytest.raises(OSError) as caught:
+        PartitionStore.open(st, P, 1, CFG)
+    assert not isinstance(caught.value, SegmentCorrupt) and caught.value.errno == errno.EIO
+    del st.open
+    assert PartitionStore.open(st, P, 1, CFG).rows().column("key").to_pylist() == [1, 2, 3, 4]
+    (entry,) = store.entries
+    name = segment_file(entry.segment_id)
+    st._files[name] = with_body(st.read(name), b"\xff" * 64)
+    store.entries = [replace(entry, checksum=st.read(name)[-16:], size=st.size(name))]
+    store.save_manifest()  # the manifest agrees: only Arrow finds it bad
+    with pytest.raises(SegmentCorrupt, match=f"{name}: bad Arrow IPC body"):
+        PartitionStore.open(st, P, 1, CFG)
