@@ -165,10 +165,10 @@ class _InPlaceWriter:
     """Writes ``name`` under its final name as chunks are appended, handing each to the tap.
 
     Synchronous, on the caller's thread: roles run no threads (DESIGN.md section 3), and a writer
-    thread measured no better on a busy 2-core machine (docs/REPLICATION.md). ``commit`` is fdatasync.
+    thread measured no better on a busy 2-core machine (docs/REPLICATION_FIGURES.md). ``commit`` is fdatasync.
     With a ``size``, the file's blocks are allocated up front (``posix_fallocate``): appending 69 MiB then
     took 12.3 instead of 16.8 ms of CPU in a loop, and the receiving loop 48 instead of 54 ms per 72 MB
-    segment (docs/REPLICATION.md, Figures).
+    segment (docs/REPLICATION_FIGURES.md).
     """
 
     def __init__(self, path: Path, tap: Tap | None, size: int = 0) -> None:
