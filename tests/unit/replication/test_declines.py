@@ -143,3 +143,8 @@ def test_a_retried_transfer_gets_a_new_stream_key() -> None:
     second = answer(role, "a", offer("9.1"))
     assert isinstance(first, SegmentAccepted) and isinstance(second, SegmentAccepted)
     assert first.stream != second.stream
+
+
+def test_invalid_when_a_non_leader_node_claims_the_leaders_placement() -> None:
+    # b follows a (placement 1); c (placement 3) offers with sender=1.
+    assert reason(answer(make("b"), "c", offer(sender=1))) is DeclineReason.INVALID
