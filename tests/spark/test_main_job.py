@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from sparkbus.topologies.schema import shipped
 pytestmark = pytest.mark.spark
 
 ROWS = 100_000
+DOCS = Path(__file__).parents[2] / "docs" / "MAIN_JOB.md"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -61,6 +63,7 @@ def test_main_job_matches_spark_sql_and_keeps_the_view_fresh(tmp_path: Path) -> 
     assert view["fresh"] is True
     assert view["rows_after_writes"] == ROWS + view["written_rows"] and view["written_rows"] > 0
     assert report["load"]["load_vs_toarrow"] > 0 and report["load"]["partitions"] == 8
+    assert set(report["load"]) == documented_fields("load")
     assert set(report["exchange"]["p50_ms"]) == {"push", "binx", "http"}
     # the query itself ran with each exchange and gave the same rows
     assert set(report["exchange"]["query_p50_ms"]) == {"push", "binx", "http"}
@@ -70,6 +73,17 @@ def test_main_job_matches_spark_sql_and_keeps_the_view_fresh(tmp_path: Path) -> 
     )
     assert (tmp_path / "sparkbus-report.png").read_bytes()[:8] == PNG
     assert "sparkbus-report.json" in done.stdout
+
+
+def documented_fields(field: str) -> set[str]:
+    """The names docs/MAIN_JOB.md's report table gives for ``field``, those in parentheses (what a name
+    means) left out."""
+    table = DOCS.read_text().split("\n| field | meaning |\n", 1)[1]
+    row = next(ln for ln in table.splitlines() if ln.startswith(f"| `{field}` |"))
+    meaning = row.split("|")[2]
+    while (shorter := re.sub(r"\([^()]*\)", "", meaning)) != meaning:
+        meaning = shorter
+    return set(re.findall(r"`([a-z_]+)`", meaning))
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], expected: str) -> None:
