@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 import time
@@ -23,6 +24,8 @@ from . import faults
 from .conftest import SESSION_CONF
 
 pytestmark = pytest.mark.spark
+
+DOCS = Path(__file__).parents[2] / "docs" / "TOPOLOGIES.md"
 
 # The test helpers are not importable in Spark's Python workers: ship them by value.
 cloudpickle.register_pickle_by_value(faults)
@@ -300,3 +303,34 @@ def test_a_session_without_a_barrier_timeout_is_refused() -> None:
             )
     with pytest.raises(SparkRuntimeError, match="no \\[spark\\] section"):
         SparkRuntime(load(shipped("processes.toml")), _Session({}), ProbeFactory())
+
+
+def documented_example(heading: str) -> str:
+    """The Python block of ``docs/TOPOLOGIES.md`` under ``## heading``."""
+    section = DOCS.read_text().split(f"\n## {heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+@pytest.mark.timeout(240)
+def test_the_documented_example_runs(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sparkbus.topologies.spark as runtime
+
+    # The example's session is this one: embedded_session returns it given the tests' settings as well.
+    monkeypatch.setattr(
+        runtime, "embedded_session", lambda topo, **conf: embedded_session(topo, **SESSION_CONF)
+    )
+    exec(compile(documented_example("Running on Spark"), str(DOCS), "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    probes = ast.literal_eval(lines[1])
+    assert probes["coordinator"] == ("stopped", 0)
+    assert {n: status for n, (status, _) in probes.items()} == dict.fromkeys(probes, "stopped")
+    assert probes["store-0"][1] + probes["store-1"][1] == 1_000_000
+    [loaded] = ast.literal_eval(lines[2])
+    assert set(loaded) == {"written", "pending"} and loaded["written"] + loaded["pending"] == 100_000
+    assert ast.literal_eval(lines[3]) == {
+        "store-0": "stopped",
+        "store-1": "stopped",
+        "coordinator": "stopped",
+    }
