@@ -1,7 +1,8 @@
 """The process's ZeroMQ context, and a bus node's sockets with their options.
 
 One set per node (DESIGN.md section 4): the ROUTER and PULL it binds, and per peer the DEALER and PUSH
-it dials. Every socket has LINGER=0, explicit HWMs, MAXMSGSIZE and ZMTP heartbeats (``keepalive``); the
+it dials. Every socket has LINGER=0, explicit HWMs and MAXMSGSIZE; the dialling ones ZMTP heartbeats
+(``keepalive``), the listening ones TCP keepalive (``listening``); the
 ROUTER has ROUTER_MANDATORY and ROUTER_HANDOVER; DEALER and PUSH have IMMEDIATE and a bounded reconnect
 interval. ``sparkbus.bus.node`` binds, connects and serves them.
 
@@ -102,8 +103,8 @@ def server_sockets(ctx: Context, config: BusConfig) -> tuple[Socket, Socket]:
     # id"). A process that is not the one at the peer's endpoint is refused DUPLICATE_NODE by the core.
     router.setsockopt(zmq.ROUTER_HANDOVER, 1)
     pull = ctx.socket(zmq.PULL)
-    keepalive(router, config, 2 * config.peer_timeout)
-    keepalive(pull, config, max(DATA_SILENCE, 10 * config.peer_timeout))
+    listening(router, control_silence(config))
+    listening(pull, data_silence(config))
     for sock in (router, pull):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, config.hwm)
@@ -119,8 +120,9 @@ def peer_sockets(ctx: Context, config: BusConfig, node_id: str) -> tuple[Socket,
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.IDENTITY, node_id.encode())
     push = ctx.socket(zmq.PUSH)
+    keepalive(dealer, config, control_silence(config))
+    keepalive(push, config, data_silence(config))
     for sock in (dealer, push):
-        keepalive(sock, config, 2 * config.peer_timeout)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.SNDHWM, config.hwm)
@@ -131,28 +133,68 @@ def peer_sockets(ctx: Context, config: BusConfig, node_id: str) -> tuple[Socket,
     return dealer, push
 
 
-def keepalive(sock: Socket, config: BusConfig, timeout: float) -> None:
-    """ZMTP heartbeats: a PING every ``heartbeat_interval`` on each connection of ``sock``, and a
-    connection that received nothing for ``timeout`` seconds is closed (a dialling socket then dials
-    its endpoint again, reaching whatever process listens there now).
+def control_silence(config: BusConfig) -> float:
+    """Seconds a control connection (a DEALER's to a ROUTER) may receive nothing before it is closed."""
+    return 2 * config.peer_timeout
+
+
+def data_silence(config: BusConfig) -> float:
+    """Seconds a data connection (a PUSH's to a PULL) may receive nothing, not even the end of a frame,
+    before it is closed: ``DATA_SILENCE``, or ten peer timeouts if longer."""
+    return max(DATA_SILENCE, 10 * config.peer_timeout)
+
+
+def keepalive(sock: Socket, config: BusConfig, silence: float) -> None:
+    """ZMTP heartbeats on a dialling socket (DEALER, PUSH): a PING every ``heartbeat_interval`` on each of
+    its connections, which closes one that brought nothing back (not even the PONG) for ``silence``
+    seconds, and dials its endpoint again, reaching whatever process listens there now. Each PING also
+    carries ``silence`` as its TTL: the listening end closes the connection when nothing follows a PING
+    for that long, a stopped process or a dead host on the dialling side (``listening``).
 
     ZeroMQ's I/O threads answer PINGs, so a busy Python loop never trips them; a stopped process, a
     dead host or a cut network do. But ZeroMQ counts only whole frames and commands as received, so
-    a connection in the middle of one long frame looks silent until it ends. DEALER and PUSH receive
-    only handshake answers and PINGs, and the ROUTER mostly small control messages: twice
-    ``peer_timeout``, which also closes soon the connection of a process whose routing id another
-    took (``ZMQ_ROUTER_HANDOVER``). The PULL receives the long data batches and segment chunks:
-    ``DATA_SILENCE``. The link itself is lost earlier, after ``peer_timeout``, by the core's own
-    heartbeats (docs/PROTOCOL.md section 3).
+    a connection in the middle of one long frame looks silent until it ends: control connections carry
+    mostly small messages, and get twice ``peer_timeout`` (``control_silence``), which also closes soon
+    the connection of a process whose routing id another took (``ZMQ_ROUTER_HANDOVER``) once it goes
+    quiet; data connections carry the long batches and segment chunks, and get ``data_silence``. The
+    link itself is lost earlier, after ``peer_timeout``, by the core's own heartbeats (docs/PROTOCOL.md
+    section 3).
 
     ZeroMQ's handshake (greeting, mechanism) gets as long (HANDSHAKE_IVL; libzmq's default is 30 s):
     heartbeats start only after it, and a DEALER that dialled a listener which never answers (the socket
     file of a stopped process, bound again since by its new one) waits that long before it dials again.
     """
-    ms = max(1, round(timeout * 1000))
+    ms = max(1, round(silence * 1000))
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(config.heartbeat_interval * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, min(ms, _MAX_TTL_MS))
     sock.setsockopt(zmq.HANDSHAKE_IVL, ms)
+
+
+#: ZMTP's PING carries its TTL in deciseconds, in two bytes.
+_MAX_TTL_MS = 0xFFFF * 100
+
+
+def listening(sock: Socket, silence: float) -> None:
+    """A listening socket's (ROUTER, PULL) side of ``keepalive``: it sends no PINGs of its own. Its
+    connections are closed by the TTL the dialling end's PINGs carry, by TCP keepalive when the far host
+    is gone (a thin client's connection, which has no ZMTP heartbeats), or when their far end closes.
+
+    Why no PINGs here: libzmq 4.3.5 aborts the process (``Assertion failed: !_io_error
+    (src/stream_engine_base.cpp:310)``) when a connection's heartbeat timer fires after ZeroMQ stopped
+    reading it and its far end hung up. A listening socket stops reading a connection when its queue
+    towards the node is full (``hwm`` messages, a peer flooding a busy loop) or has been taken from it (a
+    routing id handed over to a newer connection, a socket being closed): a PING timer on that connection
+    then killed the node. The dialling sockets' connections bring the node almost nothing (answers to
+    their handshakes, PONGs) and are read all the time. ``tests/integration/bus/test_zmtp_abort.py``.
+
+    The handshake gets ``silence`` seconds (HANDSHAKE_IVL), as in ``keepalive``.
+    """
+    sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, round(silence * 1000)))
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, round(silence)))
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
 
 
 UNKNOWN = "an unknown address"
