@@ -57,6 +57,8 @@ def _child(read: bool) -> tuple[subprocess.Popen[str], int, int]:
     )
     assert proc.stdout is not None and proc.stdin is not None
     router_port, pull_port = map(int, proc.stdout.readline().split())
+    proc.stdin.write("read\n" if read else "hold\n")
+    proc.stdin.flush()
     return proc, router_port, pull_port
 
 
@@ -90,9 +92,6 @@ def _settle() -> None:
 
 def test_a_connection_handed_over_that_sends_again_and_hangs_up_kills_nothing() -> None:
     proc, router_port, _ = _child(read=True)
-    assert proc.stdin is not None
-    proc.stdin.write("read\n")
-    proc.stdin.flush()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         old = _socket(ctx, zmq.DEALER, router_port, b"b")
@@ -113,9 +112,6 @@ def test_a_connection_handed_over_that_sends_again_and_hangs_up_kills_nothing() 
 @pytest.mark.parametrize("socket_kind", ["router", "pull"])
 def test_a_peer_that_fills_a_connections_queue_and_hangs_up_kills_nothing(socket_kind: str) -> None:
     proc, router_port, pull_port = _child(read=False)
-    assert proc.stdin is not None
-    proc.stdin.write("hold\n")
-    proc.stdin.flush()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         if socket_kind == "router":
