@@ -24,7 +24,10 @@ as ``Endpoints.http``); every access is forwarded to the loop as a ``LocalCall``
 ``acknowledge``, ``delete``), and a long-poll parks in the role. A node that runs ``http.client`` makes
 that role's ``HttpFetch`` requests on worker threads (``HttpFetcher``), to the address each peer
 advertised in the endpoints given to ``start``, and hands the answers back to the role on the loop. Both
-stop with the node; every thread they started is joined.
+stop with the node; every thread they started is joined. A node with ``BusConfig.curve`` serves no HTTP
+exchange (``Endpoints.http`` is ""): Presto's HTTP exchange is plain HTTP, neither encrypted nor
+authenticated, and would hand the buffers to anyone who reaches its port, around the bus's keys and
+address list; the pulled exchange under CURVE is BinX, over the encrypted bus.
 """
 
 from __future__ import annotations
@@ -197,7 +200,8 @@ class Node:
             control = sockets.bind_tcp(router, self.host, self.ports, f"node {self.node_id} (control)")
             data = sockets.bind_tcp(pull, self.host, self.ports, f"node {self.node_id} (data)")
         http = ""
-        if c.HTTP_BUFFERS in self.core.roles and self._http_server is None:
+        # Under CURVE no HTTP exchange: it is plain HTTP with no authentication (module docstring).
+        if c.HTTP_BUFFERS in self.core.roles and self._http_server is None and self.config.curve is None:
             self._http_source = LoopBuffers(self.node_id, self.call_async)
             self._http_server = self._http_exchange_server(self._http_source)
             http = f"{self.host}:{self._http_server.port}"
@@ -730,8 +734,8 @@ class Node:
                 fetcher.submit(job, address)
                 continue
             text = (
-                f"the peer advertises no HTTP exchange (it runs no {c.HTTP_BUFFERS}, or its endpoints "
-                "reached this node without 'http')"
+                f"the peer advertises no HTTP exchange (it runs no {c.HTTP_BUFFERS}, its bus uses CURVE, "
+                "under which no node serves plain HTTP, or its endpoints reached this node without 'http')"
             )
             self.core.call(
                 c.HTTP_CLIENT, "fetched", {"result": c.HttpFetched(job=job.job, error=text)}, self.clock()

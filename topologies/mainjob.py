@@ -221,16 +221,18 @@ def check_topology(topo: Topology) -> tuple[int, int, int]:
         raise JobError(
             f"{topo.source}: sparkbus run needs a driver node running {', '.join(sorted(_COORDINATOR_ROLES))}"
         )
+    # Under CURVE no node serves the plain HTTP exchange: the job runs push and BinX only.
+    needed = _EXCHANGE_ROLES - ({"http.client"} if _curve(topo) else set())
     short = [
-        f"{spec.name} lacks {', '.join(sorted(_EXCHANGE_ROLES - set(spec.roles)))}"
+        f"{spec.name} lacks {', '.join(sorted(needed - set(spec.roles)))}"
         for spec in topo.nodes
-        if "query" in spec.roles and not set(spec.roles) >= _EXCHANGE_ROLES
+        if "query" in spec.roles and not set(spec.roles) >= needed
     ]
     if short:
         # Found now rather than in the last phase, after Spark has loaded and queried everything.
         raise JobError(
             f"{topo.source}: sparkbus run queries with every exchange, so every node running query needs "
-            f"{', '.join(sorted(_EXCHANGE_ROLES))}: {'; '.join(short)}"
+            f"{', '.join(sorted(needed))}: {'; '.join(short)}"
         )
     return len(executors), table.partitions, table.replication
 
@@ -303,6 +305,10 @@ def _check_not_an_input(opts: Options) -> None:
 _COORDINATOR_ROLES = frozenset({"client.gateway", "query", "compute.controller"})
 #: what a query's participants run to exchange rows with BinX and HTTP (docs/QUERY.md, Exchanges)
 _EXCHANGE_ROLES = frozenset({"binx.server", "binx.client", "http.client"})
+
+
+def _curve(topo: Topology) -> bool:
+    return topo.bus.security.mode == "curve"
 
 
 def _coordinator(topo: Topology) -> str:
@@ -636,7 +642,11 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
 
     from sparkbus.roles.client import ClientError  # noqa: PLC0415
     from sparkbus.topologies.mainjob_data import events as events_frame  # noqa: PLC0415
-    from sparkbus.topologies.mainjob_exchange import compare_exchanges, query_per_exchange  # noqa: PLC0415
+    from sparkbus.topologies.mainjob_exchange import (  # noqa: PLC0415
+        HTTP_NOT_RUN,
+        compare_exchanges,
+        query_per_exchange,
+    )
     from sparkbus.topologies.spark import SparkRuntime, SparkRuntimeError, embedded_session  # noqa: PLC0415
 
     phases: dict[str, float] = {}
@@ -704,12 +714,17 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                 console.print("view: feeding the compute controller, creating the view, writing more rows")
                 view = _view(cluster, events, rows)
             with _phase(phases, "exchange"):
-                console.print(f"exchange: running '{EXCHANGE_QUERY}' with push, BinX and HTTP")
+                curve = _curve(topo)
+                console.print(
+                    f"exchange: running '{EXCHANGE_QUERY}' with push and BinX; HTTP {HTTP_NOT_RUN}"
+                    if curve
+                    else f"exchange: running '{EXCHANGE_QUERY}' with push, BinX and HTTP"
+                )
                 ex_query = next(q for q in QUERIES if q.name == EXCHANGE_QUERY)
                 exchange = {
                     "query": ex_query.name,
                     **compare_exchanges(cluster.sql(ex_query.sql), bus_config(topo)),
-                    **query_per_exchange(cluster, ex_query.sql),
+                    **query_per_exchange(cluster, ex_query.sql, curve=curve),
                 }
                 if not exchange["query_results_match"]:
                     raise JobError(

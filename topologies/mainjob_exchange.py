@@ -17,6 +17,10 @@ node to another inside the driver process over loopback TCP:
   (1 MiB per request), then deletes the buffer.
 
 Filling the buffers is not timed; each transfer is, from the first request to the last page received.
+
+Under CURVE both run push and BinX only: no node of a CURVE cluster serves the HTTP exchange, which is
+plain HTTP (docs/EXCHANGE.md section 5), so the query would be refused. HTTP is then reported as not run,
+with the reason (``not_run``), rather than timed outside the cluster's rules.
 """
 
 from __future__ import annotations
@@ -44,6 +48,19 @@ from sparkbus.topologies.mainjob_report import compare
 
 MiB = 1 << 20
 _SERVER, _CLIENT = "exchange-server", "exchange-client"
+EXCHANGES = ("push", "binx", "http")
+#: why the comparison leaves HTTP out in a CURVE topology
+HTTP_NOT_RUN = "not run under CURVE: no node serves the HTTP exchange, which is plain HTTP"
+
+
+def exchanges(curve: bool) -> tuple[str, ...]:
+    """The exchanges the comparison runs: all three, or push and BinX when the bus uses ``curve``."""
+    return EXCHANGES[:2] if curve else EXCHANGES
+
+
+def not_run(curve: bool) -> dict[str, str]:
+    """The exchanges the comparison leaves out, each with the reason (``not_run`` in the report)."""
+    return {"http": HTTP_NOT_RUN} if curve else {}
 
 
 def pages_of(table: pa.Table, page_bytes: int) -> list[bytes]:
@@ -60,7 +77,9 @@ def _p50_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float = 60.0) -> dict[str, Any]:
+def query_per_exchange(
+    cluster: Any, sql: str, *, curve: bool = False, reps: int = 10, timeout: float = 60.0
+) -> dict[str, Any]:
     """Run ``sql`` ``reps`` times with each exchange (the order rotating every round); p50 milliseconds per
     exchange and whether every run returned the same rows as the first push run, in any order and by the
     comparison the reference queries use (NaN equal to NaN, as in Spark SQL; ``Table.equals`` holds no
@@ -68,13 +87,15 @@ def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float
 
     Args:
         cluster: a connected thin client (``Client.sql`` takes ``exchange``).
+        curve: the cluster's bus uses CURVE: HTTP is not run (``exchanges``), and ``query_not_run`` says why.
     """
-    kinds = ("push", "binx", "http")
+    kinds = exchanges(curve)
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     reference: pa.Table | None = None
     mismatch = ""
     for i in range(reps):
-        for kind in kinds[i % 3 :] + kinds[: i % 3]:
+        turn = i % len(kinds)
+        for kind in kinds[turn:] + kinds[:turn]:
             t0 = time.perf_counter()
             got = cluster.sql(sql, timeout=timeout, exchange=kind)
             samples[kind].append(time.perf_counter() - t0)
@@ -87,6 +108,7 @@ def query_per_exchange(cluster: Any, sql: str, *, reps: int = 10, timeout: float
         "query_reps": reps,
         "query_results_match": not mismatch,
         "query_mismatch": mismatch,
+        "query_not_run": not_run(curve),
     }
 
 
@@ -106,7 +128,8 @@ def _loopback(config: BusConfig) -> Iterator[BusConfig]:
 def compare_exchanges(table: pa.Table, config: BusConfig, *, reps: int = 5) -> dict[str, Any]:
     """Move ``table``'s pages through push, BinX and HTTP ``reps`` times each; p50 milliseconds per exchange.
 
-    Push and BinX speak CURVE when ``config`` does, as the cluster's links do; HTTP is plain, as it is there.
+    Push and BinX speak CURVE when ``config`` does, as the cluster's links do; HTTP is plain, so under CURVE,
+    where no node serves it, it is not run (``not_run`` says why).
     """
     with _loopback(config) as loopback:
         return _compare(table, loopback, reps)
@@ -131,15 +154,17 @@ def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
     buffers = OutputBuffers(
         instance_id="mainjob", max_buffer_bytes=total + MiB, max_total_bytes=4 * total + 4 * MiB
     )
-    http = HttpExchangeServer(buffers, host="127.0.0.1", port=0, max_wait=0.0)
-    samples: dict[str, list[float]] = {"push": [], "binx": [], "http": []}
+    curve = config.curve is not None
+    http = None if curve else HttpExchangeServer(buffers, host="127.0.0.1", port=0, max_wait=0.0)
+    samples: dict[str, list[float]] = {k: [] for k in exchanges(curve)}
     try:
         s_ep, c_ep = server.bind(), client.bind()
         server.start({_CLIENT: c_ep})
         client.start({_SERVER: s_ep})
         server.wait_ready(timeout)
         client.wait_ready(timeout)
-        http.start()
+        if http is not None:
+            http.start()
         biggest = max(len(p) for p in pages)
         for i in range(reps):
             t0 = time.perf_counter()
@@ -170,7 +195,8 @@ def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
             samples["binx"].append(time.perf_counter() - t0)
             if got != total:
                 raise RuntimeError(f"BinX moved {got} bytes of {total}")
-
+            if http is None:
+                continue
             with http.producer():  # holds the server's lock and wakes its long-polls
                 buffers.create(task, 0)
                 buffers.add_pages(task, 0, pages)
@@ -182,7 +208,8 @@ def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
             if got != total:
                 raise RuntimeError(f"HTTP moved {got} bytes of {total}")
     finally:
-        http.close()
+        if http is not None:
+            http.close()
         client.stop()
         server.stop()
     return {
@@ -192,6 +219,7 @@ def _compare(table: pa.Table, config: BusConfig, reps: int) -> dict[str, Any]:
         "reps": reps,
         "p50_ms": {k: round(_p50_ms(v), 3) for k, v in samples.items()},
         "mb_per_s": {k: round(total / statistics.median(v) / 1e6, 1) for k, v in samples.items()},
+        "not_run": not_run(curve),
         "what": "p50_ms, mb_per_s: the transport alone, the query's participant output as Arrow IPC pages "
         "moved between two bus nodes in the driver process over loopback; query_p50_ms: the query run "
         "through the thin client with each exchange",

@@ -192,11 +192,13 @@ def print_summary(report: dict[str, Any], console: Console) -> None:
     )
     if ex is not None:
         p50, q50 = ex["p50_ms"], ex["query_p50_ms"]
+        q_http = f"{q50['http']:.2f} ms" if "http" in q50 else ex["query_not_run"].get("http", "not run")
+        http = f"{p50['http']:.2f} ms" if "http" in p50 else ex["not_run"].get("http", "not run")
         console.print(
             f"exchange ({ex['query']}): the query with push {q50['push']:.2f} ms, BinX {q50['binx']:.2f} ms, "
-            f"HTTP {q50['http']:.2f} ms (same rows: {'yes' if ex['query_results_match'] else 'NO'}); "
+            f"HTTP {q_http} (same rows: {'yes' if ex['query_results_match'] else 'NO'}); "
             f"its {ex['bytes']:,} bytes in {ex['pages']} pages alone: push {p50['push']:.2f} ms, "
-            f"BinX {p50['binx']:.2f} ms, HTTP {p50['http']:.2f} ms"
+            f"BinX {p50['binx']:.2f} ms, HTTP {http}"
         )
     verdict = (
         "all results match Spark SQL" if report["all_results_match"] else "RESULTS DIFFER from Spark SQL"

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sparkbus.bus.contract import HTTP_BUFFERS
+from sparkbus.bus.contract import HTTP_BUFFERS, HTTP_CLIENT
 from sparkbus.topologies.model import (
     LOCAL_MASTER,
     MAX_BATCH_SIZE,
@@ -583,8 +583,10 @@ def _check_ports(c: _Checker, topo: Topology) -> None:
     if ports is None:
         return
 
+    plain_http = topo.bus.security.mode != "curve"  # under CURVE no node serves the HTTP exchange
+
     def binds(spec: NodeSpec) -> int:  # control and data, and the HTTP exchange's port if it serves one
-        return PORTS_PER_NODE + (1 if HTTP_BUFFERS in spec.runs else 0)
+        return PORTS_PER_NODE + (1 if plain_http and HTTP_BUFFERS in spec.runs else 0)
 
     floating = [spec for _, spec in topo.placed("driver") + topo.placed("executor")]
     per_host: dict[str | None, list[NodeSpec]] = {}
@@ -601,7 +603,7 @@ def _check_ports(c: _Checker, topo: Topology) -> None:
     if need > ports.size:
         http = (
             " and one more for each that serves the HTTP exchange (binx.server)"
-            if any(HTTP_BUFFERS in spec.runs for spec in sharing)
+            if plain_http and any(HTTP_BUFFERS in spec.runs for spec in sharing)
             else ""
         )
         runtime = [f"{channel} for the driver's runtime channel"] if channel else []
@@ -613,6 +615,20 @@ def _check_ports(c: _Checker, topo: Topology) -> None:
             f"and each binds {PORTS_PER_NODE} (control and data){http}{plus}; widen it to at least "
             f"{need} ports or use 'ephemeral'",
         )
+
+
+def _check_http_exchange(c: _Checker, topo: Topology) -> None:
+    """Under CURVE no node serves the HTTP exchange (plain HTTP, neither encrypted nor authenticated), so a
+    node running its fetching side, ``http.client``, asks for what the cluster refuses."""
+    if topo.bus.security.mode != "curve":
+        return
+    for i, spec in enumerate(topo.nodes):
+        if HTTP_CLIENT in spec.roles:
+            c.bad(
+                f"nodes[{i}].roles[{spec.roles.index(HTTP_CLIENT)}]",
+                f"{HTTP_CLIENT!r} pulls over the HTTP exchange, which is plain HTTP, so under "
+                "bus.security mode = 'curve' no node serves it; remove it (queries use 'binx' or 'push')",
+            )
 
 
 def _check_tables(c: _Checker, topo: Topology) -> None:
@@ -636,6 +652,7 @@ _ACROSS: tuple[tuple[frozenset[str], Callable[[_Checker, Topology], None]], ...]
     (frozenset({"spark", "nodes"}), _check_slots),
     (frozenset({"bus", "spark", "nodes"}), _check_ipc),
     (frozenset({"bus", "nodes"}), _check_ports),
+    (frozenset({"bus", "nodes"}), _check_http_exchange),
     (frozenset({"nodes", "tables"}), _check_tables),
 )
 

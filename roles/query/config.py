@@ -30,6 +30,9 @@ class QueryConfig:
             up and in ``members``: a peer that runs no query role would refuse ``start``, and its initiator
             would wait for its batches for ever. The topology factory passes the nodes that list
             ``query``.
+        curve: the cluster's bus uses CURVE, so no node serves the HTTP exchange (plain HTTP, neither
+            encrypted nor authenticated; docs/EXCHANGE.md section 5) and a query asking for ``http`` is
+            refused at once. The topology factory passes the topology's mode.
     """
 
     check_period: float = 1.0
@@ -39,6 +42,7 @@ class QueryConfig:
     exchange: str = x.PUSH
     bus_initial_credit: int = BusConfig().initial_credit
     members: frozenset[str] | None = None
+    curve: bool = False
 
     def __post_init__(self) -> None:
         if (
@@ -54,6 +58,8 @@ class QueryConfig:
             raise ValueError(f"QueryConfig.members: a frozenset of member ids or None, got {self.members!r}")
         if self.exchange not in x.EXCHANGES:
             raise ValueError(f"QueryConfig.exchange: one of {', '.join(x.EXCHANGES)}, got {self.exchange!r}")
+        if self.curve and self.exchange == x.HTTP:
+            raise ValueError(f"QueryConfig.exchange: {x.HTTP_UNDER_CURVE}")
         if self.edge_credit > self.bus_initial_credit:
             raise ValueError(
                 f"QueryConfig.edge_credit ({self.edge_credit} bytes) exceeds the bus's initial credit "

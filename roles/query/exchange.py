@@ -14,6 +14,8 @@ A query runs with one exchange, chosen by the ``execute`` argument ``exchange`` 
   receiver pulls through its node's ``http.client`` role, whose requests the node driver makes over
   Presto's HTTP exchange to the sender node's HTTP server, which serves the ``binx.server`` role's
   buffers (docs/EXCHANGE.md section 5). Every participant must run ``binx.server`` and ``http.client``.
+  A cluster whose bus uses CURVE serves no HTTP exchange (it is plain HTTP), so there ``http`` is refused
+  when the query is asked for (``QueryConfig.curve``).
 
 The initiator tells participants which exchange a query uses with ``ExchangeChosen``, sent just before
 ``start`` on the same ordered link (``start`` itself keeps its form; a query without it is ``push``).
@@ -52,14 +54,24 @@ CLEANUP_TAG = "exchange/cleanup"
 MAX_HANDED = 4096
 
 
-def exchange_kind(value: Any) -> str:
-    """The exchange ``value`` names, checked.
+#: why a cluster whose bus uses CURVE runs no query with the ``http`` exchange
+HTTP_UNDER_CURVE = (
+    "exchange 'http' is refused: this cluster's bus uses CURVE, and its nodes serve no HTTP exchange "
+    "(Presto's HTTP exchange is plain HTTP, neither encrypted nor authenticated); use 'binx' or 'push', "
+    "which move the rows over the encrypted bus"
+)
+
+
+def exchange_kind(value: Any, *, curve: bool = False) -> str:
+    """The exchange ``value`` names, checked; ``curve``: the cluster's bus uses CURVE.
 
     Raises:
-        QueryError: ``PARSING`` for an unknown name.
+        QueryError: ``PARSING`` for an unknown name, or for ``http`` under CURVE.
     """
     if value not in EXCHANGES:
         raise QueryError(ErrorCode.PARSING, f"exchange must be one of {', '.join(EXCHANGES)}, got {value!r}")
+    if curve and value == HTTP:
+        raise QueryError(ErrorCode.PARSING, HTTP_UNDER_CURVE)
     return str(value)
 
 

@@ -15,12 +15,14 @@ def make_role(ctx: Any) -> QueryRole:
     such as replicated tables) when the node has one, else an empty partition store (``load`` fills it).
     Its edges' credit is the default, lowered to the topology's ``bus.initial_credit`` if that is smaller
     (``QueryConfig.edge_credit`` may not exceed it). Its default participants are the nodes of the topology
-    that run ``query`` (``QueryConfig.members``), never a node that runs only other roles.
+    that run ``query`` (``QueryConfig.members``), never a node that runs only other roles. Under CURVE it
+    refuses the ``http`` exchange (``QueryConfig.curve``): no node serves it.
     """
     bus = ctx.topology.bus.initial_credit
     config = QueryConfig(
         edge_credit=min(QueryConfig().edge_credit, bus),
         bus_initial_credit=bus,
         members=frozenset(ctx.topology.hosting("query")),
+        curve=ctx.topology.bus.security.mode == "curve",
     )
     return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None))

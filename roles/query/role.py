@@ -268,7 +268,7 @@ class QueryRole(PulledExchange):
         down = [p for p in participants if p != self.member and p not in self.peers_up]
         if down:
             raise QueryError(ErrorCode.MEMBER_CONNECTION, f"no connection to member(s) {', '.join(down)}")
-        kind = x.exchange_kind(args.get("exchange", self.config.exchange))
+        kind = x.exchange_kind(args.get("exchange", self.config.exchange), curve=self.config.curve)
         timeout = args.get("timeout", self.config.default_timeout)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise QueryError(ErrorCode.PARSING, f"timeout must be seconds >= 0, got {timeout!r}")

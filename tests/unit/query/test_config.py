@@ -30,7 +30,8 @@ def test_an_edge_credit_above_the_bus_initial_credit_is_refused_at_construction(
 
 @pytest.mark.parametrize(("bus", "edge"), [(4 * MiB, MiB), (MiB, MiB), (256 * 1024, 256 * 1024)])
 def test_the_factory_fits_the_edge_credit_to_the_topology_bus(bus: int, edge: int) -> None:
-    topology = SimpleNamespace(bus=SimpleNamespace(initial_credit=bus), hosting=lambda name: ["n1"])
+    bus_settings = SimpleNamespace(initial_credit=bus, security=SimpleNamespace(mode="none"))
+    topology = SimpleNamespace(bus=bus_settings, hosting=lambda name: ["n1"])
     ctx = SimpleNamespace(node_id="n1", topology=topology)
     role = make_role(ctx)
     assert role.member == "n1" and role.config.edge_credit == edge and role.config.bus_initial_credit == bus

@@ -6,6 +6,7 @@ import io
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -243,6 +244,28 @@ def test_every_query_node_needs_the_exchange_roles_the_last_phase_uses() -> None
         "binx.client, binx.server, http.client: coordinator lacks binx.server, http.client; "
         "store lacks binx.client, http.client"
     )
+    # Under CURVE the job runs no HTTP exchange (no node serves it), so http.client is not asked for.
+    security = '[bus.security]\nmode = "curve"\nkey_dir = "keys"\n\n[spark]\n'
+    with pytest.raises(JobError) as refused:
+        check_topology(loads(text.replace("[spark]\n", security, 1), "clusterlike.toml"))
+    assert str(refused.value).endswith(
+        "needs binx.client, binx.server: coordinator lacks binx.server; store lacks binx.client"
+    )
+
+
+def test_the_summary_says_http_was_not_run_under_curve() -> None:
+    from sparkbus.topologies.mainjob_exchange import HTTP_NOT_RUN
+
+    r = report([result("point", 2.0, 100.0)])
+    ex: dict[str, Any] = r["exchange"]  # type: ignore[assignment]
+    for times in (ex["p50_ms"], ex["query_p50_ms"]):
+        del times["http"]
+    ex["not_run"] = ex["query_not_run"] = {"http": HTTP_NOT_RUN}
+    out = io.StringIO()
+    print_summary(r, Console(file=out, width=300))
+    text = out.getvalue()
+    assert f"BinX 5.00 ms, HTTP {HTTP_NOT_RUN} (same rows: yes)" in text
+    assert f"BinX 2.00 ms, HTTP {HTTP_NOT_RUN}" in text
 
 
 def test_run_refuses_bad_rows_and_bad_topologies_in_one_line(
@@ -284,6 +307,7 @@ def test_the_job_speaks_curve_when_the_topology_does(tmp_path: Path) -> None:
         shipped("local.toml")
         .read_text()
         .replace("[spark]\n", f'[bus.security]\nmode = "curve"\nkey_dir = "{keys}"\n\n[spark]\n', 1)
+        .replace('"http.client", ', "")  # no node serves the HTTP exchange under CURVE
     )
     curve = client_keys(loads(text), "tcp://127.0.0.1:1", "coordinator")
     assert curve is not None  # no client pair in the directory: the coordinator's own

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from sparkbus.bus.security import generate
 from sparkbus.topologies.busnode import bus_config
-from sparkbus.topologies.mainjob_exchange import compare_exchanges, query_per_exchange
+from sparkbus.topologies.mainjob_exchange import HTTP_NOT_RUN, compare_exchanges, query_per_exchange
 from sparkbus.topologies.schema import loads, shipped
 
 
@@ -61,10 +61,35 @@ def test_the_transport_comparison_runs_under_curve_with_a_pair_per_node(tmp_path
     # What `sparkbus keys generate DIR --topology FILE` writes: no pair for the comparison's two nodes, and
     # an address list of the cluster's machines that loopback is not on.
     security = '[bus.security]\nmode = "curve"\nkey_dir = "{}"\nallow = ["10.0.0.11"]\n\n[spark]\n'
-    topo = loads(shipped("local.toml").read_text().replace("[spark]\n", security.format(tmp_path), 1))
+    local = shipped("local.toml").read_text().replace('"http.client", ', "")  # refused under CURVE
+    topo = loads(local.replace("[spark]\n", security.format(tmp_path), 1))
     generate(tmp_path, topo.node_ids())
     config = bus_config(topo)
     assert config.curve is not None
     out = compare_exchanges(pa.table({"a": list(range(1000))}), config, reps=1)
-    assert out["bytes"] > 0 and set(out["p50_ms"]) == {"push", "binx", "http"}
+    # HTTP is plain, and no node of a CURVE cluster serves it: reported as not run, with the reason
+    assert out["bytes"] > 0 and set(out["p50_ms"]) == set(out["mb_per_s"]) == {"push", "binx"}
+    assert out["not_run"] == {"http": HTTP_NOT_RUN}
     assert sorted(p.name for p in (tmp_path / "public").iterdir()) == [f"{n}.key" for n in topo.node_ids()]
+
+
+def test_under_curve_the_query_runs_with_push_and_binx_and_http_is_reported_not_run() -> None:
+    t = pa.table({"a": [1, 2, 3]})
+    fake = Fake({"push": t, "binx": t.take([2, 0, 1])})  # an http run would raise KeyError
+    out = query_per_exchange(fake, "SELECT a FROM t", curve=True, reps=3)
+    assert fake.calls == ["push", "binx", "binx", "push", "push", "binx"]
+    assert set(out["query_p50_ms"]) == {"push", "binx"} and out["query_results_match"] is True
+    assert out["query_not_run"] == {"http": HTTP_NOT_RUN}
+    assert "CURVE" in HTTP_NOT_RUN and "plain HTTP" in HTTP_NOT_RUN
+
+
+def test_without_curve_nothing_is_left_out() -> None:
+    t = pa.table({"a": [1]})
+    out = query_per_exchange(Fake({"push": t, "binx": t, "http": t}), "SELECT a FROM t", reps=1)
+    assert set(out["query_p50_ms"]) == {"push", "binx", "http"} and out["query_not_run"] == {}
+    assert (
+        compare_exchanges(
+            pa.table({"a": [1, 2]}), bus_config(loads(shipped("local.toml").read_text())), reps=1
+        )["not_run"]
+        == {}
+    )

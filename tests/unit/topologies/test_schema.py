@@ -386,14 +386,34 @@ def test_port_range_counts_the_spark_runtimes_channel_and_row_exchange() -> None
         "to at least 12 ports or use 'ephemeral'"
     )
     assert loads(local.replace("7100-7108", "7100-7111")).bus.ports == PortRange(first=7100, last=7111)
-    # without Spark nothing else binds: processes.toml's 4 nodes need their 11 ports only
-    processes = shipped("processes.toml").read_text().replace('ports = "ephemeral"', 'ports = "7100-7110"')
-    assert loads(processes).bus.ports == PortRange(first=7100, last=7110)
-    assert only_problem(processes.replace("7100-7110", "7100-7109")) == (
-        "bus.ports: 7100-7109 holds 10 ports, but up to 4 nodes may share one machine and each binds 2 "
-        "(control and data) and one more for each that serves the HTTP exchange (binx.server); widen it "
-        "to at least 11 ports or use 'ephemeral'"
+    # without Spark nothing else binds: processes.toml's 4 nodes need their 8 ports only (it uses CURVE,
+    # so its binx.server nodes serve no HTTP exchange)
+    processes = shipped("processes.toml").read_text().replace('ports = "ephemeral"', 'ports = "7100-7107"')
+    assert loads(processes).bus.ports == PortRange(first=7100, last=7107)
+    assert only_problem(processes.replace("7100-7107", "7100-7106")) == (
+        "bus.ports: 7100-7106 holds 7 ports, but up to 4 nodes may share one machine and each binds 2 "
+        "(control and data); widen it to at least 8 ports or use 'ephemeral'"
     )
+
+
+_CURVE = '\n[bus.security]\nmode = "curve"\nkey_dir = "keys"\n'
+
+
+def test_under_curve_a_node_serving_binx_binds_no_http_exchange_port() -> None:
+    serving = BASE.replace('roles = ["replication"]', 'roles = ["replication", "binx.server"]')
+    # as many ports as without binx.server: 3 nodes x 2, the runtime channel, 2 row exchange PULLs
+    text = serving.replace("[spark]", '[bus]\nports = "7100-7108"\n' + _CURVE + "\n[spark]", 1)
+    assert loads(text).bus.ports == PortRange(first=7100, last=7108)
+    assert "widen it to at least 9 ports" in only_problem(text.replace("7100-7108", "7100-7107"))
+
+
+def test_under_curve_a_node_running_http_client_is_refused_in_one_line() -> None:
+    text = BASE.replace('roles = ["replication"]', 'roles = ["replication", "binx.client", "http.client"]')
+    assert only_problem(text + _CURVE) == (
+        "nodes[1].roles[2]: 'http.client' pulls over the HTTP exchange, which is plain HTTP, so under "
+        "bus.security mode = 'curve' no node serves it; remove it (queries use 'binx' or 'push')"
+    )
+    assert loads(text).nodes[1].roles[2] == "http.client"  # without CURVE nothing changes
 
 
 def test_ipc_needs_one_machine() -> None:

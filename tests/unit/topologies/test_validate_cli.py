@@ -206,3 +206,19 @@ def test_status_counts_the_nodes_peers_apart_from_itself_and_its_clients() -> No
     cells = [c.strip() for c in row.split("│") if c.strip()]
     # peers up, sessions out/in, clients, streams out/in
     assert cells[1:5] == ["1/2", "1/1", "1", "2/1"], cells
+
+
+def test_a_curve_topology_asking_for_the_http_exchange_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = filled_in_example(tmp_path)
+    text = example.read_text().replace(
+        '"binx.client", "client.gateway"]', '"binx.client", "http.client", "client.gateway"]'
+    )
+    assert "http.client" in text
+    example.write_text(text)
+    assert cli.main(["validate", str(example)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{example}: nodes[0].roles[4]: 'http.client' pulls over the HTTP exchange, which is plain HTTP, so "
+        "under bus.security mode = 'curve' no node serves it; remove it (queries use 'binx' or 'push')"
+    ]
