@@ -3,7 +3,9 @@
 The parent talks to it over the child's stdin and stdout, one JSON object per line:
 
 1. child -> parent: ``{"event": "bound", "endpoints": {...}, "status": "tcp://127.0.0.1:PORT"}`` once its
-   sockets are bound on ephemeral ports (``status`` is a ZeroMQ REP socket answering ``status``), or
+   sockets are bound on ephemeral ports (``status`` is a ZeroMQ socket answering a REQ's ``status`` as REP
+   does; any other body gets ``ok`` false and why, a frame over ``STATUS_MAX_FRAME`` bytes has its connection
+   dropped), or
    ``{"event": "error", "error": "..."}`` and exit status 2.
 2. parent -> child: ``{"cmd": "peers", "peers": {node: endpoints}}``; the child starts its bus node, or
    says ``{"event": "error", ...}`` and exits with status 2 when it cannot.
@@ -55,14 +57,67 @@ def _read_stdin(commands: queue.SimpleQueue[dict[str, Any] | None]) -> None:
     commands.put(None)  # end of file: the parent is gone or wants us gone
 
 
+#: The largest frame the status endpoint takes: a longer one makes libzmq drop the connection unread.
+STATUS_MAX_FRAME = 4096
+#: The frames of a request kept (routing id, REQ's envelope, body); the rest are read and dropped.
+STATUS_KEEP_FRAMES = 8
+STATUS_REQUEST = b"status"
+
+log = logging.getLogger(__name__)
+
+
+def _read_request(sock: zmq.Socket[bytes]) -> tuple[list[bytes], int]:
+    """The first ``STATUS_KEEP_FRAMES`` frames of the pending message on ``sock`` and how many it had (every
+    one is read, so the next message starts clean)."""
+    kept: list[bytes] = []
+    count = 0
+    while True:
+        frame = sock.recv(zmq.NOBLOCK)
+        count += 1
+        if len(kept) < STATUS_KEEP_FRAMES:
+            kept.append(frame)
+        if not sock.getsockopt(zmq.RCVMORE):
+            return kept, count
+
+
+def _bad_request(body: list[bytes], count: int) -> str | None:
+    """Why a body of ``count`` frames, the first of them ``body``, is not a status request (one frame,
+    ``status``), or None when it is one."""
+    if count == 1 and body == [STATUS_REQUEST]:
+        return None
+    if count != 1:
+        return f"a status request is one frame {STATUS_REQUEST!r}, not {count}"
+    return f"a status request is {STATUS_REQUEST!r}, not {body[0][:32]!r}{'...' * (len(body[0]) > 32)}"
+
+
 def serve_status(handle: BusNodeHandle, sock: zmq.Socket[bytes], extra: dict[str, Any]) -> None:
-    """Answer one pending status request on ``sock`` (a REP socket)."""
-    sock.recv()
+    """Answer one pending request on ``sock``, a ROUTER (or a REP) that anyone on the machine may reach,
+    answering REQ sockets as a REP would: a status request with the node's status, any other body with ``ok`` false and why.
+    A message without REQ's envelope (routing id, ..., empty delimiter) is dropped. Raises nothing: no request,
+    however made, ends the node or leaves the socket unable to answer the next one."""
     try:
-        body: dict[str, Any] = {"ok": True, **extra, "status": handle.status(timeout=2.0)}
-    except Exception as exc:  # the node cannot answer: say why instead of leaving the caller waiting
-        body = {"ok": False, **extra, "error": f"{type(exc).__name__}: {exc}"}
-    sock.send(json.dumps(body, default=str).encode())
+        frames, count = _read_request(sock)
+    except zmq.ZMQError as exc:  # nothing there after all: nothing to answer
+        log.debug("status endpoint: no request to answer: %s", exc)
+        return
+    if sock.type == zmq.REP:
+        cut = 0  # the envelope stays in the socket
+    elif b"" in frames[1:]:
+        cut = frames.index(b"", 1) + 1
+    else:
+        return  # no delimiter among the frames kept: no envelope to answer to
+    bad = _bad_request(frames[cut:], count - cut)
+    if bad is not None:
+        body: dict[str, Any] = {"ok": False, **extra, "error": bad}
+    else:
+        try:
+            body = {"ok": True, **extra, "status": handle.status(timeout=2.0)}
+        except Exception as exc:  # the node cannot answer: say why instead of leaving the caller waiting
+            body = {"ok": False, **extra, "error": f"{type(exc).__name__}: {exc}"}
+    try:  # a ROUTER drops an answer to a peer gone (or whose queue is full); nothing else is raised here
+        sock.send_multipart([*frames[:cut], json.dumps(body, default=str).encode()], zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        log.warning("status endpoint: cannot answer: %s", exc)
 
 
 def run(path: str, node_id: str, *, skip_unavailable: bool, ready_timeout: float) -> int:
@@ -83,8 +138,9 @@ def run(path: str, node_id: str, *, skip_unavailable: bool, ready_timeout: float
         _say({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         return EXIT_SETUP
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    status_sock = ctx.socket(zmq.REP)
+    status_sock = ctx.socket(zmq.ROUTER)  # a REP that no request can leave stuck
     status_sock.setsockopt(zmq.LINGER, 0)
+    status_sock.setsockopt(zmq.MAXMSGSIZE, STATUS_MAX_FRAME)
     port = status_sock.bind_to_random_port("tcp://127.0.0.1")
     status_addr = f"tcp://127.0.0.1:{port}"
     _say(
