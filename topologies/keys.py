@@ -8,7 +8,8 @@ and the nodes that have a pair keep it. Otherwise an existing pair is replaced o
 
 ``key_dir`` in a topology may start with ``{run_dir}``: sparkbus's run directory on this machine
 (``$XDG_RUNTIME_DIR/sparkbus-<uid>``, or the temporary directory without ``XDG_RUNTIME_DIR``), where
-``sparkbus up`` creates keys it does not find. Other relative paths are resolved against the topology
+``sparkbus up`` creates keys it does not find; it uses the run directory only when this user owns it and no
+one else can write it (``private_dir``). Other relative paths are resolved against the topology
 file's folder.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +41,32 @@ def run_dir() -> Path:
     """sparkbus's per-user run directory on this machine (state files, generated keys)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"sparkbus-{os.getuid()}"
+
+
+class UnsafeDirectory(PermissionError):
+    """A directory sparkbus would trust (state files, keys) that another user made or can write: the message
+    names it and why."""
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, a directory only this user can change: created mode 0700 when missing; refused with
+    ``UnsafeDirectory`` when it is a symbolic link, belongs to another user, or is group- or world-writable
+    (another local user may have made it first, e.g. in ``/tmp``, with key pairs whose secrets they keep)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirectory(f"refusing {path}: it is a symbolic link, not a directory of this user's")
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectory(
+            f"refusing {path}: it belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}), who may have "
+            "put keys or state there; remove it or set XDG_RUNTIME_DIR"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirectory(
+            f"refusing {path}: its mode {stat.S_IMODE(st.st_mode):04o} lets other users write in it; "
+            f"remove it (or chmod 700 it if it holds nothing it should not)"
+        )
+    return path
 
 
 def key_dir(topology: Topology) -> Path | None:
@@ -69,7 +97,8 @@ def ensure_keys(topology: Topology) -> list[Path]:
     """Give every node of ``topology`` a key pair under its ``{run_dir}`` key directory if it has none.
 
     Only keys under the run directory are created: a key directory elsewhere is the operator's, and a
-    missing one is an error the nodes report by name.
+    missing one is an error the nodes report by name. The run directory and the key directory are created
+    mode 0700, and refused (``UnsafeDirectory``, an ``OSError``) when another user owns them or can write them.
 
     Returns:
         The files written (none when the keys exist or the topology is plain).
@@ -80,9 +109,13 @@ def ensure_keys(topology: Topology) -> list[Path]:
     sec = topology.bus.security
     if where is None or sec.key_dir is None or not sec.key_dir.startswith(RUN_DIR):
         return []
+    # Keys found here are trusted as they are: the run directory and each one down to the key directory must
+    # be this user's alone.
+    checked = private_dir(run_dir())
+    for part in where.relative_to(checked).parts:
+        checked = private_dir(checked / part)
     if (where / security.PUBLIC).is_dir():
         return []
-    where.mkdir(parents=True, exist_ok=True, mode=0o700)
     return security.generate(where, topology.node_ids())
 
 

@@ -44,7 +44,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from sparkbus.topologies.keys import ensure_keys, run_dir
+from sparkbus.topologies.keys import ensure_keys, private_dir, run_dir
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import TopologyError, load
 
@@ -205,7 +205,7 @@ def claim(topology_path: str | os.PathLike[str]) -> IO[bytes] | None:
     released when the process ends, however it ends. None when another launcher holds it (its cluster
     runs, or is starting: its state file is written only once every node is ready)."""
     path = state_file(topology_path).with_suffix(".lock")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(path.parent)  # the run directory: this user's alone, or refused
     lock = open(path, "ab")  # noqa: SIM115 (held until close)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,0 +1,114 @@
+"""The run directory (``{run_dir}`` keys, ``sparkbus up`` state) is used only when it is this user's alone:
+without ``XDG_RUNTIME_DIR`` it is ``<tmp>/sparkbus-<uid>``, a name any local user can create first."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sparkbus.bus import security
+from sparkbus.topologies import keys, launcher
+from sparkbus.topologies.model import Topology
+from sparkbus.topologies.schema import loads
+
+from .test_keys import CURVE
+
+NODES = ["n-0", "n-1"]
+
+
+@pytest.fixture
+def tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary directory (``/tmp``), as the run directory's parent without ``XDG_RUNTIME_DIR``."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def topology(tmp_path: Path, key_dir: str = "{run_dir}/keys-k") -> Topology:
+    return loads(CURVE.format(key_dir=key_dir), str(tmp_path / "t.toml"))
+
+
+def planted(where: Path) -> Path:
+    """``where`` made as another user would: key pairs whose secrets they hold."""
+    security.generate(where / "keys-k", NODES)
+    return where
+
+
+def test_a_world_writable_run_dir_with_planted_keys_is_refused(tmp_dir: Path) -> None:
+    run = planted(tmp_dir / f"sparkbus-{os.getuid()}")
+    run.chmod(0o777)
+    topo = topology(tmp_dir)
+    assert keys.key_dir(topo) == run / "keys-k"
+    with pytest.raises(keys.UnsafeDirectory) as refused:
+        keys.ensure_keys(topo)
+    assert str(refused.value) == (
+        f"refusing {run}: its mode 0777 lets other users write in it; "
+        "remove it (or chmod 700 it if it holds nothing it should not)"
+    )
+    assert isinstance(refused.value, OSError)  # what `sparkbus up` reports in one line
+
+
+def test_a_group_writable_key_dir_is_refused_in_a_private_run_dir(tmp_dir: Path) -> None:
+    run = planted(tmp_dir / f"sparkbus-{os.getuid()}")
+    run.chmod(0o700)
+    (run / "keys-k").chmod(0o770)
+    with pytest.raises(keys.UnsafeDirectory, match=f"^refusing {run / 'keys-k'}: its mode 0770 "):
+        keys.ensure_keys(topology(tmp_dir))
+
+
+def test_a_run_dir_of_another_user_is_refused(tmp_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getuid()
+    monkeypatch.setattr(
+        keys.os, "getuid", lambda: me + 1
+    )  # this user is now another: the directory is not theirs
+    run = planted(tmp_dir / f"sparkbus-{me + 1}")
+    run.chmod(0o700)
+    with pytest.raises(keys.UnsafeDirectory) as refused:
+        keys.ensure_keys(topology(tmp_dir))
+    assert str(refused.value).startswith(
+        f"refusing {run}: it belongs to uid {me}, not to this user (uid {me + 1}), who may have put keys"
+    )
+
+
+def test_a_symbolic_link_as_run_dir_is_refused(tmp_dir: Path) -> None:
+    target = planted(tmp_dir / "elsewhere")
+    target.chmod(0o700)
+    (tmp_dir / f"sparkbus-{os.getuid()}").symlink_to(target)
+    with pytest.raises(keys.UnsafeDirectory, match="is a symbolic link"):
+        keys.ensure_keys(topology(tmp_dir))
+
+
+def test_a_new_run_dir_and_key_dir_are_made_private_and_then_trusted(tmp_dir: Path) -> None:
+    topo = topology(tmp_dir, "{run_dir}/deep/keys-k")
+    written = keys.ensure_keys(topo)
+    run = tmp_dir / f"sparkbus-{os.getuid()}"
+    assert len(written) == 2 * len(NODES)
+    for made in (run, run / "deep", run / "deep" / "keys-k"):
+        assert made.stat().st_mode & 0o777 == 0o700, made
+    assert keys.ensure_keys(topo) == []  # found, checked, kept
+
+
+def test_a_private_run_dir_made_before_is_used(tmp_dir: Path) -> None:
+    run = tmp_dir / f"sparkbus-{os.getuid()}"
+    run.mkdir(mode=0o755)  # this user's, readable by others, writable by no one else
+    run.chmod(0o755)
+    assert len(keys.ensure_keys(topology(tmp_dir))) == 2 * len(NODES)
+
+
+def test_keys_outside_the_run_dir_are_not_checked_here(tmp_dir: Path) -> None:
+    run = tmp_dir / f"sparkbus-{os.getuid()}"
+    run.mkdir()
+    run.chmod(0o777)
+    assert keys.ensure_keys(topology(tmp_dir, str(tmp_dir / "operator-keys"))) == []
+
+
+def test_up_refuses_to_keep_its_state_in_a_world_writable_run_dir(tmp_dir: Path) -> None:
+    run = tmp_dir / f"sparkbus-{os.getuid()}"
+    run.mkdir()
+    run.chmod(0o777)
+    with pytest.raises(keys.UnsafeDirectory, match=f"^refusing {run}: its mode 0777"):
+        launcher.claim(tmp_dir / "t.toml")
+    assert list(run.iterdir()) == []
