@@ -84,7 +84,13 @@ def describe_exit(code: int | None) -> str:
 
 
 def state_dir() -> Path:
-    return run_dir()
+    """The run directory, where ``sparkbus up`` records its clusters. Read as well as written only when it
+    is this user's alone (``keys.private_dir``): a state file another user planted there would send
+    ``status``, ``sql`` and ``load`` to their endpoints. Not created here: ``claim`` does that."""
+    path = run_dir()
+    if path.exists() or path.is_symlink():
+        private_dir(path)
+    return path
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -112,3 +112,21 @@ def test_up_refuses_to_keep_its_state_in_a_world_writable_run_dir(tmp_dir: Path)
     with pytest.raises(keys.UnsafeDirectory, match=f"^refusing {run}: its mode 0777"):
         launcher.claim(tmp_dir / "t.toml")
     assert list(run.iterdir()) == []
+
+
+def test_a_state_file_in_a_run_dir_others_can_write_is_not_read(tmp_dir: Path) -> None:
+    run = keys.run_dir()
+    run.mkdir()
+    os.chmod(run, 0o777)
+    (run / "up-t-0123456789abcdef.json").write_text('{"launcher_pid": 999999999, "topology": "/elsewhere/t.toml"}')
+    with pytest.raises(keys.UnsafeDirectory, match="lets other users write"):
+        launcher.running_clusters()
+    with pytest.raises(keys.UnsafeDirectory, match="lets other users write"):
+        launcher.state_file(tmp_dir / "t.toml")
+    os.chmod(run, 0o700)
+    assert launcher.running_clusters() == []  # its launcher is gone: skipped
+
+
+def test_no_run_dir_yet_is_not_made_by_a_reader(tmp_dir: Path) -> None:
+    assert launcher.running_clusters() == []
+    assert not keys.run_dir().exists()
