@@ -118,7 +118,9 @@ def test_a_state_file_in_a_run_dir_others_can_write_is_not_read(tmp_dir: Path) -
     run = keys.run_dir()
     run.mkdir()
     os.chmod(run, 0o777)
-    (run / "up-t-0123456789abcdef.json").write_text('{"launcher_pid": 999999999, "topology": "/elsewhere/t.toml"}')
+    (run / "up-t-0123456789abcdef.json").write_text(
+        '{"launcher_pid": 999999999, "topology": "/elsewhere/t.toml"}'
+    )
     with pytest.raises(keys.UnsafeDirectory, match="lets other users write"):
         launcher.running_clusters()
     with pytest.raises(keys.UnsafeDirectory, match="lets other users write"):
