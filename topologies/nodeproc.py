@@ -32,6 +32,7 @@ from typing import Any
 
 import zmq
 
+from sparkbus.bus.sockets import TooManyFrames, recv_message
 from sparkbus.topologies.busnode import BusNodeHandle
 from sparkbus.topologies.runtime import Endpoints, NodeRequest, advertise_host
 from sparkbus.topologies.schema import load
@@ -69,15 +70,11 @@ log = logging.getLogger(__name__)
 def _read_request(sock: zmq.Socket[bytes]) -> tuple[list[bytes], int]:
     """The first ``STATUS_KEEP_FRAMES`` frames of the pending message on ``sock`` and how many it had (every
     one is read, so the next message starts clean)."""
-    kept: list[bytes] = []
-    count = 0
-    while True:
-        frame = sock.recv(zmq.NOBLOCK)
-        count += 1
-        if len(kept) < STATUS_KEEP_FRAMES:
-            kept.append(frame)
-        if not sock.getsockopt(zmq.RCVMORE):
-            return kept, count
+    try:
+        frames: list[bytes] = recv_message(sock, zero_copy=False, max_frames=STATUS_KEEP_FRAMES)
+    except TooManyFrames as exc:
+        return exc.frames, exc.count
+    return frames, len(frames)
 
 
 def _bad_request(body: list[bytes], count: int) -> str | None:
