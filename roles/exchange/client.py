@@ -6,6 +6,8 @@ A source is one (peer, task id, buffer id). The caller pulls with the ``LocalCal
 or an error arrives. A page is ``bytes``, or a ``memoryview`` when its reply's data frame was large enough
 for the node to keep it without a copy (``BusConfig.zero_copy_threshold``): compare, ``len``, join or
 decode it as bytes; ``bytes(page)`` where bytes are needed (a view is not hashable and has no ``+``).
+A call naming a ``task_id`` or ``buffer_id`` that no ``BinRequest`` can carry (it carries task ids of
+1..1024 characters and buffer ids in 0..2**64-1) is refused at once with "bad arguments" and opens nothing.
 The first "fetch" opens the source; "close" (same args) deletes the remote buffer and answers once the
 server acknowledged the DELETE. A "close" of a source that already ended (the
 caller has its end or its failure) answers at once, with None or the failure, and opens nothing: the
@@ -64,7 +66,14 @@ from sparkbus.bus.contract import (
 )
 from sparkbus.codecs import MiB
 from sparkbus.roles.exchange.backoff import BackoffPolicy, RetryState
-from sparkbus.roles.exchange.messages import BinReply, BinRequest, ErrorCode, ReplyStatus, RequestType
+from sparkbus.roles.exchange.messages import (
+    BinReply,
+    BinRequest,
+    ErrorCode,
+    ReplyStatus,
+    RequestType,
+    check_buffer_key,
+)
 
 #: Name of the role on a node.
 CLIENT_ROLE = "binx.client"
@@ -75,9 +84,12 @@ def source_key(args: dict[str, Any]) -> SourceKey:
     """The (peer, task id, buffer id) a "fetch", "close" or "abandon" call names.
 
     Raises:
-        KeyError, TypeError, ValueError: an argument is missing or of the wrong kind.
+        KeyError, TypeError, ValueError: an argument is missing or of the wrong kind, or names a buffer no
+            ``BinRequest`` can carry (``check_buffer_key``).
     """
-    return (str(args["peer"]), str(args["task_id"]), int(args["buffer_id"]))
+    peer, task_id, buffer_id = str(args["peer"]), str(args["task_id"]), int(args["buffer_id"])
+    check_buffer_key(task_id, buffer_id)
+    return (peer, task_id, buffer_id)
 
 
 class SourceState(enum.Enum):
@@ -345,14 +357,26 @@ class BinxClient:
         elif isinstance(event, PeerUp):
             self.up.add(event.peer)
             for src in self._of_peer(event.peer):
-                self._step(src, SourceEvent.PEER_UP, now, out)
+                self._step_one_of_many(src, SourceEvent.PEER_UP, now, out)
         elif isinstance(event, PeerLost):
             self.up.discard(event.peer)
             for src in self._of_peer(event.peer):
                 src.last_error = f"peer {event.peer} lost: {event.reason}"
                 self._forget_request(src)
-                self._step(src, SourceEvent.PEER_LOST, now, out)
+                self._step_one_of_many(src, SourceEvent.PEER_LOST, now, out)
         return out
+
+    def _step_one_of_many(self, src: Source, event: SourceEvent, now: float, out: list[Action]) -> None:
+        """Step one of the sources an event moves together, so that its failure stops only itself.
+
+        A raise here would lose every action of the sources stepped before it (their requests and
+        timers, with their states already moved on) and skip the ones after it: they would wait forever.
+        The source that raised fails instead; its caller gets the error.
+        """
+        try:
+            self._step(src, event, now, out)
+        except Exception as exc:  # any bug in one source's step, not only the request it could not build
+            self._break(src, f"ExchangeFailed: {src.label}: {event.value} raised {exc!r}", out)
 
     def _of_peer(self, peer: str) -> list[Source]:
         return [s for s in self._sources.values() if s.peer == peer]
@@ -570,13 +594,25 @@ class BinxClient:
             self._deliver(src, out)
 
     def _abandon(self, src: Source, out: list[Action]) -> None:
+        self._end_now(src, f"LocalProtocolError: {src.label} was abandoned", None, out)
+
+    def _break(self, src: Source, error: str, out: list[Action]) -> None:
+        """Fail a source whose step raised, at once: what it was doing is unknown, so nothing is retried."""
+        self.counters["broken_sources"] = self.counters.get("broken_sources", 0) + 1
+        src.state = SourceState.FAILED
+        src.error = error
+        if src.sid in self._by_sid:  # it may have ended before it raised
+            self._end_now(src, error, error, out)
+
+    def _end_now(self, src: Source, fetch_error: str, close_error: str | None, out: list[Action]) -> None:
+        """Drop a source at once, answering its parked fetch and its closes."""
         self._forget_request(src)
         self._cancel_timers(src, out)
         if src.fetch_call is not None:
-            out.append(Reply(call_id=src.fetch_call, error=f"LocalProtocolError: {src.label} was abandoned"))
+            out.append(Reply(call_id=src.fetch_call, error=fetch_error))
             src.fetch_call = None
         for call_id in src.close_calls:
-            out.append(Reply(call_id=call_id, result=None))
+            out.append(Reply(call_id=call_id, error=close_error))
         src.close_calls.clear()
         self._drop(src)
 

@@ -106,10 +106,29 @@ _ERROR_CODES = frozenset(int(t) for t in ErrorCode)
 _MAX_REMAINING_BYTES = MAX_REMAINING_ENTRIES * SIZE_BYTES
 
 
-def _check_u64(owner: str, **values: int) -> None:
+def _check_u64(prefix: str, **values: int) -> None:
     for name, value in values.items():
         if not 0 <= value <= U64_MAX:
-            raise ValueError(f"{owner}.{name} must be a u64, got {value}")
+            raise ValueError(f"{prefix}{name} must be a u64, got {value}")
+
+
+def _check_task_id(name: str, task_id: str) -> None:
+    if not task_id or len(task_id) > MAX_TASK_ID_LENGTH:
+        raise ValueError(f"{name} must have 1..{MAX_TASK_ID_LENGTH} characters, got {len(task_id)}")
+
+
+def check_buffer_key(task_id: str, buffer_id: int) -> None:
+    """Refuse a task id or buffer id that no ``BinRequest`` can carry, naming it as a caller does.
+
+    A client checks the buffer its caller names before it opens anything for it: a name no request can
+    carry is then the caller's error at once, not a request that fails to build later, when the source
+    exists and other sources' requests are being sent with it.
+
+    Raises:
+        ValueError: ``task_id`` is not 1..``MAX_TASK_ID_LENGTH`` characters, or ``buffer_id`` is not a u64.
+    """
+    _check_task_id("task_id", task_id)
+    _check_u64("", buffer_id=buffer_id)
 
 
 @message(0x0200)
@@ -147,7 +166,7 @@ class BinRequest:
             and 0 <= self.pageToken <= U64_MAX
         ):  # one chained test on the hot path; the call below names the field
             _check_u64(
-                "BinRequest",
+                "BinRequest.",
                 sequence=self.sequence,
                 maxSizeOctets=self.maxSizeOctets,
                 maxWaitMicroSeconds=self.maxWaitMicroSeconds,
@@ -155,7 +174,7 @@ class BinRequest:
                 pageToken=self.pageToken,
             )
         if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH:
-            raise ValueError(f"BinRequest.taskId must have 1..{MAX_TASK_ID_LENGTH} characters")
+            _check_task_id("BinRequest.taskId", self.taskId)
         if self.requestType == RequestType.DATA:
             if not self.getDataSize and self.maxSizeOctets == 0:
                 raise ValueError(
@@ -239,7 +258,10 @@ class BinReply:
         """Every rule, each failure named (the slow path of ``__post_init__``)."""
         if not (0 <= self.sequence <= U64_MAX and 0 <= self.pageToken <= self.pageNextToken <= U64_MAX):
             _check_u64(
-                "BinReply", sequence=self.sequence, pageToken=self.pageToken, pageNextToken=self.pageNextToken
+                "BinReply.",
+                sequence=self.sequence,
+                pageToken=self.pageToken,
+                pageNextToken=self.pageNextToken,
             )
         if self.pageNextToken < self.pageToken:
             raise ValueError(

@@ -206,3 +206,27 @@ def test_a_restarted_consumer_reusing_its_old_sequences_is_not_refused(seed: int
     produce(sim, PAGES[:2], create=False)
     assert sim.result(cid)["pages"] == PAGES[:2]
     assert server.counters["bad_requests"] == 0
+
+
+@pytest.mark.parametrize("seed", [41, 42, 43])
+@pytest.mark.parametrize(
+    "bad", [{"buffer_id": -1}, {"buffer_id": 2**64}, {"task_id": ""}, {"task_id": "x" * 2000}]
+)
+def test_a_fetch_naming_a_buffer_no_request_can_carry_is_refused_while_the_link_is_down(
+    seed: int, bad: dict[str, Any]
+) -> None:
+    """Such a fetch used to wait for the link with the good one; the link's return then built its request,
+    which raised and lost the good source's request and timers: neither fetch was ever answered."""
+    sim = cluster(seed)
+    produce(sim, PAGES)
+    sim.cut("consumer", "worker")
+    args = {"peer": "worker", "task_id": T, "buffer_id": 0}
+    good = sim.call("consumer", "binx.client", "fetch", args)
+    refused = sim.reply(sim.call("consumer", "binx.client", "fetch", {**args, **bad}))
+    assert refused is not None and refused.error is not None, "refused at the call, not when the link is up"
+    assert refused.error.startswith("LocalProtocolError: bad arguments") and next(iter(bad)) in refused.error
+    sim.heal("consumer", "worker")
+    first = sim.result(good, limit=300.0)
+    assert first["pages"] + ([] if first["complete"] else fetch_all(sim)) == PAGES
+    client = sim.node("consumer").roles["binx.client"]
+    assert isinstance(client, BinxClient) and client.counters.get("broken_sources", 0) == 0

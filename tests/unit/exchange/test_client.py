@@ -26,6 +26,7 @@ from sparkbus.roles.exchange import (
     make_server,
     pack_sizes,
 )
+from sparkbus.roles.exchange import client as client_module
 from sparkbus.roles.exchange.client import _TRANSITIONS
 
 from .harness import SERVER, Pair
@@ -461,6 +462,71 @@ def test_a_second_concurrent_fetch_is_refused() -> None:
     assert "already waiting" in pair.error(pair.call("fetch", task_id=T, buffer_id=B))
     assert "bad arguments" in pair.error(pair.call("fetch", task_id=T))
     assert "no call" in pair.error(pair.call("peek", task_id=T, buffer_id=B))
+
+
+#: Buffers no BinRequest can carry: its bufferId is a u64 and its taskId has 1..1024 characters.
+UNSENDABLE = [{"buffer_id": -1}, {"buffer_id": 2**64}, {"task_id": ""}, {"task_id": "x" * 2000}]
+
+
+@pytest.mark.parametrize("up", [True, False])
+@pytest.mark.parametrize("name", ["fetch", "close", "abandon"])
+@pytest.mark.parametrize("bad", UNSENDABLE)
+def test_a_call_naming_a_buffer_no_request_can_carry_is_refused_and_opens_nothing(
+    bad: dict[str, Any], name: str, up: bool
+) -> None:
+    """Such a fetch used to open a source whose request raised when it was built: a source left open for
+    good (counted against ``max_sources``, refusing the next fetch as "already waiting", failing every
+    close), or, made while the peer was down, one that stalled the peer's other sources at ``PeerUp``."""
+    pair = make_pair(max_sources=1)
+    if up:
+        pair.connect()
+    args = {"task_id": T, "buffer_id": B, **bad}
+    error = pair.error(pair.call(name, **args))
+    assert error.startswith("LocalProtocolError: bad arguments") and next(iter(bad)) in error
+    assert not pair.client._sources and not pair.sent and not pair.timers
+    # Nothing of it was kept: the one source allowed is free, and the refusal repeats.
+    assert pair.error(pair.call(name, **args)) == error
+    if not up:
+        pair.connect()
+    produce(pair, [b"a"])
+    assert pair.fetch_all(T, B) == [b"a"]
+
+
+def test_the_largest_task_id_and_buffer_id_a_request_carries_are_accepted() -> None:
+    pair = make_pair()
+    pair.connect()
+    task, buffer_id = "t" * 1024, 2**64 - 1
+    pair.apply("srv", pair.server.create_buffer(task, buffer_id))
+    pair.apply("srv", pair.server.add_pages(task, buffer_id, [b"a", b"b"], pair.now))
+    pair.apply("srv", pair.server.no_more_pages(task, buffer_id, pair.now))
+    assert pair.fetch_all(task, buffer_id) == [b"a", b"b"]
+
+
+def test_a_source_that_fails_to_step_at_peer_up_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer's sources step together at its ``PeerUp``; one that raises fails with the error, and the
+    others keep the requests and timers they made in the same step."""
+
+    def unchecked(args: dict[str, Any]) -> tuple[str, str, int]:
+        return (str(args["peer"]), str(args["task_id"]), int(args["buffer_id"]))
+
+    monkeypatch.setattr(client_module, "source_key", unchecked)  # lets a bad buffer id in
+    pair = make_pair()
+    produce(pair, [b"a", b"b"])
+    before = pair.call("fetch", task_id=T, buffer_id=B)
+    bad = pair.call("fetch", task_id=T, buffer_id=-1)
+    broken = pair.client.source(SERVER, T, -1)
+    assert broken is not None
+    after = pair.call("fetch", task_id=T, buffer_id=1)
+    produce(pair, [b"c"], buffer_id=1)
+    pair.connect()
+    error = pair.error(bad)
+    assert error.startswith(f"ExchangeFailed: binx source task {T} buffer -1") and "must be a u64" in error
+    assert pair.client.counters["broken_sources"] == 1 and pair.client.source(SERVER, T, -1) is None
+    assert not [key for (node, key) in pair.timers if node == "cli" and key.endswith(f"/{broken.sid}")]
+    pair.flush()
+    assert pair.result(before) == {"pages": [b"a", b"b"], "token": 0, "complete": True}
+    assert pair.result(after) == {"pages": [b"c"], "token": 0, "complete": True}
+    assert pair.error(pair.call("close", task_id=T, buffer_id=-1)) == error  # remembered as it ended
 
 
 def test_reply_breaking_the_rules_fails_the_source() -> None:

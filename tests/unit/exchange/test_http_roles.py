@@ -144,6 +144,18 @@ class Driver:
         self.call("fetched", {"result": HttpFetched(job=job.job, **fields)}, now)
 
 
+@pytest.mark.parametrize(
+    "bad", [{"buffer_id": -1}, {"buffer_id": 2**64}, {"task_id": ""}, {"task_id": "x" * 1025}]
+)
+def test_the_http_client_refuses_a_buffer_binx_could_not_name_and_opens_nothing(bad: dict[str, Any]) -> None:
+    driver = Driver(HttpClient(rng=random.Random(0), max_sources=1))
+    refused = driver.replies[driver.call("fetch", {**KEY, **bad})[1]].error
+    assert refused is not None and refused.startswith("LocalProtocolError: bad arguments")
+    assert next(iter(bad)) in refused and not driver.jobs
+    driver.call("fetch", KEY)  # the one source allowed is still free: its request goes out
+    assert [(job.task_id, job.buffer_id) for job in driver.jobs] == [("t", 0)]
+
+
 def test_fetch_hands_one_request_to_the_driver_and_answers_with_its_pages() -> None:
     d = Driver(HttpClient(max_wait=2.0, max_request_bytes=4096))
     _, fetch = d.call("fetch", KEY)
