@@ -7,7 +7,7 @@ shared pair called ``cluster`` is written, which every node without a pair of it
 and the nodes that have a pair keep it. Otherwise an existing pair is replaced only with ``--force``.
 
 ``key_dir`` in a topology may start with ``{run_dir}``: sparkbus's run directory on this machine
-(``$XDG_RUNTIME_DIR/sparkbus-<uid>``, or the temporary directory without ``XDG_RUNTIME_DIR``), where
+(``$SPARKBUS_RUN_DIR``, else ``$XDG_RUNTIME_DIR/sparkbus-<uid>``, else in the temporary directory), where
 ``sparkbus up`` creates keys it does not find; it uses the run directory only when this user owns it and no
 one else can write it (``private_dir``). Other relative paths are resolved against the topology
 file's folder.
@@ -37,8 +37,18 @@ RUN_DIR = "{run_dir}"
 SHARED_NAME = "cluster"
 
 
+#: the run directory as ``sparkbus up`` resolved it, given to its nodes: their ``TMPDIR`` is the run's own
+#: temporary directory, so without ``XDG_RUNTIME_DIR`` they would otherwise look for keys in the wrong place
+RUN_DIR_ENV = "SPARKBUS_RUN_DIR"
+
+
 def run_dir() -> Path:
-    """sparkbus's per-user run directory on this machine (state files, generated keys)."""
+    """sparkbus's per-user run directory on this machine (state files, generated keys): ``$SPARKBUS_RUN_DIR``
+    when set (``sparkbus up`` sets it for its nodes), else ``$XDG_RUNTIME_DIR/sparkbus-<uid>``, else
+    ``sparkbus-<uid>`` in the temporary directory."""
+    fixed = os.environ.get(RUN_DIR_ENV)
+    if fixed:
+        return Path(fixed)
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"sparkbus-{os.getuid()}"
 

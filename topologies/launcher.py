@@ -44,7 +44,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from sparkbus.topologies.keys import ensure_keys, private_dir, run_dir
+from sparkbus.topologies.keys import RUN_DIR_ENV, ensure_keys, private_dir, run_dir
 from sparkbus.topologies.model import Topology
 from sparkbus.topologies.schema import TopologyError, load
 
@@ -281,7 +281,9 @@ class Launcher:
         if self.skip_unavailable:
             extra.append("--skip-unavailable")
         self.tmp = tempfile.mkdtemp(prefix="sparkbus-up-")
-        env = {**os.environ, "TMPDIR": self.tmp}
+        # The run directory is resolved here, before TMPDIR changes: without XDG_RUNTIME_DIR it is in the
+        # temporary directory, and the nodes must find the keys `up` made there.
+        env = {**os.environ, "TMPDIR": self.tmp, RUN_DIR_ENV: str(run_dir())}
         for node_id in self.topo.node_ids():
             proc = subprocess.Popen(
                 [*cmd, node_id, *extra],

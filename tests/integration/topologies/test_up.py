@@ -192,3 +192,22 @@ def test_status_without_a_running_cluster_says_so(tmp_path: Path) -> None:
     )
     assert res.returncode == 1
     assert "no running cluster recorded" in res.stderr
+
+
+def test_up_without_xdg_runtime_dir_starts_its_nodes_with_the_keys_it_made(tmp_path: Path) -> None:
+    """Without XDG_RUNTIME_DIR the run directory (and the keys `up` makes for processes.toml) is in the
+    temporary directory, which differs for the nodes (their TMPDIR is the run's own): they must still find
+    the keys."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    for name in ("XDG_RUNTIME_DIR", "SPARKBUS_RUN_DIR", "SPARKBUS_DATA_DIR"):
+        env.pop(name, None)
+    running = Up(env)
+    try:
+        running.wait_for("ready (4 nodes)", READY_TIMEOUT + 10)
+        running.wait_for("state:", 10)
+        assert list(tmp_path.glob(f"sparkbus-{os.getuid()}/keys-processes/private/*.key_secret"))
+        running.proc.send_signal(signal.SIGTERM)
+        code, out = running.finish()
+        assert code == 0, out
+    finally:
+        running.kill()
