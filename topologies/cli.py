@@ -141,7 +141,10 @@ def _topology_path(args: argparse.Namespace, hint: tuple[str, str, str] = CLIENT
         return str(args.topology)
     if Path(DEFAULT_TOPOLOGY).exists():
         return DEFAULT_TOPOLOGY
-    running = running_clusters()
+    try:
+        running = running_clusters()
+    except OSError as exc:  # an unsafe run directory (keys.UnsafeDirectory) or one that cannot be read
+        raise CommandError(str(exc)) from None
     if len(running) == 1:
         return running[0]
     missing, give_any, give_one = hint

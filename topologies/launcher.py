@@ -521,7 +521,7 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
     try:
         lock = claim(path)
     except OSError as exc:
-        print(f"{path}: cannot start: the run directory {state_dir()} is not usable: {exc}", file=sys.stderr)
+        print(f"{path}: cannot start: the run directory {run_dir()} is not usable: {exc}", file=sys.stderr)
         return 1
     if lock is None:
         # A second cluster of the same file would take over the first's state file, and stopping either

@@ -39,13 +39,16 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
-def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    env: dict[str, str], *args: str, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """One ``sparkbus`` command, killed if it outlives ``timeout`` (a launcher's nodes stop with it)."""
     return subprocess.run(
         [sys.executable, "-m", "sparkbus.topologies.cli", *args],
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         timeout=timeout,
         check=False,
     )

@@ -123,6 +123,28 @@ def test_a_wildcard_bus_host_binds_everywhere_and_advertises_the_nodes_host(
             assert all(p["up"] for p in ans["status"]["peers"].values()), (node, ans["status"]["peers"])
 
 
+@pytest.mark.parametrize("command", ["up", "status"])
+def test_a_run_directory_others_can_write_is_refused_in_one_line(
+    tmp_path: Path, env: dict[str, str], command: str
+) -> None:
+    """Both name the directory and why, in one line: `up` before starting a node, `status` without a FILE
+    while it looks for a running cluster there (not a traceback of the refusal raised twice)."""
+    run = Path(env["XDG_RUNTIME_DIR"]) / f"sparkbus-{os.getuid()}"
+    run.mkdir()
+    run.chmod(0o777)
+    args = ("up", str(topology(tmp_path))) if command == "up" else ("status",)
+    done = cli(env, *args, cwd=tmp_path)  # no topologies/processes.toml there
+    assert done.returncode == 1
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"refusing {run}: its mode 0777 lets other users write in it" in done.stderr
+    start = (
+        f"{args[1]}: cannot start: the run directory {run} is not usable: "
+        if command == "up"
+        else "sparkbus status: "
+    )
+    assert done.stderr.startswith(start), done.stderr
+
+
 def test_a_run_directory_that_cannot_be_used_is_one_line(tmp_path: Path, env: dict[str, str]) -> None:
     path = topology(tmp_path)
     blocked = tmp_path / "not-a-directory"
