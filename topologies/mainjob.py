@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -747,7 +747,10 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
                     runtime.stop(timeout=30)
     finally:
         if spark is not None:
-            spark.catalog.clearCache()
+            # Under a failure or a signal being raised, Spark may be going down too: its error here would
+            # replace the one to report.
+            with suppress(Exception) if sys.exc_info()[0] is not None else nullcontext():
+                spark.catalog.clearCache()
     phases["total"] = time.perf_counter() - wall
     load_info = {
         "seconds": round(load_s, 3),
@@ -780,35 +783,53 @@ def run_job(opts: Options, console: Console) -> dict[str, Any]:
     return report
 
 
+def _stopped(by: signal.Signals) -> int:
+    print(f"sparkbus run: stopped by {by.name}; nodes stopped, temporary data removed", file=sys.stderr)
+    return 128 + by
+
+
 class _Terminated(BaseException):
     """SIGTERM while the job runs: unwinds ``run_job`` through the cleanup of every phase (nodes stopped,
     the nodes' data directory removed), which the signal's default action would skip."""
 
 
+#: the signal that is stopping the job, once one came: PySpark's own cleanup may replace the exception the
+#: signal raised (a Py4J error from a JVM shutting down too), and the job still ended by that signal
+_stopping: list[signal.Signals] = []
+
+
 def _terminated(_signum: int, _frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    _stopping.append(signal.SIGTERM)
     raise _Terminated
+
+
+def _interrupted(_signum: int, _frame: object) -> None:
+    _stopping.append(signal.SIGINT)
+    raise KeyboardInterrupt
 
 
 def main_job(opts: Options, console: Console | None = None) -> int:
     """``sparkbus run``: 0 when every result matches Spark SQL and the view is fresh, 1 otherwise, 128 plus
     the signal's number when SIGINT (Ctrl-C) or SIGTERM stops it."""
     console = console or Console()
+    _stopping.clear()
     previous = signal.signal(signal.SIGTERM, _terminated)
+    previous_int = signal.signal(signal.SIGINT, _interrupted)
     try:
         report = run_job(opts, console)
-    except JobError as exc:
-        print(f"sparkbus run: {exc}", file=sys.stderr)  # one line, never wrapped
-        return 1
+    except Exception as exc:
+        if _stopping:  # the signal's exception was replaced on its way out (by PySpark's cleanup)
+            return _stopped(_stopping[0])
+        if isinstance(exc, JobError):
+            print(f"sparkbus run: {exc}", file=sys.stderr)  # one line, never wrapped
+            return 1
+        raise
     except (KeyboardInterrupt, _Terminated) as exc:
-        stopped_by = signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT
-        print(
-            f"sparkbus run: stopped by {stopped_by.name}; nodes stopped, temporary data removed",
-            file=sys.stderr,
-        )
-        return 128 + stopped_by
+        return _stopped(signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous_int is None else previous_int)
     print_summary(report, console)
     console.print(f"report: {opts.report}\nchart:  {opts.chart}", markup=False, highlight=False)
     return 0 if report["all_results_match"] and report["view"]["fresh"] else 1

@@ -6,14 +6,14 @@ import io
 import json
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
 from rich.console import Console
 
 from sparkbus.roles.replication import PARTITION_COLUMN, split_by_partition
-from sparkbus.topologies import cli
+from sparkbus.topologies import cli, mainjob
 from sparkbus.topologies.mainjob import (
     QUERIES,
     JobError,
@@ -453,3 +453,36 @@ def test_the_java_check_follows_java_home_as_sparks_launcher_does(
     monkeypatch.delenv("JAVA_HOME")
     monkeypatch.setenv("PATH", str(on_path))
     _check_java()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_whose_exception_spark_replaced_still_ends_the_run_by_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signum: signal.Signals
+) -> None:
+    """PySpark's cleanup can replace the exception a signal raised inside it (a Py4J error from a JVM going
+    down too): the run still ends as stopped by that signal, in one line, not with the other error."""
+
+    def run_job(_opts: object, _console: object) -> None:
+        try:
+            signal.raise_signal(signum)
+        except BaseException as exc:
+            raise RuntimeError("Py4JJavaError: An error occurred while calling o123.toArrow") from exc
+
+    monkeypatch.setattr(mainjob, "run_job", run_job)
+    assert mainjob.main_job(cast(mainjob.Options, None)) == 128 + signum
+    assert (
+        capsys.readouterr().err
+        == f"sparkbus run: stopped by {signum.name}; nodes stopped, temporary data removed\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_error_without_a_signal_is_not_taken_for_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run_job(_opts: object, _console: object) -> None:
+        raise JobError("the thin client: refused")
+
+    monkeypatch.setattr(mainjob, "run_job", run_job)
+    assert mainjob.main_job(cast(mainjob.Options, None)) == 1
+    assert capsys.readouterr().err == "sparkbus run: the thin client: refused\n"
