@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkbus.topologies import keys
+from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, add_cluster_parsers
 
 # Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
@@ -100,8 +101,6 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
 
 # ---------------------------------------------------------------- commands for a running cluster
 
-#: the topology file the cluster commands connect by when neither --topology nor --address is given
-DEFAULT_TOPOLOGY = "topologies/processes.toml"
 #: rows of Arrow IPC per LOAD / TABLE_WRITE request, kept well below the 64 MiB message limit
 REQUEST_BYTES = 16 * 1024 * 1024
 _AGGREGATES = ("count", "sum", "avg", "min", "max")
@@ -674,109 +673,6 @@ def cluster_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client_options(p: argparse.ArgumentParser) -> None:
-    where = p.add_argument_group("which cluster")
-    where.add_argument(
-        "--topology",
-        default=None,
-        metavar="FILE",
-        help=f"the topology file `sparkbus up` runs (default: {DEFAULT_TOPOLOGY} if it is in this "
-        "directory, else the one cluster `sparkbus up` is running); its gateway nodes and keys are found "
-        "through the state file `up` writes",
-    )
-    where.add_argument(
-        "--address",
-        default=None,
-        metavar="[NODE=]tcp://HOST:PORT",
-        help="a gateway node's control endpoint; NODE= names its node, whose own public key in --key-dir "
-        "is then used (without it, the key directory's shared cluster key)",
-    )
-    where.add_argument(
-        "--cluster-tag", default=None, help="the nodes' bus tag NAME/TAG (needed with --address)"
-    )
-    where.add_argument(
-        "--key-dir", default=None, help="CURVE keys: a directory with a client (or shared cluster) pair"
-    )
-    where.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to reach a node (default 10)"
-    )
-    where.add_argument("--timeout", type=float, default=60.0, help="seconds per operation (default 60)")
-
-
-def _output_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
-    p.add_argument("--max-rows", type=int, default=100, help="rows to print in the table (default 100)")
-
-
-def _add_cluster_parsers(sub: Any) -> None:
-    load_p = sub.add_parser(
-        "load",
-        help="load a Parquet or CSV file into a table of a running cluster",
-        description="Read a Parquet file or directory, or a CSV file with a header, and load its rows through "
-        "the thin client. A table the topology declares ([tables.TABLE]): each row goes to partition "
-        "pmod(hash(key), partitions) (Spark SQL's hash, as `sparkbus run` routes rows), written through the "
-        "partition's current leader and upserted by key; each partition written is flushed and the command "
-        "waits until it is replicated. Any other table: into the gateway node's query catalog as table TABLE. "
-        "Either way `sparkbus sql` reads it; the rows also go into the compute controller's table TABLE "
-        "(what views read; created with the file's schema, and keyed like the replicated table, so a row "
-        "loaded twice counts once there too; another table's rows are appended).",
-    )
-    load_p.add_argument("table", help="the table name")
-    load_p.add_argument("path", help="a .parquet file or directory, or a .csv file")
-    load_p.add_argument(
-        "--replace",
-        action="store_true",
-        help="replace the SQL table's rows instead of adding (not for a replicated table of the topology)",
-    )
-    load_p.add_argument("--no-views", action="store_true", help="only the SQL table, not the compute table")
-    _client_options(load_p)
-    sql_p = sub.add_parser(
-        "sql",
-        help="run a SQL query on a running cluster and print the result",
-        description="Run one SELECT through the thin client (the gateway node's query role initiates it, every "
-        "node up participates) and print the rows as a table. Errors are one line, exit status 1.",
-    )
-    sql_p.add_argument("query", help='the query, e.g. "SELECT kind, COUNT(*) AS n FROM events GROUP BY kind"')
-    _output_options(sql_p)
-    _client_options(sql_p)
-    view = sub.add_parser(
-        "view",
-        help="create or peek a view kept fresh by the compute replicas",
-        description="Views of the compute controller over its tables (`sparkbus load` fills them).",
-    )
-    view_sub = view.add_subparsers(dest="view_command", metavar="create|peek", required=True)
-    create = view_sub.add_parser(
-        "create",
-        help="create a view",
-        description="Create view NAME over table SOURCE: optional filters, a projection, a group-by and "
-        "aggregates, e.g. `sparkbus view create by_kind --source events --group-by kind --agg 'n=count(*)' "
-        "--agg 'total=sum(value)'`.",
-    )
-    create.add_argument("name", help="the view's name")
-    create.add_argument("--source", required=True, help="the table (or view) it reads")
-    create.add_argument(
-        "--where",
-        action="append",
-        default=[],
-        metavar="'COLUMN OP VALUE'",
-        help="a filter, OP one of = != < <= > >= (repeatable; all must hold)",
-    )
-    create.add_argument("--project", default=None, metavar="A,B", help="keep only these columns")
-    create.add_argument("--group-by", default=None, metavar="A,B", help="group by these columns")
-    create.add_argument(
-        "--agg",
-        action="append",
-        default=[],
-        metavar="NAME=FUNC(COLUMN)",
-        help="an aggregate: count(*), count, sum, avg, min, max (repeatable)",
-    )
-    _client_options(create)
-    peek = view_sub.add_parser("peek", help="print a view's rows", description="Print the rows of view NAME.")
-    peek.add_argument("name", help="the view (or table) to read")
-    _output_options(peek)
-    _client_options(peek)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparkbus",
@@ -850,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the nodes' answers, all asked at once (default 3)",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _add_cluster_parsers(sub)
+    add_cluster_parsers(sub)
     keys.add_parser(sub)
     return parser
 
