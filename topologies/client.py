@@ -357,6 +357,11 @@ class Client:
         ``{"as_of", "id"}``. Read it with ``peek``."""
         return dict(self.call(Op.CREATE_VIEW, {"name": name, "view": to_plain(view)}))
 
+    def drop_view(self, name: str) -> None:
+        """Drop a view, so that its name may take a new one (how a view that failed on its data is created
+        again); refused while another view or a subscribe reads it. Never retried by default."""
+        self.call(Op.DROP_VIEW, {"name": name})
+
     def subscribe(self, view: str) -> dict[str, Any]:
         """Subscribe to a view; returns ``{"id", "as_of"}``; read updates with ``fetch(id)``."""
         return dict(self.call(Op.SUBSCRIBE, {"view": view}))

@@ -88,6 +88,7 @@ ROUTES: dict[int, tuple[str, str]] = {
     Op.CREATE_TABLE: ("compute.controller", "create_table"),
     Op.TABLE_WRITE: ("compute.controller", "write"),
     Op.CREATE_VIEW: ("compute.controller", "create_view"),
+    Op.DROP_VIEW: ("compute.controller", "drop_view"),
 }
 
 

@@ -33,6 +33,7 @@ class Op(enum.IntEnum):
     CREATE_TABLE = 34
     TABLE_WRITE = 35
     CREATE_VIEW = 36
+    DROP_VIEW = 37
 
 
 #: Operations that change nothing on the cluster: the default retry policy (IEP-82) re-sends only these.

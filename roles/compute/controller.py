@@ -17,7 +17,8 @@ Local calls (``LocalCall.name`` and its ``args``):
   negative multiplicity, see docs/COMPUTE.md; not for an upsert table, whose writes are rows, the last of a key
   in one batch winning). The controller assigns the write's time. Result ``{"time"}``.
 * ``create_view(name, view)``: ``view`` a ``ViewDef``. Result ``{"as_of"}``.
-* ``drop_view(name)``.
+* ``drop_view(name)``: a view no other view (nor a subscribe) reads; a new view may then take its name.
+  Result None.
 * ``peek(view, timestamp=None, literal_constraints=None, finishing=None, target_replica=None)``: completes
   with the rows as Arrow IPC bytes, or an error. ``finishing`` is a ``Finishing`` (the gateway converts a
   thin client's plain map). Without a timestamp it reads the latest write
@@ -674,10 +675,12 @@ class ComputeController:
         return {"as_of": as_of, "id": id}
 
     def _call_drop_view(self, call: LocalCall) -> Any:
-        name = call.args["name"]
+        name: Any = call.args.get("name")
+        _check_name(name, "view")
         id = self.views.get(name)
         if id is None:
-            raise LocalProtocolError(f"no view named {name!r}")
+            why = " (a table: tables cannot be dropped)" if name in self.tables else ""
+            raise LocalProtocolError(f"no view named {name!r}{why}")
         users = sorted(c.id for c in self.collections.values() if c.source == id)
         if users:
             raise LocalProtocolError(f"view {name!r} is read by {users}; drop those first")

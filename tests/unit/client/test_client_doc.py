@@ -1,7 +1,7 @@
 """docs/CLIENT.md says what the code does: how SQL through the gateway finds its participants (the query role
 leaves thin-client sessions out of its default participants, and the gateway adds no ``participants``; its
-Known limits described a workaround of the gateway's that the code no longer has), and the cluster tag a
-topology file's nodes run with."""
+Known limits described a workaround of the gateway's that the code no longer has), the cluster tag a
+topology file's nodes run with, and every operation the client can send, with the call the gateway makes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparkbus.bus import contract as c
 from sparkbus.roles.client import Gateway, Op
+from sparkbus.roles.client.gateway import ROUTES
 from sparkbus.roles.client.messages import Request
 from sparkbus.roles.query import QueryRole
 from sparkbus.topologies.busnode import bus_config
@@ -41,3 +42,14 @@ def test_the_documented_cluster_tag_is_the_one_a_topology_files_nodes_run_with()
     tag = bus_config(load(root / "topologies" / "processes.toml")).cluster_tag
     assert example.group(1) == tag  # the example's nodes are those of processes.toml, named next to it
     assert "`<name>/<tag>`" in doc and f"`{tag}` for `topologies/processes.toml`" in doc
+
+
+def test_every_operation_has_a_row_naming_where_the_gateway_sends_it() -> None:
+    rows = [
+        line for line in DOC.read_text().splitlines() if re.match(r"\| \d+(\D\d+)? \| [A-Z_, ]+ \|", line)
+    ]
+    for op in Op:
+        (row,) = [r for r in rows if op.name in re.split(r"[ ,|]+", r.split("|")[2])]
+        route = ROUTES.get(op)
+        if route is not None and "," not in row.split("|")[2]:
+            assert f"`{route[0]}.{route[1]}`" in row, (op.name, route)
