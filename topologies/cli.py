@@ -657,6 +657,9 @@ def cluster_command(args: argparse.Namespace) -> int:
                     )
                 created = client.create_view(args.name, view)
                 print(f"view {args.name} created (as of time {created.get('as_of')})")
+            elif args.view_command == "drop":
+                client.drop_view(args.name)
+                print(f"view {args.name} dropped")
             else:
                 _print_table(client.peek(args.name), args, f"view {args.name}")
     except CommandError as exc:

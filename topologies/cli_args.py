@@ -1,6 +1,6 @@
 """The arguments of the ``sparkbus`` commands for a running cluster: ``load``, ``sql`` and ``view create |
-peek`` (``sparkbus.topologies.cli.cluster_command`` runs them). Only argparse: building the parser imports
-no command."""
+peek | drop`` (``sparkbus.topologies.cli.cluster_command`` runs them). Only argparse: building the parser
+imports no command."""
 
 from __future__ import annotations
 
@@ -78,10 +78,10 @@ def add_cluster_parsers(sub: Any) -> None:
     client_options(sql_p)
     view = sub.add_parser(
         "view",
-        help="create or peek a view kept fresh by the compute replicas",
+        help="create, peek or drop a view kept fresh by the compute replicas",
         description="Views of the compute controller over its tables (`sparkbus load` fills them).",
     )
-    view_sub = view.add_subparsers(dest="view_command", metavar="create|peek", required=True)
+    view_sub = view.add_subparsers(dest="view_command", metavar="create|peek|drop", required=True)
     create = view_sub.add_parser(
         "create",
         help="create a view",
@@ -112,3 +112,11 @@ def add_cluster_parsers(sub: Any) -> None:
     peek.add_argument("name", help="the view (or table) to read")
     output_options(peek)
     client_options(peek)
+    drop = view_sub.add_parser(
+        "drop",
+        help="drop a view",
+        description="Drop view NAME, so that a view of that name can be created again (how a view that failed "
+        "on its data is made anew); refused while another view reads it.",
+    )
+    drop.add_argument("name", help="the view to drop")
+    client_options(drop)

@@ -1,5 +1,5 @@
 """The cluster commands against a real ``sparkbus up processes.toml`` (CURVE, keys made by ``up`` in the run
-directory): ``sparkbus load``, ``sql``, ``view create`` / ``view peek`` and ``status`` as subprocesses,
+directory): ``sparkbus load``, ``sql``, ``view create`` / ``peek`` / ``drop`` and ``status`` as subprocesses,
 their output and exit status. Loopback only."""
 
 from __future__ import annotations
@@ -125,10 +125,43 @@ def test_errors_are_one_clear_line_and_exit_1(up: Up, tmp_path: Path) -> None:
     assert badagg.returncode == 1 and "NAME=FUNC(COLUMN)" in badagg.stderr
 
 
-def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path) -> None:
+def test_a_view_that_failed_on_its_data_is_dropped_and_its_name_taken_again(up: Up, tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    pcsv.write_csv(pa.table({"x": pa.array([2**62, 2**62], pa.int64())}), big)
+    loaded = client(up, "load", "big", str(big))
+    assert loaded.returncode == 0, loaded.stderr
+    overflowing = ("--source", "big", "--agg", "s=sum(x)")  # 2**63 is beyond int64
+    created = client(up, "view", "create", "totals", *overflowing)
+    assert created.returncode == 0, created.stderr
+
+    failed = client(up, "view", "peek", "totals")
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert failed.stderr.startswith("sparkbus view peek: ") and "drop and create it again" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    taken = client(up, "view", "create", "totals", *overflowing)
+    assert taken.returncode == 1 and "'totals' already exists" in taken.stderr
+
+    dropped = client(up, "view", "drop", "totals")
+    assert dropped.returncode == 0, dropped.stderr
+    assert dropped.stdout == "view totals dropped\n"
+    again = client(up, "view", "drop", "totals")
+    assert again.returncode == 1 and again.stdout == ""
+    assert again.stderr.startswith("sparkbus view drop: ") and "no view named 'totals'" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+
+    # The name is free: a view over the same rows that does not overflow is created and peeked.
+    counted = client(up, "view", "create", "totals", "--source", "big", "--agg", "n=count(*)")
+    assert counted.returncode == 0, counted.stderr
+    peeked = client(up, "view", "peek", "totals", "--json")
+    assert peeked.returncode == 0, peeked.stderr
+    assert json.loads(peeked.stdout) == {"n": 2}
+
+
+@pytest.mark.parametrize("command", [("sql", "SELECT 1"), ("view", "drop", "v")], ids=["sql", "view drop"])
+def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path, command: tuple[str, ...]) -> None:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
     res = subprocess.run(
-        [sys.executable, "-m", "sparkbus.topologies.cli", "sql", "SELECT 1", "--topology", TOPOLOGY],
+        [sys.executable, "-m", "sparkbus.topologies.cli", *command, "--topology", TOPOLOGY],
         capture_output=True,
         text=True,
         env=env,
@@ -137,6 +170,7 @@ def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path) -> None:
     )
     assert res.returncode == 1
     assert "no running cluster recorded" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith(f"sparkbus {' '.join(command[:-1])}: ")
 
 
 def test_load_routes_a_topology_table_to_its_partition_leaders(up: Up, tmp_path: Path) -> None:
