@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.roles.query.errors import ExecutionError, PlanError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError
 
 Scalar = int | float | str | bool | None
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -234,13 +234,60 @@ def _is_scalar(v: Any) -> bool:
     return isinstance(v, pa.Scalar)
 
 
+#: what a regular expression (RE2, Arrow's) reads as other than itself; every other character is literal
+_REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+def like_regex(pattern: str) -> str:
+    """The anchored regular expression of a LIKE pattern, as Spark SQL's ``StringUtils.escapeLikeRegex``
+    translates it: ``%`` is any text, ``_`` any one character (newlines too), a backslash makes the ``_``,
+    ``%`` or backslash after it literal, every other character is itself.
+
+    Raises:
+        QueryError: ``PARSING`` for a backslash before any other character or at the end of the pattern,
+            which Spark refuses (INVALID_FORMAT.ESC_IN_THE_MIDDLE, ESC_AT_THE_END).
+    """
+    out, i = ["(?s)^"], 0
+    while i < len(pattern):
+        c = pattern[i]
+        i += 1
+        if c == "\\":
+            if i == len(pattern):
+                raise QueryError(
+                    ErrorCode.PARSING,
+                    f"LIKE pattern '{pattern}' is invalid: the escape character \\ is not allowed at its end",
+                )
+            c = pattern[i]
+            i += 1
+            if c not in "_%\\":
+                raise QueryError(
+                    ErrorCode.PARSING,
+                    f"LIKE pattern '{pattern}' is invalid: the escape character \\ is not allowed to precede "
+                    f"'{c}' (only _, % and \\)",
+                )
+            out.append("\\" + c if c in _REGEX_SPECIAL else c)
+        elif c == "%":
+            out.append(".*")
+        elif c == "_":
+            out.append(".")
+        else:
+            out.append("\\" + c if c in _REGEX_SPECIAL else c)
+    out.append("$")
+    return "".join(out)
+
+
 def _like(x: Value, pattern: Value) -> Value:
+    """``x LIKE pattern``. A pattern without a backslash goes to Arrow's ``match_like``; one with a backslash
+    is translated (``like_regex``) and matched as a regular expression, because ``match_like``'s shortcut
+    for ``%text`` keeps the escape (``'%\\\\'``, ending with one backslash, matched nothing)."""
     text = pattern.as_py() if isinstance(pattern, pa.Scalar) else pattern
     if text is None:
         return pa.scalar(None, pa.bool_())  # x LIKE NULL is NULL
     if not isinstance(text, str):
         raise ExecutionError("LIKE needs a constant string pattern")
-    return pc.match_like(x, text)
+    if "\\" not in text:
+        return pc.match_like(x, text)
+    return pc.match_substring_regex(x, like_regex(text))
 
 
 def _cased(kernel: Callable[[Value], Value], python: Callable[[str], str]) -> Callable[[Value], Value]:

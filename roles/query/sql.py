@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import sqlglot
 from sqlglot import exp
 
-from sparkbus.roles.query.errors import SqlError
+from sparkbus.roles.query.errors import QueryError, SqlError
 from sparkbus.roles.query.expressions import (
     MAX_DEPTH,
     MAX_TERMS,
@@ -32,6 +32,7 @@ from sparkbus.roles.query.expressions import (
     depth_of,
     fits_int32,
     fold,
+    like_regex,
     outside_int64,
 )
 from sparkbus.roles.query.plan import (
@@ -436,6 +437,12 @@ class _Translator:
         op = _BINARY.get(type(node))
         if op is not None:
             call = Call(op=op, args=(self.expr(node.this, hook), self.expr(node.expression, hook)))
+            pattern = call.args[1]
+            if op == "like" and isinstance(pattern, Literal) and isinstance(pattern.value, str):
+                try:  # a pattern Spark refuses is refused before anything runs (a `?` when it is bound)
+                    like_regex(pattern.value)
+                except QueryError as exc:
+                    raise self.error(exc.message, node.expression) from None
             # sqlglot reads `k NOT LIKE p` as one Like node marked negate
             return Call(op="not", args=(call,)) if node.args.get("negate") else call
         op = _FUNCS.get(type(node))

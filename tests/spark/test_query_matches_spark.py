@@ -95,15 +95,34 @@ ALIAS_REFUSALS = [
 ]
 
 
-def members(parts: dict[str, pa.Table]) -> SimTarget:
-    """Query roles on ``i``, ``p1`` and ``p2``, each node holding its ``parts`` of ``t``; the target is ``i``."""
+#: LIKE patterns with the escape character over table w (column s); in SQL text '\\\\' is one backslash
+LIKE_ROWS = ["a\\", "\\", "x", "a\\b", None, "a.b", "a%b", "a_b", "(a)\n\\", "%", ""]
+LIKE_QUERIES = [
+    "SELECT count(*) AS n FROM w WHERE s LIKE '%\\\\\\\\'",
+    "SELECT count(*) AS n FROM w WHERE s LIKE '%\\\\\\\\b'",
+    "SELECT count(*) AS n FROM w WHERE s NOT LIKE '%\\\\\\\\'",
+    "SELECT count(*) AS n FROM w WHERE s LIKE 'a\\\\%b' OR s LIKE '\\\\%'",
+    "SELECT count(*) AS n FROM w WHERE s NOT LIKE 'a\\\\_b'",
+    "SELECT count(*) AS n FROM w WHERE s LIKE '(_)_\\\\\\\\'",
+    "SELECT s, s LIKE '%\\\\\\\\%' AS m FROM w ORDER BY s",
+]
+#: LIKE patterns Spark refuses, its error condition, and the reason this family gives
+LIKE_REFUSALS = [
+    ("SELECT count(*) AS n FROM w WHERE s LIKE 'x\\\\y'", "INVALID_FORMAT.ESC_IN_THE_MIDDLE", "precede 'y'"),
+    ("SELECT count(*) AS n FROM w WHERE s NOT LIKE 'a\\\\'", "INVALID_FORMAT.ESC_AT_THE_END", "at its end"),
+]
+
+
+def members(parts: dict[str, pa.Table], table: str = "t") -> SimTarget:
+    """Query roles on ``i``, ``p1`` and ``p2``, each node holding its ``parts`` of ``table``; the target
+    is ``i``."""
     sim = SimBus(seed=3)
     for name in ("i", "p1", "p2"):
         sim.add_node(name, roles=[QueryRole(name, config=QueryConfig(), incarnation=f"{name}0")])
     sim.start()
     sim.run_until(sim.all_up)
-    for name, part in parts.items():
-        load(SimTarget(sim, name), "t", part)
+    for node, part in parts.items():
+        load(SimTarget(sim, node), table, part)
     return SimTarget(sim, "i")
 
 
@@ -123,6 +142,17 @@ def holding(both: tuple[SimTarget, Any]) -> tuple[SimTarget, Any]:
     data, third = generate(ROWS), ROWS // 3
     parts = {"i": data.slice(0, third), "p1": data.slice(third, third), "p2": data.slice(2 * third)}
     return members(parts), both[1]
+
+
+@pytest.fixture(scope="module")
+def escapes(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[SimTarget, Any]:
+    """Table w (``LIKE_ROWS``) on ``p1`` and ``p2`` and as Spark's view w."""
+    data = pa.table({"s": pa.array(LIKE_ROWS, pa.string())})
+    path = Path(tmp_path_factory.mktemp("like-vs-spark")) / "w.parquet"
+    pq.write_table(data, path)
+    spark.read.parquet(str(path)).createOrReplaceTempView("w")
+    half = data.num_rows // 2
+    return members({"p1": data.slice(0, half), "p2": data.slice(half)}, "w"), spark
 
 
 def _close(u: Any, v: Any) -> bool:
@@ -165,15 +195,21 @@ def test_group_by_a_column_that_an_initiator_without_rows_read_as_the_alias_is_r
 def test_group_by_a_select_alias_is_refused_where_spark_sql_refuses_it(
     holding: tuple[SimTarget, Any], text: str, condition: str, reason: str
 ) -> None:
-    from pyspark.errors import AnalysisException
+    same_refusal(*holding, text, condition, ErrorCode.PARSING, reason)
 
-    target, spark = holding
-    with pytest.raises(AnalysisException) as theirs:
+
+def same_refusal(
+    target: SimTarget, spark: Any, text: str, condition: str, code: ErrorCode, reason: str
+) -> None:
+    """Spark refuses ``text`` with its error ``condition``; this family with ``code``, saying ``reason``."""
+    from pyspark.errors import PySparkException
+
+    with pytest.raises(PySparkException) as theirs:
         spark.sql(text).collect()
     assert theirs.value.getCondition() == condition
     with pytest.raises(QueryError) as ours:
         sql(target, text)
-    assert ours.value.code is ErrorCode.PARSING and reason in ours.value.message, ours.value.message
+    assert ours.value.code is code and reason in ours.value.message, ours.value.message
 
 
 def same_rows(target: SimTarget, spark: Any, text: str) -> None:
@@ -186,3 +222,26 @@ def same_rows(target: SimTarget, spark: Any, text: str) -> None:
         got, want = ours[name].to_pylist(), theirs[name].to_pylist()
         bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want, strict=True)) if not _close(g, w)]
         assert not bad, f"{name}: first differences {bad[:5]}"
+
+
+@pytest.mark.parametrize("text", LIKE_QUERIES)
+def test_like_with_escapes_equals_spark_sql(escapes: tuple[SimTarget, Any], text: str) -> None:
+    same_rows(*escapes, text)
+
+
+@pytest.mark.parametrize("pattern", ["%\\\\", "a\\%b", "%\\_%"])
+def test_like_with_an_escaped_parameter_pattern_equals_spark_sql(
+    escapes: tuple[SimTarget, Any], pattern: str
+) -> None:
+    target, spark = escapes
+    text = "SELECT count(*) AS n FROM w WHERE s LIKE ?"
+    assert sql(target, text, [pattern]).to_pylist() == [
+        r.asDict() for r in spark.sql(text, args=[pattern]).collect()
+    ]
+
+
+@pytest.mark.parametrize(("text", "condition", "reason"), LIKE_REFUSALS)
+def test_like_is_refused_where_spark_sql_refuses_the_pattern(
+    escapes: tuple[SimTarget, Any], text: str, condition: str, reason: str
+) -> None:
+    same_refusal(*escapes, text, condition, ErrorCode.PARSING, reason)
