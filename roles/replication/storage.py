@@ -27,6 +27,14 @@ class SimulatedCrash(Exception):
     """Raised by ``MemoryStorage`` when an armed crash strikes; the process is considered dead."""
 
 
+class TornAppend(OSError):
+    """A durable append failed and its bytes could not be taken back: the file may end in part of them.
+
+    Nothing may be appended to the file until it is written whole again (``write_whole``): a record
+    appended after torn bytes is unreadable to whoever reads the file from its start.
+    """
+
+
 Tap = Callable[[bytes], None]
 
 
@@ -66,7 +74,11 @@ class Storage(Protocol):
         ...
 
     def append_durable(self, name: str, data: bytes) -> None:
-        """Append ``data`` to ``name`` (created if missing) and fsync before returning."""
+        """Append ``data`` to ``name`` (created if missing) and fsync before returning.
+
+        All or nothing: an append that fails (a full disk after part of ``data``, a failed fsync) takes
+        back what it wrote, durably, before it raises. When that fails too, it raises ``TornAppend``.
+        """
         ...
 
     def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
@@ -255,12 +267,30 @@ class DiskStorage:
     def append_durable(self, name: str, data: bytes) -> None:
         path = self._path(name)
         fresh = not path.exists()
-        with open(path, "ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if fresh:
-            _fsync_dir(self.root)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            before = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                if fresh:
+                    _fsync_dir(self.root)
+            except BaseException as exc:
+                # A full disk writes part of the record and then fails (ENOSPC, EFBIG). Left in the file,
+                # those bytes would sit between the acknowledged records before them and the next ones,
+                # and a reader stops at the first record it cannot read.
+                try:
+                    os.ftruncate(fd, before)
+                    os.fsync(fd)
+                except OSError as undo:
+                    raise TornAppend(
+                        f"{name}: an append failed ({exc}) and was not taken back ({undo})"
+                    ) from exc
+                raise
+        finally:
+            os.close(fd)
 
     def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
         with open(self._path(name), "rb") as f:

@@ -14,7 +14,7 @@ a new leader that then writes the same key at version 9, not having seen it, end
 every replica once the first one is back. There is no consensus and no global epoch (EventQL has none).
 
 Durability: ``write`` appends the rows to the log with fsync before it returns, so the caller may
-acknowledge; ``write_flushed`` instead returns once they are in a segment the manifest lists. A flush writes a segment file, then the manifest (segment list, root id, the log
+acknowledge (an append that fails leaves none of its bytes before the next one: ``_log_and_apply``); ``write_flushed`` instead returns once they are in a segment the manifest lists. A flush writes a segment file, then the manifest (segment list, root id, the log
 sequence it covers) atomically, then drops the log. A segment file counts only once the manifest lists
 it. ``open`` recovers: it removes partial files, deletes files the manifest does not list (an incoming
 segment is written in place under its final name, so an unlisted one may be partial), verifies every
@@ -48,7 +48,7 @@ from sparkbus.roles.replication.segments import (
     verify_segment,
     write_segment,
 )
-from sparkbus.roles.replication.storage import Storage, write_whole
+from sparkbus.roles.replication.storage import Storage, TornAppend, write_whole
 
 LSN = "_sb_lsn"
 ORIGIN = "_sb_origin"
@@ -192,6 +192,10 @@ class PartitionStore:
         self._mem_since: float | None = None
         self._wal_seq = 0
         self._wal_flushed = 0
+        #: Bytes of whole records in the log (what the next record goes after), and whether the log may
+        #: end in part of a record whose append failed (``TornAppend``): then it is written whole first.
+        self._wal_size = 0
+        self._wal_torn = False
         self._next_segment = 0
         self.recovered_partial = 0
         self.recovered_files: list[str] = []
@@ -254,7 +258,7 @@ class PartitionStore:
             store.save_manifest()
         if store._wal_flushed == 1 << 62:
             store._wal_flushed = store._wal_seq = 0
-            storage.delete(WAL)
+            store._drop_log()
             store.save_manifest()
         store._replay_log(now)
         return store
@@ -331,6 +335,13 @@ class PartitionStore:
             # Cut the torn tail off (atomically), or every later append would sit behind it, unreadable.
             write_whole(self.storage, WAL, [data[:pos]])
             self.recovered_torn_tail = True
+        self._wal_size = pos
+
+    def _drop_log(self) -> None:
+        """Delete the log (the manifest says the segments cover every record of it)."""
+        self.storage.delete(WAL)
+        self._wal_size = 0
+        self._wal_torn = False
 
     def save_manifest(self) -> None:
         """Persist the segment list, root id, clock and role metadata atomically."""
@@ -495,14 +506,31 @@ class PartitionStore:
     def _log_and_apply(self, rows: pa.Table, now: float) -> int:
         if rows.num_rows == 0:
             return self._wal_seq
+        if self._wal_torn:
+            self._rewrite_log()
         self._wal_seq += 1
         combined = rows.combine_chunks()
         body = msgpack.packb(
             {"seq": self._wal_seq, "rows": bytes(encode_batch(combined.to_batches()[0]))}, use_bin_type=True
         )
-        self.storage.append_durable(WAL, _WAL_HEAD.pack(len(body), zlib.crc32(body)) + body)
+        record = _WAL_HEAD.pack(len(body), zlib.crc32(body)) + body
+        try:
+            self.storage.append_durable(WAL, record)
+        except TornAppend:
+            self._wal_torn = True
+            raise
+        self._wal_size += len(record)
         self._to_memtable(combined, now)
         return self._wal_seq
+
+    def _rewrite_log(self) -> None:
+        """Write the log whole with its acknowledged records only, dropping what a failed append left
+        after them. Until this succeeds, nothing is appended: ``open`` stops reading the log at the first
+        record it cannot read, and would drop every acknowledged record behind torn bytes."""
+        whole = self.storage.read(WAL, 0, self._wal_size) if self.storage.exists(WAL) else b""
+        write_whole(self.storage, WAL, [whole])
+        self._wal_size = len(whole)
+        self._wal_torn = False
 
     def _to_memtable(self, rows: pa.Table, now: float) -> None:
         if self.schema is None:
@@ -572,7 +600,7 @@ class PartitionStore:
             self.root = entry.segment_id
             self._wal_flushed = self._wal_seq
             self.save_manifest()
-        self.storage.delete(WAL)
+        self._drop_log()
         self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
         return entry
 
@@ -723,7 +751,7 @@ class PartitionStore:
         self.save_manifest()
         for name in gone:
             self.storage.delete(name)
-        self.storage.delete(WAL)
+        self._drop_log()
 
     # ------------------------------------------------------------ reads
 
