@@ -113,12 +113,36 @@ def partial(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa
     appearance: whoever merges partial states (``combine``) orders groups by first appearance in what it
     merged, and that already depends on the order in which members' batches arrived.
     """
+    _refuse_non_numeric(table, aggs)
     plain, distinct = _split(aggs)
     if not distinct:
         return _apply(table, keys, _partial_specs(aggs), ordered=False)
     groups = _groups(table, keys, _partial_specs(plain), ordered=False)
     values = {a.name: _value_rows(table, keys, _column(table, a.column or "")) for a in distinct}
     return _states(groups, keys, aggs, values)
+
+
+def _refuse_non_numeric(table: pa.Table, aggs: Sequence[AggCall]) -> None:
+    """Refuse a SUM or AVG of anything but numbers (integers, floats, decimals, or the untyped NULL), as
+    Spark SQL refuses it (DATATYPE_MISMATCH.UNEXPECTED_INPUT_TYPE), where Arrow would count a BOOLEAN's
+    TRUE values as an unsigned sum or average them as 0 and 1.
+
+    Raises:
+        ExecutionError: naming the aggregate and the type.
+    """
+    for a in aggs:
+        if a.func in ("sum", "avg") and a.column is not None:
+            kind = _column(table, a.column).type
+            if not (
+                pa.types.is_integer(kind)
+                or pa.types.is_floating(kind)
+                or pa.types.is_decimal(kind)
+                or pa.types.is_null(kind)
+            ):
+                raise ExecutionError(
+                    f"{a.func.upper()} takes numbers (integer, floating point or decimal), not {kind}, "
+                    "as in Spark SQL"
+                )
 
 
 def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa.Table:

@@ -245,3 +245,18 @@ def test_like_is_refused_where_spark_sql_refuses_the_pattern(
     escapes: tuple[SimTarget, Any], text: str, condition: str, reason: str
 ) -> None:
     same_refusal(*escapes, text, condition, ErrorCode.PARSING, reason)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT sum(value > 50) AS s FROM t",
+        "SELECT kind, avg(user < 100) AS a FROM t GROUP BY kind",
+    ],
+)
+def test_sum_or_avg_of_a_non_numeric_input_is_refused_as_spark_sql_refuses_it(
+    both: tuple[SimTarget, Any], text: str
+) -> None:
+    same_refusal(
+        *both, text, "DATATYPE_MISMATCH.UNEXPECTED_INPUT_TYPE", ErrorCode.DATA_EXCEPTION, "takes numbers"
+    )
