@@ -170,6 +170,25 @@ def upsert(table: pa.Table, key: Sequence[str]) -> pa.Table:
     return ordered.filter(pa.concat_arrays([pa.array([True]), changed]))
 
 
+def overlay(base: pa.Table, top: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``upsert(concat_tables([base, top]))`` for tables each upserted already (every key once in each).
+
+    Only the rows of ``base`` whose first key column's value is in ``top`` are upserted with ``top``
+    (a superset of the keys both hold); the rest of ``base`` is kept as it is. A small ``top`` (the
+    memtable, a minor segment) over a large ``base`` (the chain) then costs a hash pass over ``base``
+    and a filter, not a sort of it: where a key was written twice, the full upsert sorts every row.
+    """
+    if top.num_rows == 0:
+        return base
+    if base.num_rows == 0:
+        return top
+    hit = pc.is_in(base.column(key[0]), value_set=top.column(key[0]).combine_chunks())
+    if not pc.any(hit).as_py():
+        return pa.concat_tables([base, top])
+    both = upsert(pa.concat_tables([base.filter(hit), top]), key)
+    return pa.concat_tables([base.filter(pc.invert(hit)), both])
+
+
 class PartitionStore:
     """Segments, memtable and log of one partition replica. No networking; file I/O only via ``Storage``.
 
@@ -203,6 +222,10 @@ class PartitionStore:
         self.recovered_log_records = 0
         self.recovered_torn_tail = False
         self._carried: list[str] = []
+        #: The upserted rows of the chain ``versioned_rows`` last read, by the (id, checksum) of its
+        #: segments: read from the files again only when the chain is not that one or that one with
+        #: segments added on top (a flush, a fast-forward), whose rows are laid over it.
+        self._chain_rows: tuple[tuple[tuple[str, bytes], ...], pa.Table] | None = None
 
     @property
     def schema(self) -> pa.Schema | None:
@@ -612,7 +635,7 @@ class PartitionStore:
         live = chain(self.entries, self.root)
         if not any(not e.major for e in live):
             return None
-        table = self._chain_table(live)
+        table = self._live_table(live, keep=False)
         history: list[str] = []
         for e in reversed(live):
             history.append(e.segment_id)
@@ -623,14 +646,31 @@ class PartitionStore:
             self.entries.append(entry)
             self.root = entry.segment_id
             self.save_manifest()
+        if self._chain_rows is not None:  # the new major holds exactly these rows
+            self._chain_rows = ((entry.segment_id, entry.checksum),), table
         return entry
 
     def _chain_table(self, live: Sequence[SegmentEntry]) -> pa.Table:
+        assert self.schema is not None
         if not live:
-            assert self.schema is not None
             return self.schema.empty_table()
         tables = [read_table(self.storage, segment_file(e.segment_id)) for e in live]
-        return upsert(pa.concat_tables(tables), self.config.key)
+        return upsert(pa.concat_tables(tables), self.config.key).cast(self.schema)
+
+    def _live_table(self, live: Sequence[SegmentEntry], keep: bool) -> pa.Table:
+        """The upserted rows of chain ``live``, from the kept ones when they are of that chain or of the
+        start of it; kept for the next call when ``keep``, or when rows were kept already."""
+        ids = tuple((e.segment_id, e.checksum) for e in live)
+        kept = self._chain_rows
+        if kept is not None and kept[0] == ids:
+            return kept[1]
+        if kept is not None and kept[0] and ids[: len(kept[0])] == kept[0]:
+            table = overlay(kept[1], self._chain_table(live[len(kept[0]) :]), self.config.key)
+        else:
+            table = self._chain_table(live)
+        if keep or kept is not None:
+            self._chain_rows = ids, table
+        return table
 
     def add_segment(self, entry: SegmentEntry) -> None:
         """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root.
@@ -643,6 +683,8 @@ class PartitionStore:
             self.root = entry.segment_id
             self.lamport = max(self.lamport, entry.max_lsn)
             self.save_manifest()
+        if entry.major:
+            self._chain_rows = None  # a chain of its own: rows kept of the old one would only take memory
 
     def delete_segment(self, segment_id: str) -> None:
         """Drop a segment from the list (persisted first) and then its file."""
@@ -744,7 +786,7 @@ class PartitionStore:
         crash in between leaves unlisted segment files, which the next ``open`` deletes.
         """
         gone = [segment_file(e.segment_id) for e in self.entries]
-        self.entries, self.root = [], None
+        self.entries, self.root, self._chain_rows = [], None, None
         self.meta["epoch"] = os.urandom(EPOCH_BYTES)  # empty again: a new store to its peers (epochs.py)
         self._memtable, self._mem_rows, self._mem_bytes, self._mem_since = [], 0, 0, None
         self._wal_flushed = self._wal_seq
@@ -756,11 +798,18 @@ class PartitionStore:
     # ------------------------------------------------------------ reads
 
     def versioned_rows(self) -> pa.Table:
-        """The live rows with their version columns (chain plus memtable, upserted)."""
+        """The live rows with their version columns (chain plus memtable, upserted).
+
+        The chain's rows are kept in memory from one call to the next (one table of at most the
+        partition's live rows, what the call returns anyway): the segments are read again only for a
+        chain that is not the one read last nor that one grown by a flush or a fast-forward.
+        """
         if self.schema is None:
             return pa.table({})
-        parts = [self._chain_table(chain(self.entries, self.root)), *self._memtable]
-        return upsert(pa.concat_tables([p.cast(self.schema) for p in parts]), self.config.key)
+        table = self._live_table(chain(self.entries, self.root), keep=True)
+        if not self._memtable:
+            return table
+        return overlay(table, upsert(pa.concat_tables(self._memtable), self.config.key), self.config.key)
 
     def rows(self) -> pa.Table:
         """The live rows, sorted by key, without version columns."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -36,6 +35,7 @@ from sparkbus.roles.replication.store import (
     upsert,
 )
 
+from .counting import CountingStorage
 from .harness import flushed
 
 P = "t/0"
@@ -442,29 +442,9 @@ def test_upsert_keeps_the_last_row_of_a_key_within_one_write() -> None:
     assert upsert(two, ("k1", "k2")).to_pydict()["v"] == [2, 3]
 
 
-class _CountingStorage(MemoryStorage):
-    """Counts the reads of segment files (``read``, ``open`` and ``view``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.segment_reads = 0
-
-    def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
-        self.segment_reads += name.startswith("seg-")
-        return super().read(name, offset, size)
-
-    def open(self, name: str) -> Any:
-        self.segment_reads += name.startswith("seg-")
-        return super().open(name)
-
-    def view(self, name: str) -> memoryview:
-        self.segment_reads += name.startswith("seg-")
-        return super().view(name)
-
-
 def test_a_fast_forward_reads_no_segment_and_the_schema_comes_when_needed() -> None:
     source, entry = flushed(MemoryStorage(), P, CFG, rows(1, 2, 3))
-    target_storage = _CountingStorage()
+    target_storage = CountingStorage()
     target = PartitionStore.open(target_storage, P, 2, CFG)  # (an unlisted file would be removed)
     write_whole(
         target_storage, segment_file(entry.segment_id), [source.storage.read(segment_file(entry.segment_id))]
