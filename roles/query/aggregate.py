@@ -82,13 +82,18 @@ def _arange_np(n: int) -> npt.NDArray[np.intp]:
 _Spec = tuple[str, str | None, str]
 
 
-def _partial_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
+def _partial_specs(aggs: Sequence[AggCall], table: pa.Table | None = None) -> list[_Spec]:
+    """The states of ``aggs`` over the rows of ``table``. A SUM of the untyped NULL (Arrow's null type: the
+    literal NULL, a ``?`` bound to None, a column loaded all NULL) is summed as float64, so SUM(NULL) is a
+    DOUBLE NULL as in Spark SQL (its NULL is cast to DOUBLE), where Arrow's sum would answer int64."""
     out: list[_Spec] = []
     for a in aggs:
         if a.func == "avg":
             out += [(f"{a.name}$sum", a.column, "fsum"), (f"{a.name}$count", a.column, "count")]
         elif a.func == "count_distinct":
             out.append((a.name, a.column, "distinct"))  # names the column only: see ``partial``
+        elif a.func == "sum" and table is not None and pa.types.is_null(_column(table, a.column or "").type):
+            out.append((a.name, a.column, "fsum"))
         else:
             out.append((a.name, a.column, a.func))
     return out
@@ -116,8 +121,8 @@ def partial(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa
     _refuse_non_numeric(table, aggs)
     plain, distinct = _split(aggs)
     if not distinct:
-        return _apply(table, keys, _partial_specs(aggs), ordered=False)
-    groups = _groups(table, keys, _partial_specs(plain), ordered=False)
+        return _apply(table, keys, _partial_specs(aggs, table), ordered=False)
+    groups = _groups(table, keys, _partial_specs(plain, table), ordered=False)
     values = {a.name: _value_rows(table, keys, _column(table, a.column or "")) for a in distinct}
     return _states(groups, keys, aggs, values)
 

@@ -260,3 +260,11 @@ def test_sum_or_avg_of_a_non_numeric_input_is_refused_as_spark_sql_refuses_it(
     same_refusal(
         *both, text, "DATATYPE_MISMATCH.UNEXPECTED_INPUT_TYPE", ErrorCode.DATA_EXCEPTION, "takes numbers"
     )
+
+
+def test_sum_and_avg_of_a_null_have_sparks_types(both: tuple[SimTarget, Any]) -> None:
+    target, spark = both
+    text = "SELECT sum(NULL) AS s, avg(NULL) AS a, count(NULL) AS c, sum(NULL) + 1 AS s1 FROM t"
+    ours, theirs = sql(target, text), spark.sql(text).toArrow()
+    assert ours.to_pylist() == theirs.to_pylist() == [{"s": None, "a": None, "c": 0, "s1": None}]
+    assert ours.schema.types == theirs.schema.types == [pa.float64(), pa.float64(), pa.int64(), pa.float64()]

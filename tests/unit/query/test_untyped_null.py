@@ -72,3 +72,28 @@ def test_a_null_beside_a_column_of_the_null_type_is_left_to_the_kernels() -> Non
     table = pa.table({"n": pa.nulls(4)})
     got = distributed(parse_sql("SELECT coalesce(n, NULL) AS c, n IS NULL AS z FROM t"), split(table, [2]))
     assert got is not None and got.to_pylist() == [{"c": None, "z": True}] * 4
+
+
+@pytest.mark.parametrize("repartition", [False, True])
+def test_sum_and_avg_of_a_null_are_double_nulls_as_in_spark(repartition: bool) -> None:
+    for sql, params in (
+        ("SELECT sum(NULL) AS s, avg(NULL) AS a, count(NULL) AS c FROM t", ()),
+        ("SELECT sum(?) AS s, avg(?) AS a, count(?) AS c FROM t", (None, None, None)),
+        ("SELECT sum(NULL) AS s, avg(NULL) AS a, count(DISTINCT NULL) AS c FROM t", ()),
+    ):
+        fragments = plan_fragments(
+            parse_sql(sql), initiator="i", participants=["p1", "p2"], repartition=repartition
+        )
+        got = run_fragments(fragments, stores(split(TABLE, [5])), params)
+        assert got is not None and got.to_pylist() == [{"s": None, "a": None, "c": 0}], sql
+        assert got.schema.types == [pa.float64(), pa.float64(), pa.int64()], (
+            sql
+        )  # Spark: double, double, bigint
+    grouped = distributed(
+        parse_sql("SELECT k, sum(NULL) AS s, sum(n) AS sn, sum(x) AS sx FROM t GROUP BY k ORDER BY k"),
+        split(TABLE.append_column("n", pa.nulls(len(X))), [5]),
+        repartition=repartition,
+    )
+    assert grouped is not None and grouped.column("sx").to_pylist() == [21, 12, 15, 18]
+    assert grouped.column("s").to_pylist() == grouped.column("sn").to_pylist() == [None] * 4
+    assert grouped.schema.types == [pa.string(), pa.float64(), pa.float64(), pa.int64()]
