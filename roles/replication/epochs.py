@@ -29,18 +29,48 @@ finalize. When every replica is joining and some only rejoin, those may be elect
 own hello names that epoch (it may come first on another link), so an old finalize never brings back an
 old store's epoch. A node that knew no epoch of a placement (a store written before epochs existed)
 takes the first one it hears as it is: for such a node, a disk lost before then goes unnoticed.
+
+Replicas away. Election looks at node liveness, and a node that is up may still fail to open its replica
+of a partition (``ReplicationRole._open``: listed under ``failing``, not hosted). Its peers went on naming
+it leader, and nobody led the partition. So:
+
+* a node whose replica cannot be opened sends ``ReplicaAbsent`` (its placement and the error) to every
+  live replica of the partition on each tick while so, and to a peer whose link comes up; its peers record
+  it (in memory, across the link's loss: a node that restarts still failing says so again, and nothing
+  flaps) and take it for joining in the election (``_electable``), as it takes its own;
+* a hello names a hosted store and ends that. A replica that opens again after it could not is
+  *returning*: its hello says so (``returning``), and it and its peers take it for joining while another
+  replica can lead. A peer that hears a replica return answers with its own hello for the partition
+  (the returning one heard none while it was away). The leader sends it what it lacks, as to any
+  follower; once it has acked every segment from the leader's latest major, the leader sends
+  ``ReplicaCaughtUp`` (placement, epoch) to every live replica and the replica may lead again; it says
+  so in a new hello, for a peer that missed the leader's word;
+* a returning replica that no other replica can replace (the others down, joining or absent) leads,
+  as after a restart, and returns no more.
+
+A node that restarts while its replica returns comes back as after any restart (the state is in memory).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from sparkbus.bus.contract import Send
-from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
+from sparkbus.roles.replication.layout import Layout, LeaderElection, PartitionSpec, Replica
 from sparkbus.roles.replication.local import Hooks, LocalReplica
-from sparkbus.roles.replication.messages import JoinFinalized, ReplicaHello, ReplicaRejoin
+from sparkbus.roles.replication.messages import (
+    MAX_ABSENT_ERROR,
+    JoinFinalized,
+    ReplicaAbsent,
+    ReplicaCaughtUp,
+    ReplicaHello,
+    ReplicaRejoin,
+)
 
 MEMBER, REJOINING, JOINED = "member", "rejoining", "joined"
+
+log = logging.getLogger(__name__)
 
 Records = dict[int, tuple[bytes, str]]
 
@@ -62,8 +92,18 @@ class Epochs(Hooks):
     layout: Layout
     live: set[str]
     local: dict[str, LocalReplica]
+    election: LeaderElection
+    failing: dict[str, str]
+    unopened: set[str]
     # Finalizes that name an epoch other than the recorded one, by (partition, placement).
     _finalized_ahead: dict[tuple[str, int], set[bytes]]
+    # Replicas away, by (partition, placement): peers' that said they cannot be opened (with why), and
+    # those returning (ours too) with their store's epoch.
+    absent: dict[tuple[str, int], str]
+    returning: dict[tuple[str, int], bytes]
+
+    def _elect(self) -> None:
+        raise NotImplementedError
 
     def _set_spec(self, spec: PartitionSpec) -> None:
         raise NotImplementedError
@@ -82,8 +122,13 @@ class Epochs(Hooks):
         epoch = rep.store.epoch
         own = records_of(rep).get(rep.me.placement, (epoch, MEMBER))
         state = own[1] if own[0] == epoch else MEMBER
+        returning = self.returning.get((rep.spec.partition, rep.me.placement)) == epoch
         return ReplicaHello(
-            partition=rep.spec.partition, placement=rep.me.placement, epoch=epoch, state=state
+            partition=rep.spec.partition,
+            placement=rep.me.placement,
+            epoch=epoch,
+            state=state,
+            returning=returning,
         )
 
     def _announce(self, partition: str) -> None:
@@ -96,16 +141,23 @@ class Epochs(Hooks):
                 self._emit(Send(peer=r.node, message=self._own_hello(rep)))
 
     def _hello(self, peer: str) -> None:
-        """A link came up: name our stores to ``peer`` and repeat the rejoins we finalized or saw finalized."""
+        """A link came up: name our stores to ``peer`` and repeat the rejoins we finalized or saw finalized;
+        and tell it of each of our replicas it shares that cannot be opened."""
         for rep in self.local.values():
-            if rep.spec.replica_on(peer) is None:
-                continue
-            partition = rep.spec.partition
-            self._emit(Send(peer=peer, message=self._own_hello(rep)))
-            for placement, (epoch, state) in records_of(rep).items():
-                if state == JOINED:
-                    msg = JoinFinalized(partition=partition, placement=placement, epoch=epoch)
-                    self._emit(Send(peer=peer, message=msg))
+            if rep.spec.replica_on(peer) is not None:
+                self._hello_partition(peer, rep)
+        for partition in sorted(self.unopened):
+            spec = self.layout.partitions.get(partition)
+            if spec is not None and spec.replica_on(peer) is not None:
+                self._tell_absent(spec, self.failing.get(partition, "cannot open"), {peer})
+
+    def _hello_partition(self, peer: str, rep: LocalReplica) -> None:
+        partition = rep.spec.partition
+        self._emit(Send(peer=peer, message=self._own_hello(rep)))
+        for placement, (epoch, state) in records_of(rep).items():
+            if state == JOINED:
+                msg = JoinFinalized(partition=partition, placement=placement, epoch=epoch)
+                self._emit(Send(peer=peer, message=msg))
 
     def _epoch_replica(self, peer: str, partition: str, placement: int | None) -> LocalReplica | None:
         """Our replica of ``partition`` if ``peer`` holds one of it (``placement``, if given); else None."""
@@ -120,6 +172,10 @@ class Epochs(Hooks):
         rep = self._epoch_replica(peer, msg.partition, msg.placement)
         if rep is None:
             return
+        self._take_store(peer, rep, msg)
+        self._take_presence(peer, rep, msg)
+
+    def _take_store(self, peer: str, rep: LocalReplica, msg: ReplicaHello) -> None:
         records = records_of(rep)
         q, said = msg.placement, msg.state
         known = records.get(q)
@@ -199,10 +255,22 @@ class Epochs(Hooks):
         self._record(rep, records_of(rep), replica.placement, epoch, JOINED)
 
     def _electable(self, spec: PartitionSpec) -> PartitionSpec:
-        """``spec`` for the election: when every replica is joining and some only rejoin (their stores
-        started empty), those may lead. Their peers that held the rows lost them too, or the partition
-        would have no leader for good; the first one in placement order leads and finalizes the others,
-        and once one is a member again it leads."""
+        """``spec`` for the election: the replicas away are taken for joining (below, "Replicas away"),
+        and when every replica is joining and some only rejoin (their stores started empty), those may
+        lead. Their peers that held the rows lost them too, or the partition would have no leader for
+        good; the first one in placement order leads and finalizes the others, and once one is a member
+        again it leads. A replica away counts as a member there: it holds the rows."""
+        spec = self._rejoiners_electable(spec)
+        absent = self._absent_in(spec)
+        returning = {r.placement for r in spec.replicas if (spec.partition, r.placement) in self.returning}
+        if not absent and not returning:
+            return spec
+        without = spec.with_joining(absent | returning)
+        if returning and self.election.leader(without, frozenset(self.live)) is None:
+            return spec.with_joining(absent)  # none other can lead: a returning replica may
+        return without
+
+    def _rejoiners_electable(self, spec: PartitionSpec) -> PartitionSpec:
         if any(not r.joining for r in spec.replicas):
             return spec
         rep = self.local.get(spec.partition)
@@ -226,3 +294,100 @@ class Epochs(Hooks):
         for r in spec.replicas:
             if r.placement == placement and r.joining != joining:
                 self._set_spec(spec.with_replica(replace(r, joining=joining)))
+
+    # ------------------------------------------------------------ replicas away
+
+    def _absent_in(self, spec: PartitionSpec) -> set[int]:
+        """Placements of ``spec`` that are not hosted: peers' that said so, and ours if it cannot be opened."""
+        absent = {r.placement for r in spec.replicas if (spec.partition, r.placement) in self.absent}
+        mine = spec.replica_on(self.node)
+        if mine is not None and spec.partition in self.unopened:
+            absent.add(mine.placement)
+        return absent
+
+    def _tell_absent(self, spec: PartitionSpec, error: str, peers: set[str] | None = None) -> None:
+        """Our replica of ``spec`` cannot be opened: tell ``peers`` (default: every live replica's node)."""
+        mine = spec.replica_on(self.node)
+        if mine is None:
+            return
+        msg = ReplicaAbsent(
+            partition=spec.partition, placement=mine.placement, error=error[:MAX_ABSENT_ERROR]
+        )
+        for r in spec.replicas:
+            if r.node != self.node and r.node in self.live and (peers is None or r.node in peers):
+                self._emit(Send(peer=r.node, message=msg))
+
+    def _on_absent(self, peer: str, msg: ReplicaAbsent) -> None:
+        spec = self.layout.partitions.get(msg.partition)
+        theirs = None if spec is None else spec.replica_on(peer)
+        if theirs is None or theirs.placement != msg.placement:
+            self._count("absent_refused")  # not a replica of the partition, or not that one
+            return
+        key = (msg.partition, msg.placement)
+        known = key in self.absent
+        self.absent[key] = msg.error
+        if not known or self.returning.pop(key, None) is not None:
+            self._count("peers_absent")
+            log.warning(
+                "replication %s: %s: %s cannot open its replica: %s", self.node, key[0], peer, msg.error
+            )
+            self._elect()
+
+    def _take_presence(self, peer: str, rep: LocalReplica, msg: ReplicaHello) -> None:
+        """A hello names a hosted store: not absent; returning as it says."""
+        key = (msg.partition, msg.placement)
+        was_absent = self.absent.pop(key, None) is not None
+        before = self.returning.get(key)
+        if msg.returning:
+            self.returning[key] = msg.epoch
+        else:
+            self.returning.pop(key, None)
+        if msg.returning and before is None:
+            # It heard none of our hellos while it could not be opened (nor a store we since lost).
+            self._hello_partition(peer, rep)
+        if was_absent or before != self.returning.get(key):
+            self._elect()
+
+    def _reopened(self, partition: str) -> None:
+        """Our replica of ``partition`` opened after it could not: it returns (a follower until the leader
+        catches it up, unless no other replica can lead) and names its store to every live peer."""
+        rep = self.local.get(partition)
+        if rep is None:
+            return
+        self.returning[partition, rep.me.placement] = rep.store.epoch
+        self._count("reopened")
+        self._announce(partition)
+
+    def _returned(self, rep: LocalReplica) -> None:
+        """``rep`` leads: if it was returning, no other replica could lead; it returns no more."""
+        if self.returning.pop((rep.spec.partition, rep.me.placement), None) is not None:
+            self._announce(rep.spec.partition)
+
+    def _maybe_caught_up(self, rep: LocalReplica, replica: Replica) -> None:
+        """Leader: ``replica`` acked every segment from our latest major; if it returns, it may lead again."""
+        key = (rep.spec.partition, replica.placement)
+        epoch = self.returning.get(key)
+        if epoch is None or replica.node not in self.live:
+            return
+        msg = ReplicaCaughtUp(partition=rep.spec.partition, placement=replica.placement, epoch=epoch)
+        for r in rep.spec.replicas:
+            if r.node != self.node and r.node in self.live:
+                self._emit(Send(peer=r.node, message=msg))
+        del self.returning[key]
+        self._count("caught_up")
+        self._elect()
+
+    def _on_caught_up(self, peer: str, msg: ReplicaCaughtUp) -> None:
+        spec = self.layout.partitions.get(msg.partition)
+        if spec is None or spec.replica_on(peer) is None:
+            self._count("caught_up_refused")
+            return
+        key = (msg.partition, msg.placement)
+        if self.returning.get(key) != msg.epoch:
+            return  # returning no more, or another store
+        del self.returning[key]
+        self._count("caught_up")
+        self._elect()
+        rep = self.local.get(msg.partition)
+        if rep is not None and rep.me.placement == msg.placement:
+            self._announce(msg.partition)  # a peer that missed the leader's word learns it from us

@@ -3,7 +3,9 @@
 EventQL keeps this in its coordination service; sparkbus gives every ``replication`` role the same
 ``Layout`` (from the topology) and lets local calls change it (``assign``, ``split``). Leader election
 is pluggable (spec 3.2): ``LeaderElection.leader`` names one replica from the partition's replicas and
-the set of nodes this node believes live.
+the set of nodes this node believes live. The role hands it a spec in which each replica that must not
+lead is joining: joining ones, and those away (a replica that cannot be opened or has not yet been caught
+up after it could not: ``epochs.py``).
 
 The default, ``FirstLiveElection``, picks the first live replica in placement order that is not
 joining. Nodes whose liveness views differ (a network cut) can both believe they lead. Both then accept
@@ -86,6 +88,15 @@ class PartitionSpec:
             if r.node == node:
                 return r
         return None
+
+    def with_joining(self, placements: set[int]) -> PartitionSpec:
+        """The spec with the replicas of ``placements`` joining: for an election that must not name them."""
+        return replace(
+            self,
+            replicas=tuple(
+                replace(r, joining=True) if r.placement in placements else r for r in self.replicas
+            ),
+        )
 
     def with_replica(self, replica: Replica) -> PartitionSpec:
         """The spec with ``replica`` replacing the one on its node (or added)."""

@@ -15,6 +15,9 @@ The spec's five opcodes (section 4.1) and the two metadata operations this famil
 * REPLICA_HELLO 0x0127 and REPLICA_REJOIN 0x0128: a replica names its store's epoch to its peers; a peer
   that knew another epoch of that placement tells it that it joins again (spec 3.6, a store that starts
   empty under a placement its peers' acked lists still name; ``epochs.py``).
+* REPLICA_ABSENT 0x0129 and REPLICA_CAUGHT_UP 0x012a: a replica whose store cannot be opened says so, and
+  its peers elect another; once it opens again, the leader tells every replica when it holds what the
+  leader holds, and only then may it lead again (``epochs.py``, "Replicas away").
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from sparkbus.roles.replication.store import EPOCH_BYTES, MAX_LSN
 _MAX_ID = 256
 #: Counts and versions travel as msgpack integers; everything above int64 is refused at decode.
 _MAX_INT = (1 << 63) - 1
+#: The longest reason a ``ReplicaAbsent`` carries (the sender cuts it to this).
+MAX_ABSENT_ERROR = 1024
 
 
 class DeclineReason(enum.IntEnum):
@@ -240,10 +245,13 @@ class ReplicaHello(_StoreNamed):
     else of the partition, so the peer learns of a store that started empty before it trusts its acks;
     and again when the replica is placed (``assign``) or its ``state`` changes. ``state`` is what the
     store knows of itself: ``member``, ``rejoining`` (a peer told it so) or ``joined`` (its rejoin was
-    finalized).
+    finalized). ``returning``: the replica could not be opened and now is, and the partition's leader has
+    not yet said it holds what the leader holds (``ReplicaCaughtUp``); meanwhile it leads only when no other
+    replica can.
     """
 
     state: str = "member"
+    returning: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -260,6 +268,33 @@ class ReplicaRejoin(_StoreNamed):
     receiver takes no part in leader election until a leader finalizes its join (``JoinFinalized`` with
     the same ``epoch``).
     """
+
+
+@message(0x0129)
+@dataclass(frozen=True, kw_only=True)
+class ReplicaAbsent:
+    """REPLICA_ABSENT: the sender's replica ``placement`` of ``partition`` is not hosted: its store cannot
+    be opened (``error`` says why). Sent to every live replica of the partition on each tick while so, and
+    when a link comes up; the receivers elect another replica until the sender's hello names the store."""
+
+    partition: str
+    placement: int
+    error: str
+
+    def __post_init__(self) -> None:
+        _check_partition(self.partition)
+        if not 0 <= self.placement <= _MAX_INT:
+            raise ValueError(f"placement must be in 0..2**63-1, got {self.placement}")
+        if len(self.error) > MAX_ABSENT_ERROR:
+            raise ValueError(f"error must be at most {MAX_ABSENT_ERROR} characters, got {len(self.error)}")
+
+
+@message(0x012A)
+@dataclass(frozen=True, kw_only=True)
+class ReplicaCaughtUp(_StoreNamed):
+    """REPLICA_CAUGHT_UP: the leader's word that the returning replica ``placement`` (store ``epoch``) has
+    acknowledged every segment from the leader's latest major; it may lead again. Sent to every live
+    replica of the partition."""
 
 
 def stream_key(partition: str, segment_id: str, attempt: int) -> str:
@@ -294,4 +329,6 @@ MESSAGES: tuple[type, ...] = (
     SplitFinalized,
     ReplicaHello,
     ReplicaRejoin,
+    ReplicaAbsent,
+    ReplicaCaughtUp,
 )

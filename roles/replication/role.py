@@ -57,6 +57,8 @@ from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.messages import (
     MESSAGES,
     JoinFinalized,
+    ReplicaAbsent,
+    ReplicaCaughtUp,
     ReplicaHello,
     ReplicaRejoin,
     SegmentAccepted,
@@ -134,6 +136,9 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         self.failing: dict[str, str] = {}
         # Partitions placed here whose replica could not be opened; opened again on each tick (``_open``).
         self.unopened: set[str] = set()
+        # Replicas away (``epochs.py``): peers' that cannot be opened, and those returning, ours included.
+        self.absent: dict[tuple[str, int], str] = {}
+        self.returning: dict[tuple[str, int], bytes] = {}
 
     # ------------------------------------------------------------ entry point
 
@@ -250,6 +255,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                     # Every replica's leader is set whatever this flush does: raised, it left the
                     # partitions after this one with their old leader (two leaders taking writes).
                     self._try_flush(rep, "on losing leadership")
+            if rep.leads:
+                self._returned(rep)  # elected while returning: no other replica could lead
 
     def _try_flush(self, rep: LocalReplica, when: str) -> None:
         """Flush now if the disk lets us; else count (``flush_errors``) and log the error, and leave it
@@ -292,6 +299,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             if self.failing.get(partition) != text:
                 self.failing[partition] = text
                 log.error("replication %s: %s: %s", self.node, partition, text, exc_info=True)
+            self._tell_absent(spec, text)  # on every attempt: its peers elect another replica meanwhile
             if reraise:
                 raise
         else:
@@ -299,6 +307,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 self.unopened.discard(partition)
                 if self.failing.pop(partition, None) is not None:
                     log.info("replication %s: %s: opened", self.node, partition)
+                self._reopened(partition)
 
     def _open_again(self) -> None:
         """On a tick: open again each partition placed here whose replica could not be opened."""
@@ -384,7 +393,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             self._count("compactions")
         self._replicate_partition(rep)
         for replica in rep.spec.replicas:
-            if replica.node != self.node:
+            if replica.node != self.node and (rep.spec.partition, replica.placement) not in self.absent:
                 self._replicate_to(rep, rep.spec.partition, replica)
         if rep.spec.split_targets and rep.spec.async_split:
             self._finalize_split(rep)  # only after a restart between the split call and its finalize
@@ -435,6 +444,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             if replica.placement not in entry.acked:
                 self._offer(rep, target_partition, replica, entry, split)
                 return
+        if split is None:
+            self._maybe_caught_up(rep, replica)  # a returning replica holds what we hold
         if split is None and replica.joining and replica.node in self.live:
             epoch = self._rejoin_epoch(rep, replica)
             if epoch is not None:  # it started empty: nothing to send is enough (epochs.py)
@@ -642,6 +653,10 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             self._on_hello(peer, msg)
         elif isinstance(msg, ReplicaRejoin):
             self._on_rejoin(peer, msg)
+        elif isinstance(msg, ReplicaAbsent):
+            self._on_absent(peer, msg)
+        elif isinstance(msg, ReplicaCaughtUp):
+            self._on_caught_up(peer, msg)
         else:
             raise RemoteProtocolError(f"{peer}: {type(msg).__name__} is not a replication message")
 
@@ -685,6 +700,14 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
     def _rep(self, args: dict[str, Any]) -> LocalReplica:
         partition = args["partition"]
         rep = self.local.get(partition)
+        if rep is None and partition in self.unopened:
+            leader = self._leader_of(partition)
+            name = leader.node if leader is not None else None
+            raise _Refused(
+                f"{self.node} is not the leader of {partition}; leader: {name} (its replica here cannot be "
+                f"opened: {self.failing.get(partition, 'not opened')})",
+                {"leader": name},
+            )
         if rep is None:
             raise _Refused(f"{self.node} holds no replica of {partition}", {"leader": None})
         return rep
@@ -724,6 +747,12 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 "placement": rep.me.placement,
                 "epoch": rep.store.epoch.hex(),
                 "joining": [r.node for r in rep.spec.replicas if r.joining],
+                "returning": [r.node for r in rep.spec.replicas if (p, r.placement) in self.returning],
+                "absent": {
+                    r.node: self.absent[p, r.placement]
+                    for r in rep.spec.replicas
+                    if (p, r.placement) in self.absent
+                },
                 "epochs": {p: [e.hex(), state] for p, (e, state) in records_of(rep).items()},
                 "root": rep.store.root,
                 "segments": [(e.segment_id, e.base_id, e.major, sorted(e.acked)) for e in rep.store.entries],

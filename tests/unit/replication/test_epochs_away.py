@@ -1,0 +1,134 @@
+"""Replicas away at role level: REPLICA_ABSENT, a hello's ``returning`` and REPLICA_CAUGHT_UP, and what a
+peer may not make a replica believe with them (``roles/replication/epochs.py``, "Replicas away")."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+import pytest
+
+from sparkbus.bus.contract import PeerUp, Send, TimerFired
+from sparkbus.codecs import EnvelopeCodec
+from sparkbus.roles.replication.layout import Layout
+from sparkbus.roles.replication.messages import (
+    ReplicaAbsent,
+    ReplicaCaughtUp,
+    ReplicaHello,
+)
+from sparkbus.roles.replication.role import ReplicationRole
+from sparkbus.roles.replication.storage import MemoryStorage
+from sparkbus.roles.replication.store import MANIFEST
+
+from .test_dropped_replica import CONFIG, P, write
+from .test_epochs import OLD, SPEC, receive, role
+
+CODEC = EnvelopeCodec()
+EIO = "cannot open: OSError: [Errno 5] Input/output error"
+
+
+def leader(r: ReplicationRole) -> str | None:
+    rep = r.local[P]
+    return rep.leader.node if rep.leader is not None else None
+
+
+def up(r: ReplicationRole, *peers: str, now: float = 0.5) -> list[Any]:
+    out = []
+    for p in peers:
+        out += [x.message for x in r.handle(PeerUp(peer=p), now) if isinstance(x, Send)]
+    return out
+
+
+def unopened(node: str) -> ReplicationRole:
+    """``node``'s role whose replica of P cannot be opened (every read fails with EIO)."""
+
+    class Failing(MemoryStorage):
+        def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+            raise OSError(errno.EIO, "Input/output error")
+
+    storage = Failing()
+    storage.append_durable(MANIFEST, b"{}")  # a replica's files are there: it is not a new store
+    r = ReplicationRole(node, Layout.of([SPEC]), lambda p: storage, CONFIG)
+    list(r.handle(TimerFired(key="replication/tick"), 0.0))
+    assert P in r.unopened
+    return r
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        ReplicaAbsent(partition=P, placement=2, error=EIO),
+        ReplicaCaughtUp(partition=P, placement=2, epoch=OLD),
+        ReplicaHello(partition=P, placement=2, epoch=OLD, returning=True),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_the_messages_round_trip_in_the_family_range(msg: Any) -> None:
+    assert CODEC.decode(CODEC.encode(msg)).message == msg
+    assert 0x0120 <= CODEC.registry.code_of(type(msg)) <= 0x013F
+
+
+def test_an_absent_replicas_reason_is_bounded() -> None:
+    with pytest.raises(ValueError, match="error"):
+        ReplicaAbsent(partition=P, placement=2, error="x" * 1025)
+
+
+def test_a_replica_that_cannot_be_opened_says_so_on_peer_up_and_on_each_tick() -> None:
+    a = unopened("a")
+    sent = up(a, "b", "c")
+    assert sent == [ReplicaAbsent(partition=P, placement=1, error=EIO)] * 2
+    ticked = [x.message for x in a.handle(TimerFired(key="replication/tick"), 1.0) if isinstance(x, Send)]
+    assert ticked == [ReplicaAbsent(partition=P, placement=1, error=EIO)] * 2
+    assert a._leader_of(P) is not None and a._leader_of(P).node == "b"  # type: ignore[union-attr]
+
+
+def holding(node: str) -> ReplicationRole:
+    """``node``'s role with a segment of its own (written while it led alone), then a and c up."""
+    r = role(node)
+    write(r, [1, 2])
+    up(r, "a", "c")
+    return r
+
+
+def test_peers_elect_another_replica_while_one_is_absent_until_its_hello() -> None:
+    b = holding("b")
+    assert leader(b) == "a"
+    receive(b, "a", ReplicaAbsent(partition=P, placement=1, error=EIO))
+    assert leader(b) == "b" and b.counters["peers_absent"] == 1
+    term = b.local[P].term
+    receive(b, "a", ReplicaAbsent(partition=P, placement=1, error=EIO), 2.0)  # the next tick's
+    assert b.local[P].term == term and b.counters["peers_absent"] == 1
+    answer = receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True), 3.0)
+    assert leader(b) == "b", "returning: b leads until it catches a up"
+    assert answer[0] == ReplicaHello(partition=P, placement=2, epoch=b.local[P].store.epoch)
+    again = receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True), 4.0)
+    assert not any(isinstance(m, ReplicaHello) for m in again), "answered once, not back and forth"
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD), 5.0)
+    assert leader(b) == "a"
+
+
+@pytest.mark.parametrize(
+    ("peer", "msg"),
+    [
+        ("z", ReplicaAbsent(partition=P, placement=1, error=EIO)),  # holds no replica
+        ("c", ReplicaAbsent(partition=P, placement=1, error=EIO)),  # not its placement
+        ("b", ReplicaAbsent(partition="t/9", placement=2, error=EIO)),  # a partition nobody has
+    ],
+)
+def test_only_a_replica_says_itself_absent(peer: str, msg: ReplicaAbsent) -> None:
+    a = role("a")
+    up(a, "b", "c")
+    assert receive(a, peer, msg) == []
+    assert a.absent == {} and leader(a) == "a"
+    assert a.counters["absent_refused"] == 1
+
+
+def test_a_returning_replica_leads_again_only_on_a_replicas_word_for_its_store() -> None:
+    b = holding("b")
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True))
+    assert leader(b) == "b"
+    receive(b, "z", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))  # not a replica
+    receive(b, "c", ReplicaCaughtUp(partition=P, placement=1, epoch=b"\x09" * 8))  # another store
+    assert leader(b) == "b" and b.counters["caught_up_refused"] == 1
+    receive(b, "c", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))
+    assert leader(b) == "a" and b.returning == {}
