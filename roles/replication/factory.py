@@ -242,7 +242,9 @@ class ServingReplication(ReplicationRole):
         self.feeding = False
         self.loaded: dict[str, int] = {}
         self.load_error: str | None = None
-        self._served: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
+        # What queries see: each led partition's rows by its version, and each table's concatenation.
+        self._served: dict[str, tuple[tuple[Any, ...], pa.Table]] = {}
+        self._served_tables: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
         # Split before the node starts: done in the first loop turn, it held up the node's handshakes.
         self._prepare_load()
         if catalog is not None:
@@ -380,24 +382,37 @@ class ServingReplication(ReplicationRole):
     # ------------------------------------------------------------ what queries see
 
     def serve(self, table: str) -> pa.Table | None:
-        """The rows of ``table`` in the partitions this node leads (None when it leads none)."""
+        """The rows of ``table`` in the partitions this node leads (None when it leads none).
+
+        Each led partition's rows are cached by its version (placement, root, memtable size, clock) and the
+        table is the parts concatenated (cached too, while no part changes): a write to one partition
+        recomputes that partition only. Cached per table, one write re-read and upserted every led
+        partition's segments on the node's loop, seconds for a few large partitions.
+        """
         led = sorted(
             (p, rep)
             for p, rep in self.local.items()
             if p.rsplit("/", 1)[0] == table and rep.leads and rep.store.schema is not None
         )
-        version = tuple(
-            (p, rep.me.placement, rep.store.root, rep.store.memtable_rows, rep.store.lamport)
+        versions = tuple(
+            (p, (rep.me.placement, rep.store.root, rep.store.memtable_rows, rep.store.lamport))
             for p, rep in led
         )
-        cached = self._served.get(table)
-        if cached is not None and cached[0] == version:
+        for p in [p for p in self._served if p.rsplit("/", 1)[0] == table]:
+            if p not in self.local or not self.local[p].leads:
+                del self._served[p]  # led no more: its rows go with it
+        cached = self._served_tables.get(table)
+        if cached is not None and cached[0] == versions:
             return cached[1]
-        result: pa.Table | None = None
-        if led:
-            parts = [rep.store.versioned_rows().drop_columns(list(HIDDEN)) for _, rep in led]
-            result = pa.concat_tables(parts)
-        self._served[table] = (version, result)
+        parts = []
+        for (p, rep), (_, version) in zip(led, versions, strict=True):
+            part = self._served.get(p)
+            if part is None or part[0] != version:
+                part = (version, rep.store.versioned_rows().drop_columns(list(HIDDEN)))
+                self._served[p] = part
+            parts.append(part[1])
+        result = pa.concat_tables(parts) if parts else None
+        self._served_tables[table] = (versions, result)
         return result
 
     def _replicated(self, rep: LocalReplica) -> bool:
