@@ -13,15 +13,20 @@ function reads its role's state without locks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from sparkbus.roles.query.engine import PartitionStore
 from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.expressions import resolve
 
 #: Returns the rows of a published table this node serves now, or None when it serves none.
 Publisher = Callable[[], pa.Table | None]
+#: Given a query's participants, says why the nodes may not serve each partition of a published table
+#: exactly once in it (a partition whose leader does not take part, or that two of them may serve while its
+#: leadership moves), or None.
+Coverage = Callable[[Sequence[str]], str | None]
 
 
 class TableCatalog(PartitionStore):
@@ -30,9 +35,11 @@ class TableCatalog(PartitionStore):
     def __init__(self) -> None:
         super().__init__()
         self.published: dict[str, Publisher] = {}
+        self.coverage: dict[str, Coverage] = {}
 
-    def publish(self, name: str, rows: Publisher) -> None:
-        """Serve table ``name`` from ``rows`` (called at every scan).
+    def publish(self, name: str, rows: Publisher, coverage: Coverage | None = None) -> None:
+        """Serve table ``name`` from ``rows`` (called at every scan), checked by ``coverage`` before each
+        scan of it when given (``unserved``).
 
         Raises:
             ExecutionError: the name is already loaded or published.
@@ -42,6 +49,8 @@ class TableCatalog(PartitionStore):
         if name in self.published or name in self.tables:
             raise ExecutionError(f"table {name!r} is already in this node's catalog")
         self.published[name] = rows
+        if coverage is not None:
+            self.coverage[name] = coverage
 
     def load(self, name: str, table: pa.Table, *, replace: bool = False) -> int:
         if name in self.published:
@@ -58,3 +67,12 @@ class TableCatalog(PartitionStore):
         if publisher is not None:
             return publisher()
         return super().get(name)
+
+    def unserved(self, tables: Sequence[str], participants: Sequence[str]) -> str | None:
+        for table in tables:
+            found = resolve(table, self.names(), "table")
+            check = self.coverage.get(found) if found is not None else None
+            why = check(participants) if check is not None else None
+            if why is not None:
+                return why
+        return None

@@ -199,6 +199,11 @@ class PartitionStore:
         """The local partition of ``name``, or None when this node holds none."""
         return self.tables.get(name)
 
+    def unserved(self, tables: Sequence[str], participants: Sequence[str]) -> str | None:
+        """Why a scan of ``tables`` here, in a query run by ``participants``, may not see each of their rows
+        exactly once, or None. Loaded tables are whatever each node holds: always None here."""
+        return None
+
 
 def table_from_ipc(batches: Sequence[bytes]) -> pa.Table:
     """A table from row batches, each one Arrow IPC stream holding one record batch (fully validated).

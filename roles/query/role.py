@@ -390,6 +390,13 @@ class QueryRole(PulledExchange):
         assert q.start is not None
         start = q.start
         run.done = True
+        scanned = [op.table for op in chain(run.fragment.root) if isinstance(op, Scan)]
+        if scanned and (why := self.store.unserved(scanned, start.participants)) is not None:
+            # Rows a leader outside the query holds would be missing, or rows two nodes serve counted
+            # twice: fail the query rather than answer it short or long (a transient state, as a member
+            # leaving is).
+            self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
+            return
         try:
             folded = run.inbox is not None and run.inbox.folded
             table = engine.run(run.fragment.root, self.store, start.parameters, received, folded=folded)

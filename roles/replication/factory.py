@@ -39,7 +39,7 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -249,7 +249,11 @@ class ServingReplication(ReplicationRole):
         self._prepare_load()
         if catalog is not None:
             for table in keys:
-                catalog.publish(table, lambda table=table: self.serve(table))
+                catalog.publish(
+                    table,
+                    lambda table=table: self.serve(table),
+                    lambda participants, table=table: self.unserved(table, participants),
+                )
             catalog.publish(REPLICAS_TABLE, self.replicas_table)
 
     def close(self) -> None:
@@ -414,6 +418,40 @@ class ServingReplication(ReplicationRole):
         result = pa.concat_tables(parts) if parts else None
         self._served_tables[table] = (versions, result)
         return result
+
+    def unserved(self, table: str, participants: Sequence[str]) -> str | None:
+        """Why, as this node sees it, a query run by ``participants`` may not get each partition of ``table``
+        from exactly one of them, or None. A node serves the partitions it leads, and each node names leaders
+        from its own view of who is live: while a partition's leadership moves (a node lost to some peers
+        and not yet to others, a replica that cannot be opened), the query's initiator may ask a set of
+        nodes among which no one, or two, serve a partition. Checked for every partition of the table: its
+        leader here must take part; and, for a partition placed here, no replica before it in placement
+        order that is not live here may take part (it may still serve the partition in its own view)."""
+        taking = set(participants)
+        live = frozenset(self.live)
+        for partition, spec in sorted(self.layout.partitions.items()):
+            if partition.rsplit("/", 1)[0] != table:
+                continue
+            electable = self._electable(spec)
+            leader = self.election.leader(electable, live)
+            if leader is None:
+                return f"partition {partition} of {table} has no leader up (as {self.node} sees it)"
+            if leader.node not in taking:
+                return (
+                    f"partition {partition} of {table} is led by {leader.node} (as {self.node} sees it), "
+                    "which does not take part in this query"
+                )
+            if spec.replica_on(self.node) is None:
+                continue
+            for r in electable.replicas:
+                if r.placement == leader.placement:
+                    break
+                if not r.joining and r.node in taking:
+                    return (
+                        f"partition {partition} of {table}: {r.node} takes part in this query and may still "
+                        f"lead it, which {leader.node} does as {self.node} sees it"
+                    )
+        return None
 
     def _replicated(self, rep: LocalReplica) -> bool:
         if rep.store.memtable_rows:
