@@ -108,6 +108,9 @@ class Epochs(Hooks):
     def _set_spec(self, spec: PartitionSpec) -> None:
         raise NotImplementedError
 
+    def _try_flush(self, rep: LocalReplica, when: str) -> None:
+        raise NotImplementedError
+
     def _reapply_rejoins(self, partition: str | None = None) -> None:
         """Placements recorded as rejoining stay joining across a restart or an ``assign`` (the layout
         does not know)."""
@@ -364,10 +367,17 @@ class Epochs(Hooks):
             self._announce(rep.spec.partition)
 
     def _maybe_caught_up(self, rep: LocalReplica, replica: Replica) -> None:
-        """Leader: ``replica`` acked every segment from our latest major; if it returns, it may lead again."""
+        """Leader: ``replica`` acked every segment from our latest major; if it returns, it may lead again
+        once it also holds our memtable: flushed now (as on losing leadership), the next round offers
+        that segment, and we say it is caught up when it acks it too."""
         key = (rep.spec.partition, replica.placement)
         epoch = self.returning.get(key)
         if epoch is None or replica.node not in self.live:
+            return
+        if rep.store.memtable_rows:
+            # Led at once without these rows, its clock below their versions: its own write of such a key
+            # would lose to the older one once we flush and push it.
+            self._try_flush(rep, "before a returning replica is caught up")
             return
         msg = ReplicaCaughtUp(partition=rep.spec.partition, placement=replica.placement, epoch=epoch)
         for r in rep.spec.replicas:
