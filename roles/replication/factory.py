@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkbus.bus.contract import Action, Event, LocalCall, Reply, SetTimer
-from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
+from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.role import ReplicationRole
 from sparkbus.roles.replication.storage import DiskStorage
@@ -386,7 +386,9 @@ class ServingReplication(ReplicationRole):
     # ------------------------------------------------------------ what queries see
 
     def serve(self, table: str) -> pa.Table | None:
-        """The rows of ``table`` in the partitions this node leads (None when it leads none).
+        """The rows of ``table`` in the partitions this node leads and serves (None when it serves none).
+        Only SERVE replicas: a split's targets in LOAD hold rows their source still serves, and once the
+        split is final a source in UNLOAD holds rows its targets serve; served too, they counted twice.
 
         Each led partition's rows are cached by its version (placement, root, memtable size, clock) and the
         table is the parts concatenated (cached too, while no part changes): a write to one partition
@@ -396,15 +398,18 @@ class ServingReplication(ReplicationRole):
         led = sorted(
             (p, rep)
             for p, rep in self.local.items()
-            if p.rsplit("/", 1)[0] == table and rep.leads and rep.store.schema is not None
+            if p.rsplit("/", 1)[0] == table
+            and rep.leads
+            and rep.lifecycle == Lifecycle.SERVE
+            and rep.store.schema is not None
         )
         versions = tuple(
             (p, (rep.me.placement, rep.store.root, rep.store.memtable_rows, rep.store.lamport))
             for p, rep in led
         )
         for p in [p for p in self._served if p.rsplit("/", 1)[0] == table]:
-            if p not in self.local or not self.local[p].leads:
-                del self._served[p]  # led no more: its rows go with it
+            if p not in self.local or not self.local[p].leads or self.local[p].lifecycle != Lifecycle.SERVE:
+                del self._served[p]  # served no more: its rows go with it
         cached = self._served_tables.get(table)
         if cached is not None and cached[0] == versions:
             return cached[1]

@@ -9,8 +9,11 @@ import pyarrow as pa
 import pytest
 
 from sparkbus.bus.sim import SimBus
-from sparkbus.roles.query import QueryError, sql
+from sparkbus.roles.query import QueryError, QueryRole, sql
+from sparkbus.roles.query.catalog import TableCatalog
 from sparkbus.roles.query.errors import ErrorCode
+from sparkbus.roles.replication import PARTITION_COLUMN, MemoryStorage, ServingReplication
+from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica, SplitTarget
 from tests.unit.replication.test_factory import Target, cluster, rows_for
 
 IDS = list(range(40))
@@ -56,3 +59,64 @@ def test_a_partition_two_nodes_or_none_would_serve_fails_the_query(cut: tuple[st
     sim.heal(*cut)
     sim.run_for(10.0)
     assert count_or_error(target) == 40  # once the views agree again, the answer is whole
+
+
+# A split: its targets in LOAD hold the rows the source still serves, and after the finalize the source
+# in UNLOAD holds those its targets serve; only SERVE replicas serve.
+
+
+def split_layout() -> Layout:
+    return Layout.of(
+        [
+            PartitionSpec(
+                partition="a/0", replicas=(Replica(node="s-0", placement=1), Replica(node="s-1", placement=2))
+            ),
+            PartitionSpec(
+                partition="a/1",
+                replicas=(Replica(node="s-0", placement=3), Replica(node="s-1", placement=4)),
+                lifecycle=Lifecycle.LOAD,
+            ),
+            PartitionSpec(
+                partition="a/2",
+                replicas=(Replica(node="s-1", placement=5), Replica(node="s-0", placement=6)),
+                lifecycle=Lifecycle.LOAD,
+            ),
+        ]
+    )
+
+
+def split_count(target: Target) -> int | str:
+    try:
+        table: pa.Table = sql(target, "SELECT COUNT(*) AS n FROM a")
+    except QueryError as exc:
+        return f"{exc.code.name}"
+    return int(table.column("n")[0].as_py())
+
+
+def test_a_query_during_a_split_counts_each_row_once_or_fails() -> None:
+    stores: dict[str, MemoryStorage] = {}
+    sim = SimBus(seed=3)
+    rows = pa.table({"id": IDS, "v": [float(i) for i in IDS], PARTITION_COLUMN: ["a/0"] * len(IDS)})
+    for node in ("s-0", "s-1", "s-2"):
+        catalog = TableCatalog()
+        rep = ServingReplication(
+            node,
+            split_layout(),
+            {"a": ("id",)},
+            lambda p, node=node: stores.setdefault(f"{node}:{p}", MemoryStorage()),
+            local_data=tuple(rows.to_batches()) if node == "s-0" else (),
+            catalog=catalog,
+        )
+        sim.add_node(node, [rep, QueryRole(node, store=catalog, incarnation=node)])
+    sim.start()
+    sim.run_for(10.0)
+    target = Target(sim, "s-2")
+    assert split_count(target) == 40
+    targets = (SplitTarget(partition="a/1", high=20), SplitTarget(partition="a/2", low=20))
+    sim.result(sim.call("s-0", "replication", "split", {"partition": "a/0", "targets": targets}), limit=5)
+    seen = []
+    for _ in range(40):
+        seen.append(split_count(target))
+        sim.run_for(0.25)
+    wrong = [n for n in seen if isinstance(n, int) and n != 40]
+    assert wrong == [], f"answers during the split: {seen}"
