@@ -299,8 +299,19 @@ def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None
     (``SPARKBUS_DATA_DIR``): after the cluster starts again the stored table has rows the views' table
     has not. Filled with the file's rows alone, it would make every view count only rows loaded since.
     """
+    from sparkbus.roles.client import OperationError  # noqa: PLC0415
+    from sparkbus.roles.query import ErrorCode as QueryCode  # noqa: PLC0415
+
     batches = client.sql_batches(f"SELECT * FROM {spec.name}", timeout=timeout)
-    first = next(batches, None)
+    try:
+        first = next(batches, None)
+    except OperationError as exc:
+        if exc.code != QueryCode.PARSING:  # a declared table's SELECT * fails to plan only without rows
+            raise
+        raise CommandError(
+            f"table {spec.name} holds no rows on any node yet, and its columns come from its rows: "
+            f"load some first (`sparkbus load {spec.name} FILE`)"
+        ) from None
     schema = first.schema if first is not None else _sql_schema(client, spec.name)
     if schema is None:
         raise CommandError(f"table {spec.name}: the cluster has no such table")

@@ -156,6 +156,14 @@ def test_a_view_that_failed_on_its_data_is_dropped_and_its_name_taken_again(up: 
     assert peeked.returncode == 0, peeked.stderr
     assert json.loads(peeked.stdout) == {"n": 2}
 
+    # A declared table (processes.toml's orders) with no rows yet has no columns for a view to take.
+    empty = client(up, "view", "create", "by_customer", "--source", "orders", "--agg", "n=count(*)")
+    assert empty.returncode == 1 and empty.stdout == ""
+    assert empty.stderr.startswith("sparkbus view create: table orders holds no rows on any node yet"), (
+        empty.stderr
+    )
+    assert "sparkbus load orders FILE" in empty.stderr and len(empty.stderr.strip().splitlines()) == 1
+
 
 @pytest.mark.parametrize("command", [("sql", "SELECT 1"), ("view", "drop", "v")], ids=["sql", "view drop"])
 def test_without_a_running_cluster_the_commands_say_so(tmp_path: Path, command: tuple[str, ...]) -> None:
