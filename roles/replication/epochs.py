@@ -49,6 +49,14 @@ it leader, and nobody led the partition. So:
   as after a restart, and returns no more.
 
 A node that restarts while its replica returns comes back as after any restart (the state is in memory).
+A node whose replica was away and opens at a restart does not know it was away: a peer that holds it for
+absent takes a hello that does not say it returns for a return all the same, and tells it so with
+``ReplicaReturns`` (placement, epoch), at once when the link comes up (with the epoch it recorded, before
+its hello) and in answer to such a hello; the replica takes itself for returning. Until each live peer
+whose store it knows has spoken of the partition (a hello, ``ReplicaAbsent`` or ``ReplicaReturns``), a
+replica opened at start takes itself for joining while another can lead (``_waiting``): else it led in
+its own view until that word came, beside the peer that led while it was away. Once every such peer has
+spoken it waits no more; until then a peer that comes up later stops it leading for that long.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ from sparkbus.roles.replication.messages import (
     ReplicaCaughtUp,
     ReplicaHello,
     ReplicaRejoin,
+    ReplicaReturns,
 )
 
 MEMBER, REJOINING, JOINED = "member", "rejoining", "joined"
@@ -101,6 +110,8 @@ class Epochs(Hooks):
     # those returning (ours too) with their store's epoch.
     absent: dict[tuple[str, int], str]
     returning: dict[tuple[str, int], bytes]
+    fresh: set[str]
+    heard: set[tuple[str, str]]
 
     def _elect(self) -> None:
         raise NotImplementedError
@@ -156,6 +167,16 @@ class Epochs(Hooks):
 
     def _hello_partition(self, peer: str, rep: LocalReplica) -> None:
         partition = rep.spec.partition
+        theirs = rep.spec.replica_on(peer)
+        known = None if theirs is None else records_of(rep).get(theirs.placement)
+        if theirs is not None and known is not None and (partition, theirs.placement) in self.absent:
+            # Before our hello: a replica that opened at a restart waits for it, and then returns.
+            self._emit(
+                Send(
+                    peer=peer,
+                    message=ReplicaReturns(partition=partition, placement=theirs.placement, epoch=known[0]),
+                )
+            )
         self._emit(Send(peer=peer, message=self._own_hello(rep)))
         for placement, (epoch, state) in records_of(rep).items():
             if state == JOINED:
@@ -175,8 +196,31 @@ class Epochs(Hooks):
         rep = self._epoch_replica(peer, msg.partition, msg.placement)
         if rep is None:
             return
+        waited = self._hear(peer, msg.partition)
         self._take_store(peer, rep, msg)
         self._take_presence(peer, rep, msg)
+        if waited:
+            self._elect()
+
+    def _hear(self, peer: str, partition: str) -> bool:
+        """``peer`` spoke of ``partition``: True if our replica opened at start waited for it."""
+        new = (partition, peer) not in self.heard
+        self.heard.add((partition, peer))
+        return new and partition in self.fresh
+
+    def _waiting(self, spec: PartitionSpec) -> bool:
+        """Our replica of ``spec`` opened at start and a live peer has not spoken of it yet: that peer
+        may hold it for absent (it did not know it was away), so it does not lead yet."""
+        rep = self.local.get(spec.partition)
+        if spec.partition not in self.fresh or rep is None:
+            return False
+        known = records_of(rep)  # a peer that never spoke to this store cannot have missed it since
+        unheard = {r.node for r in spec.replicas if r.node != self.node and r.placement in known} - {
+            peer for partition, peer in self.heard if partition == spec.partition
+        }
+        if not unheard:
+            self.fresh.discard(spec.partition)  # every peer has spoken: it waits no more
+        return bool(unheard & self.live)
 
     def _take_store(self, peer: str, rep: LocalReplica, msg: ReplicaHello) -> None:
         records = records_of(rep)
@@ -266,6 +310,9 @@ class Epochs(Hooks):
         spec = self._rejoiners_electable(spec)
         absent = self._absent_in(spec)
         returning = {r.placement for r in spec.replicas if (spec.partition, r.placement) in self.returning}
+        mine = spec.replica_on(self.node)
+        if mine is not None and self._waiting(spec):
+            returning.add(mine.placement)
         if not absent and not returning:
             return spec
         without = spec.with_joining(absent | returning)
@@ -327,6 +374,8 @@ class Epochs(Hooks):
             self._count("absent_refused")  # not a replica of the partition, or not that one
             return
         key = (msg.partition, msg.placement)
+        if self._hear(peer, msg.partition):
+            self._elect()
         known = key in self.absent
         self.absent[key] = msg.error
         if not known or self.returning.pop(key, None) is not None:
@@ -337,14 +386,23 @@ class Epochs(Hooks):
             self._elect()
 
     def _take_presence(self, peer: str, rep: LocalReplica, msg: ReplicaHello) -> None:
-        """A hello names a hosted store: not absent; returning as it says."""
+        """A hello names a hosted store: not absent; returning as it says, or if we held it for absent
+        (its store opened at a restart: it did not know it was away), and then we tell it so."""
         key = (msg.partition, msg.placement)
         was_absent = self.absent.pop(key, None) is not None
         before = self.returning.get(key)
-        if msg.returning:
+        if msg.returning or was_absent:
             self.returning[key] = msg.epoch
         else:
             self.returning.pop(key, None)
+        if was_absent and not msg.returning:
+            self._count("told_returning")
+            self._emit(
+                Send(
+                    peer=peer,
+                    message=ReplicaReturns(partition=msg.partition, placement=msg.placement, epoch=msg.epoch),
+                )
+            )
         if msg.returning and before is None:
             # It heard none of our hellos while it could not be opened (nor a store we since lost).
             self._hello_partition(peer, rep)
@@ -360,6 +418,25 @@ class Epochs(Hooks):
         self.returning[partition, rep.me.placement] = rep.store.epoch
         self._count("reopened")
         self._announce(partition)
+
+    def _on_returns(self, peer: str, msg: ReplicaReturns) -> None:
+        """A peer held our replica for absent, and it opened at a restart: it returns, as if it had
+        opened again on a tick (``_reopened``), unless it is another store by now or returns already."""
+        rep = self.local.get(msg.partition)
+        if rep is None and msg.partition in self.unopened:
+            return  # still away: the peer tells it again once its hello names the store
+        if rep is None or rep.spec.replica_on(peer) is None or rep.me.placement != msg.placement:
+            self._count("returns_refused")
+            return
+        key = (msg.partition, msg.placement)
+        self.heard.add((msg.partition, peer))  # its hello follows: we wait on until then
+        if msg.epoch != rep.store.epoch or key in self.returning:
+            return
+        self.returning[key] = msg.epoch
+        self._count("returns")
+        self._elect()  # a replica that can lead is live (the sender): it returns, or leads alone
+        if key in self.returning:
+            self._announce(msg.partition)
 
     def _returned(self, rep: LocalReplica) -> None:
         """``rep`` leads: if it was returning, no other replica could lead; it returns no more."""

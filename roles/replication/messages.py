@@ -297,6 +297,17 @@ class ReplicaCaughtUp(_StoreNamed):
     replica of the partition."""
 
 
+@message(0x012B)
+@dataclass(frozen=True, kw_only=True)
+class ReplicaReturns(_StoreNamed):
+    """REPLICA_RETURNS: the receiver's replica ``placement`` (store ``epoch``) returns.
+
+    The sender recorded it absent (``ReplicaAbsent``) and its hello did not say it returns: the store
+    opened at a restart, before the node heard that it was away. The sender takes it for returning, and
+    the receiver takes itself so too (until ``ReplicaCaughtUp``), or it would lead at once in its own
+    view while the sender names another replica."""
+
+
 def stream_key(partition: str, segment_id: str, attempt: int) -> str:
     """The credit stream a segment travels on (routed to the receiving ``replication`` role).
 
@@ -331,4 +342,5 @@ MESSAGES: tuple[type, ...] = (
     ReplicaRejoin,
     ReplicaAbsent,
     ReplicaCaughtUp,
+    ReplicaReturns,
 )

@@ -61,6 +61,7 @@ from sparkbus.roles.replication.messages import (
     ReplicaCaughtUp,
     ReplicaHello,
     ReplicaRejoin,
+    ReplicaReturns,
     SegmentAccepted,
     SegmentAcked,
     SegmentDeclined,
@@ -139,6 +140,11 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         # Replicas away (``epochs.py``): peers' that cannot be opened, and those returning, ours included.
         self.absent: dict[tuple[str, int], str] = {}
         self.returning: dict[tuple[str, int], bytes] = {}
+        # Partitions whose replica opened at start, and the (partition, peer) pairs heard from since: such
+        # a replica waits for each live peer's first word before it leads (a peer may hold it for absent:
+        # ``epochs.py``).
+        self.fresh: set[str] = set()
+        self.heard: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ entry point
 
@@ -168,6 +174,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             out.append(SetTimer(key=TICK, at=now + self.config.tick))  # first: armed whatever follows
             for spec in list(self.layout.partitions.values()):
                 self._open(spec)  # one that cannot be opened is listed under failing; the others open
+            self.fresh = set(self.local)
             self._resume_drains()  # files of partitions the layout no longer places here
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
@@ -657,6 +664,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             self._on_absent(peer, msg)
         elif isinstance(msg, ReplicaCaughtUp):
             self._on_caught_up(peer, msg)
+        elif isinstance(msg, ReplicaReturns):
+            self._on_returns(peer, msg)
         else:
             raise RemoteProtocolError(f"{peer}: {type(msg).__name__} is not a replication message")
 

@@ -10,7 +10,7 @@ it. Now the leader flushes its memtable first and says the replica is caught up 
 from __future__ import annotations
 
 from .cluster import P
-from .test_unopened_replica import _leading, _loaded, _watch
+from .test_unopened_replica import _first_led, _later_write_wins, _loaded
 
 
 def test_returning_replica_does_not_lead_without_the_leaders_memtable_rows() -> None:
@@ -20,17 +20,7 @@ def test_returning_replica_does_not_lead_without_the_leaders_memtable_rows() -> 
     assert meanwhile == [8, 9]
     assert c.role("b").local[P].store.memtable_rows == 2
     disk.failing = False
-    first_led: list[list[int]] = []
-    both: list[float] = []
-
-    def seen() -> None:
-        leading = _leading(c, ("a", "b"))
-        if len(leading) > 1:
-            both.append(c.sim.now)
-        if "a" in leading and not first_led:
-            first_led.append(sorted(c.read("a").get("key", [])))
-
-    _watch(c, 10.0, seen)
+    first_led, both = _first_led(c, ("a", "b"), 10.0)
     assert both == [], f"two nodes led at {both[:5]}"
     assert first_led == [sorted(acked + meanwhile)], (
         "a led again before it held what b took while it was away"
@@ -42,14 +32,4 @@ def test_a_write_on_the_returned_leader_is_not_overwritten_by_an_older_one() -> 
     c, disk, _ = _loaded(seed=3)
     assert c.write_keys("b", range(8, 10), tag="old") == [8, 9]
     disk.failing = False
-    c.sim.run_until(lambda: "a" in _leading(c, ("a", "b")), limit=10)
-    # the client writes key 8 again, to the leader, after its write "old8" was acknowledged
-    _, error = c.write("a", P, {"key": [8], "v": ["new8"]})
-    assert error is None, error
-    c.call("a", "flush", partition=P)
-    c.settle(10.0)
-    for node in ("a", "b"):
-        rows = c.read(node)
-        got = dict(zip(rows["key"], rows["v"], strict=True))
-        assert got[8] == "new8", f"{node}: the acknowledged later write of key 8 was lost: {got[8]!r}"
-        assert got[9] == "old9"
+    _later_write_wins(c)

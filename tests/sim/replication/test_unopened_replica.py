@@ -64,6 +64,36 @@ def _watch(c: Cluster, seconds: float, seen: Callable[[], None]) -> None:
     c.sim.run_until(done, limit=seconds + 5)
 
 
+def _first_led(c: Cluster, nodes: tuple[str, ...], seconds: float) -> tuple[list[list[int]], list[float]]:
+    """Run ``seconds``: the keys a holds when it first leads, and the steps at which two nodes led."""
+    both: list[float] = []
+    first: list[list[int]] = []
+
+    def seen() -> None:
+        leading = _leading(c, nodes)
+        if len(leading) > 1:
+            both.append(c.sim.now)
+        if "a" in leading and not first:
+            first.append(sorted(c.read("a").get("key", [])))
+
+    _watch(c, seconds, seen)
+    return first, both
+
+
+def _later_write_wins(c: Cluster, nodes: tuple[str, ...] = ("a", "b")) -> None:
+    """Once a leads, the client writes key 8 again to it (after b acknowledged "old8"); it must win."""
+    c.sim.run_until(lambda: "a" in _leading(c, nodes), limit=10)
+    _, error = c.write("a", P, {"key": [8], "v": ["new8"]})
+    assert error is None, error
+    c.call("a", "flush", partition=P)
+    c.settle(10.0)
+    for node in nodes:
+        rows = c.read(node)
+        got = dict(zip(rows["key"], rows["v"], strict=True))
+        assert got[8] == "new8", f"{node}: the acknowledged later write of key 8 was lost: {got[8]!r}"
+        assert got[9] == "old9"
+
+
 def _loaded(seed: int, nodes: tuple[str, ...] = ("a", "b")) -> tuple[Cluster, _Disk, list[int]]:
     """8 keys written on a (the designated leader), flushed and replicated; then a restarts with its
     replica of t/0 unreadable."""
@@ -101,17 +131,7 @@ def test_a_replica_that_opens_again_returns_as_a_follower_and_leads_once_caught_
     assert written_meanwhile == list(range(8, 20))
     keys = acked + written_meanwhile
     disk.failing = False  # the disk is back: the next tick opens the replica
-    both: list[float] = []
-    stale: list[list[int]] = []
-
-    def seen() -> None:
-        leading = _leading(c, nodes)
-        if len(leading) > 1:
-            both.append(c.sim.now)
-        if "a" in leading and not stale:
-            stale.append(sorted(c.read("a").get("key", [])))
-
-    _watch(c, 15.0, seen)
+    stale, both = _first_led(c, nodes, 15.0)
     assert P not in c.role("a").failing
     assert both == [], f"two nodes led at {both[:5]}"
     assert stale == [sorted(keys)], "a led again before it held what b took while it was away"

@@ -1,5 +1,5 @@
-"""Replicas away at role level: REPLICA_ABSENT, a hello's ``returning`` and REPLICA_CAUGHT_UP, and what a
-peer may not make a replica believe with them (``roles/replication/epochs.py``, "Replicas away")."""
+"""Replicas away at role level: REPLICA_ABSENT, a hello's ``returning``, REPLICA_RETURNS and
+REPLICA_CAUGHT_UP, and what a peer may not make a replica believe with them (``roles/replication/epochs.py``, "Replicas away")."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from sparkbus.roles.replication.messages import (
     ReplicaAbsent,
     ReplicaCaughtUp,
     ReplicaHello,
+    ReplicaReturns,
 )
 from sparkbus.roles.replication.role import ReplicationRole
 from sparkbus.roles.replication.storage import MemoryStorage
 from sparkbus.roles.replication.store import MANIFEST
 
 from .test_dropped_replica import CONFIG, P, write
-from .test_epochs import OLD, SPEC, receive, role
+from .test_epochs import NEW, OLD, SPEC, receive, role
 
 CODEC = EnvelopeCodec()
 EIO = "cannot open: OSError: [Errno 5] Input/output error"
@@ -60,6 +61,7 @@ def unopened(node: str) -> ReplicationRole:
         ReplicaAbsent(partition=P, placement=2, error=EIO),
         ReplicaCaughtUp(partition=P, placement=2, epoch=OLD),
         ReplicaHello(partition=P, placement=2, epoch=OLD, returning=True),
+        ReplicaReturns(partition=P, placement=2, epoch=OLD),
     ],
     ids=lambda m: type(m).__name__,
 )
@@ -132,3 +134,54 @@ def test_a_returning_replica_leads_again_only_on_a_replicas_word_for_its_store()
     assert leader(b) == "b" and b.counters["caught_up_refused"] == 1
     receive(b, "c", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))
     assert leader(b) == "a" and b.returning == {}
+
+
+def test_a_peer_held_absent_that_opened_at_a_restart_is_told_it_returns() -> None:
+    b = holding("b")
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD))  # b knows a's store
+    receive(b, "a", ReplicaAbsent(partition=P, placement=1, error=EIO), 2.0)
+    assert leader(b) == "b"
+    sent = up(b, "a", now=3.0)  # a restarted: a new session
+    assert sent[:2] == [
+        ReplicaReturns(partition=P, placement=1, epoch=OLD),  # before our hello, which a waits for
+        ReplicaHello(partition=P, placement=2, epoch=b.local[P].store.epoch),
+    ]
+    answer = receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD), 4.0)  # not returning
+    assert answer[0] == ReplicaReturns(partition=P, placement=1, epoch=OLD)  # then what a lacks
+    assert leader(b) == "b" and b.absent == {} and b.returning == {(P, 1): OLD}
+    assert b.counters["told_returning"] == 1
+
+
+def restarted_a() -> tuple[ReplicationRole, bytes]:
+    """a's role restarted on a store that has heard b and c, then b and c up."""
+    kept: dict[str, MemoryStorage] = {}
+    a = role("a", kept)
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    receive(a, "c", ReplicaHello(partition=P, placement=3, epoch=NEW))
+    a = role("a", kept)
+    up(a, "b", "c")
+    return a, a.local[P].store.epoch
+
+
+def test_a_replica_opened_at_start_leads_only_once_the_peers_it_knows_have_spoken() -> None:
+    a, _ = restarted_a()
+    assert leader(a) == "b", "b may hold it for absent: a waits for its word"
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    assert leader(a) == "b"
+    receive(a, "c", ReplicaHello(partition=P, placement=3, epoch=NEW))
+    assert leader(a) == "a" and a.returning == {}
+
+
+def test_a_replica_told_it_returns_follows_until_caught_up() -> None:
+    a, epoch = restarted_a()
+    receive(a, "z", ReplicaReturns(partition=P, placement=1, epoch=epoch))  # holds no replica
+    receive(a, "b", ReplicaReturns(partition=P, placement=1, epoch=NEW))  # another store
+    assert a.counters["returns_refused"] == 1 and a.returning == {}
+    answer = receive(a, "b", ReplicaReturns(partition=P, placement=1, epoch=epoch))
+    assert a.returning == {(P, 1): epoch} and a.counters["returns"] == 1
+    assert ReplicaHello(partition=P, placement=1, epoch=epoch, returning=True) in answer
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    receive(a, "c", ReplicaHello(partition=P, placement=3, epoch=NEW))
+    assert leader(a) == "b"
+    receive(a, "b", ReplicaCaughtUp(partition=P, placement=1, epoch=epoch))
+    assert leader(a) == "a" and a.returning == {}
