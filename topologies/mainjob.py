@@ -815,7 +815,11 @@ def main_job(opts: Options, console: Console | None = None) -> int:
     console = console or Console()
     _stopping.clear()
     previous = signal.signal(signal.SIGTERM, _terminated)
-    previous_int = signal.signal(signal.SIGINT, _interrupted)
+    # Ctrl-C is noted only where Python turns it into KeyboardInterrupt: a run started in the background
+    # of a non-interactive shell ignores SIGINT and goes on doing so.
+    int_default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if int_default:
+        signal.signal(signal.SIGINT, _interrupted)
     try:
         report = run_job(opts, console)
     except Exception as exc:
@@ -829,7 +833,8 @@ def main_job(opts: Options, console: Console | None = None) -> int:
         return _stopped(signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous_int is None else previous_int)
+        if int_default:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     print_summary(report, console)
     console.print(f"report: {opts.report}\nchart:  {opts.chart}", markup=False, highlight=False)
     return 0 if report["all_results_match"] and report["view"]["fresh"] else 1

@@ -469,12 +469,33 @@ def test_a_signal_whose_exception_spark_replaced_still_ends_the_run_by_it(
             raise RuntimeError("Py4JJavaError: An error occurred while calling o123.toArrow") from exc
 
     monkeypatch.setattr(mainjob, "run_job", run_job)
-    assert mainjob.main_job(cast(mainjob.Options, None)) == 128 + signum
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (not SIG_IGN)
+    try:
+        assert mainjob.main_job(cast(mainjob.Options, None)) == 128 + signum
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert (
         capsys.readouterr().err
         == f"sparkbus run: stopped by {signum.name}; nodes stopped, temporary data removed\n"
     )
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_run_in_the_background_leaves_sigint_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started with `&` from a script, SIGINT is ignored: the run must not start taking it."""
+    seen: list[object] = []
+
+    def run_job(_opts: object, _console: object) -> None:
+        seen.append(signal.getsignal(signal.SIGINT))
+        raise JobError("stand-in")
+
+    monkeypatch.setattr(mainjob, "run_job", run_job)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert mainjob.main_job(cast(mainjob.Options, None)) == 1
+        assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_an_error_without_a_signal_is_not_taken_for_one(
