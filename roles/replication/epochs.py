@@ -110,6 +110,8 @@ class Epochs(Hooks):
     # those returning (ours too) with their store's epoch.
     absent: dict[tuple[str, int], str]
     returning: dict[tuple[str, int], bytes]
+    # Peers' returning replicas whose new session has not yet said it returns (it may have restarted).
+    recheck: set[tuple[str, int]]
     fresh: set[str]
     heard: set[tuple[str, str]]
 
@@ -120,6 +122,9 @@ class Epochs(Hooks):
         raise NotImplementedError
 
     def _try_flush(self, rep: LocalReplica, when: str) -> None:
+        raise NotImplementedError
+
+    def _leader_in(self, spec: PartitionSpec) -> Replica | None:
         raise NotImplementedError
 
     def _reapply_rejoins(self, partition: str | None = None) -> None:
@@ -159,23 +164,28 @@ class Epochs(Hooks):
         and tell it of each of our replicas it shares that cannot be opened."""
         for rep in self.local.values():
             if rep.spec.replica_on(peer) is not None:
-                self._hello_partition(peer, rep)
+                self._hello_partition(peer, rep, new_session=True)
         for partition in sorted(self.unopened):
             spec = self.layout.partitions.get(partition)
             if spec is not None and spec.replica_on(peer) is not None:
                 self._tell_absent(spec, self.failing.get(partition, "cannot open"), {peer})
 
-    def _hello_partition(self, peer: str, rep: LocalReplica) -> None:
+    def _hello_partition(self, peer: str, rep: LocalReplica, new_session: bool = False) -> None:
         partition = rep.spec.partition
         theirs = rep.spec.replica_on(peer)
         known = None if theirs is None else records_of(rep).get(theirs.placement)
-        if theirs is not None and known is not None and (partition, theirs.placement) in self.absent:
-            # Before our hello: a replica that opened at a restart waits for it, and then returns.
+        key = None if theirs is None else (partition, theirs.placement)
+        told = None
+        if key is not None and known is not None and key in self.absent:
+            told = known[0]  # a replica that opened at a restart waits for our hello, and then returns
+        elif key is not None and new_session and key in self.returning:
+            # Its node may have restarted while it returned: that lives in memory, and its first hello
+            # would say it returns no more (``_take_presence`` waits for that hello).
+            self.recheck.add(key)
+            told = self.returning[key]
+        if key is not None and told is not None:
             self._emit(
-                Send(
-                    peer=peer,
-                    message=ReplicaReturns(partition=partition, placement=theirs.placement, epoch=known[0]),
-                )
+                Send(peer=peer, message=ReplicaReturns(partition=partition, placement=key[1], epoch=told))
             )
         self._emit(Send(peer=peer, message=self._own_hello(rep)))
         for placement, (epoch, state) in records_of(rep).items():
@@ -389,6 +399,20 @@ class Epochs(Hooks):
         """A hello names a hosted store: not absent; returning as it says, or if we held it for absent
         (its store opened at a restart: it did not know it was away), and then we tell it so."""
         key = (msg.partition, msg.placement)
+        rechecked = key in self.recheck
+        self.recheck.discard(key)
+        if rechecked and not msg.returning and self.returning.get(key) == msg.epoch:
+            # The first hello of a new session, from a replica we hold returning, that does not say it
+            # returns: its node restarted and forgot. Taken as caught up, it led at once without the rows
+            # the others took meanwhile; it is told again (its own ``ReplicaReturns`` is a no-op if not).
+            self._count("told_returning")
+            self._emit(
+                Send(
+                    peer=peer,
+                    message=ReplicaReturns(partition=msg.partition, placement=msg.placement, epoch=msg.epoch),
+                )
+            )
+            return
         was_absent = self.absent.pop(key, None) is not None
         before = self.returning.get(key)
         if msg.returning or was_absent:
@@ -465,8 +489,12 @@ class Epochs(Hooks):
         self._elect()
 
     def _on_caught_up(self, peer: str, msg: ReplicaCaughtUp) -> None:
+        """The leader's word that a returning replica holds what it holds. Only the leader can know: from
+        any other replica (a follower, the returning replica itself, one whose view of the leader is
+        stale) it is refused, or the leader stepped down for a replica without its rows."""
         spec = self.layout.partitions.get(msg.partition)
-        if spec is None or spec.replica_on(peer) is None:
+        leader = None if spec is None else self._leader_in(spec)
+        if spec is None or spec.replica_on(peer) is None or leader is None or leader.node != peer:
             self._count("caught_up_refused")
             return
         key = (msg.partition, msg.placement)

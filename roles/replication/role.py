@@ -140,6 +140,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         # Replicas away (``epochs.py``): peers' that cannot be opened, and those returning, ours included.
         self.absent: dict[tuple[str, int], str] = {}
         self.returning: dict[tuple[str, int], bytes] = {}
+        self.recheck: set[tuple[str, int]] = set()
         # Partitions whose replica opened at start, and the (partition, peer) pairs heard from since: such
         # a replica waits for each live peer's first word before it leads (a peer may hold it for absent:
         # ``epochs.py``).

@@ -42,3 +42,33 @@ def test_a_write_taken_by_the_restarted_replica_is_not_overwritten_by_an_older_o
     disk.failing = False
     c.restart("a")
     _later_write_wins(c)
+
+
+@pytest.mark.parametrize("nodes", [("a", "b"), ("a", "b", "c")])
+def test_a_returning_replica_restarted_before_caught_up_does_not_lead_without_the_rows(
+    nodes: tuple[str, ...],
+) -> None:
+    """Returning lives in the node's memory: restarted before the leader caught it up, its first hello
+    said nothing of it, and the peer that held it returning took that for caught up."""
+    c, disk, acked = _loaded(seed=3, nodes=nodes)
+    meanwhile = c.write_keys("b", range(8, 20), tag="w")  # flushed on b while a is away
+    assert meanwhile == list(range(8, 20))
+    disk.failing = False  # the next tick opens a's replica again: it returns
+    c.sim.run_until(lambda: (P, 1) in c.role("b").returning, limit=5)
+    c.crash("a")
+    assert c.role("b").counters.get("caught_up", 0) == 0 and (P, 1) in c.role("b").returning
+    c.restart("a")
+    first_led, both = _first_led(c, nodes, 15.0)
+    assert both == [], f"two nodes led at {both[:5]}"
+    assert first_led == [sorted(acked + meanwhile)], "a led again before it held what b took meanwhile"
+    c.assert_identical(list(nodes), acked + meanwhile)
+
+
+def test_a_write_taken_by_a_returning_replica_restarted_before_caught_up_is_not_lost() -> None:
+    c, disk, _ = _loaded(seed=3)
+    assert c.write_keys("b", range(8, 20), tag="old") == list(range(8, 20))
+    disk.failing = False
+    c.sim.run_until(lambda: (P, 1) in c.role("b").returning, limit=5)
+    c.crash("a")
+    c.restart("a")
+    _later_write_wins(c)

@@ -125,14 +125,42 @@ def test_only_a_replica_says_itself_absent(peer: str, msg: ReplicaAbsent) -> Non
     assert a.counters["absent_refused"] == 1
 
 
-def test_a_returning_replica_leads_again_only_on_a_replicas_word_for_its_store() -> None:
+def test_a_returning_replica_leads_again_only_on_the_leaders_word_for_its_store() -> None:
+    c = role("c")
+    write(c, [1, 2])
+    up(c, "a", "b")
+    receive(c, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True))
+    assert leader(c) == "b"
+    receive(c, "z", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))  # not a replica
+    receive(c, "a", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))  # the returning replica itself
+    assert leader(c) == "b" and c.counters["caught_up_refused"] == 2
+    receive(c, "b", ReplicaCaughtUp(partition=P, placement=1, epoch=b"\x09" * 8))  # another store
+    assert leader(c) == "b" and c.returning == {(P, 1): OLD}
+    receive(c, "b", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))
+    assert leader(c) == "a" and c.returning == {}
+
+
+def test_the_leader_takes_no_other_replicas_word_that_a_returning_replica_caught_up() -> None:
     b = holding("b")
     receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True))
-    assert leader(b) == "b"
-    receive(b, "z", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))  # not a replica
-    receive(b, "c", ReplicaCaughtUp(partition=P, placement=1, epoch=b"\x09" * 8))  # another store
-    assert leader(b) == "b" and b.counters["caught_up_refused"] == 1
-    receive(b, "c", ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))
+    for sender in ("c", "a"):  # a follower cannot know what the leader holds; nor can the replica
+        receive(b, sender, ReplicaCaughtUp(partition=P, placement=1, epoch=OLD))
+        assert leader(b) == "b" and b.returning == {(P, 1): OLD}
+    assert b.counters["caught_up_refused"] == 2
+
+
+def test_a_returning_replica_whose_node_restarts_is_told_it_still_returns() -> None:
+    b = holding("b")
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True))
+    sent = up(b, "a", now=3.0)  # a restarted before b caught it up: returning lived in its memory
+    assert sent[0] == ReplicaReturns(partition=P, placement=1, epoch=OLD)
+    answer = receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD), 4.0)  # forgot it returns
+    assert answer[0] == ReplicaReturns(partition=P, placement=1, epoch=OLD)  # then what a lacks
+    assert leader(b) == "b" and b.returning == {(P, 1): OLD}
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD, returning=True), 5.0)
+    assert leader(b) == "b" and b.returning == {(P, 1): OLD}
+    # The same session's later hello without it repeats the leader's word (it led alone, or was told).
+    receive(b, "a", ReplicaHello(partition=P, placement=1, epoch=OLD), 6.0)
     assert leader(b) == "a" and b.returning == {}
 
 
