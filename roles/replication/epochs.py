@@ -114,6 +114,9 @@ class Epochs(Hooks):
     recheck: set[tuple[str, int]]
     fresh: set[str]
     heard: set[tuple[str, str]]
+    start_until: float
+    caught_with: dict[str, set[str]]
+    _now: float
 
     def _elect(self) -> None:
         raise NotImplementedError
@@ -162,6 +165,8 @@ class Epochs(Hooks):
     def _hello(self, peer: str) -> None:
         """A link came up: name our stores to ``peer`` and repeat the rejoins we finalized or saw finalized;
         and tell it of each of our replicas it shares that cannot be opened."""
+        for peers in self.caught_with.values():
+            peers.discard(peer)  # a new session: what it says now is not from before our catch-up
         for rep in self.local.values():
             if rep.spec.replica_on(peer) is not None:
                 self._hello_partition(peer, rep, new_session=True)
@@ -220,7 +225,8 @@ class Epochs(Hooks):
 
     def _waiting(self, spec: PartitionSpec) -> bool:
         """Our replica of ``spec`` opened at start and a live peer has not spoken of it yet: that peer
-        may hold it for absent (it did not know it was away), so it does not lead yet."""
+        may hold it for absent (it did not know it was away), so it does not lead yet. For
+        ``start_wait`` after the start, a peer not up yet counts too (``_starting``)."""
         rep = self.local.get(spec.partition)
         if spec.partition not in self.fresh or rep is None:
             return False
@@ -230,7 +236,21 @@ class Epochs(Hooks):
         }
         if not unheard:
             self.fresh.discard(spec.partition)  # every peer has spoken: it waits no more
-        return bool(unheard & self.live)
+        return bool(unheard & self.live) or self._starting(spec)
+
+    def _starting(self, spec: PartitionSpec) -> bool:
+        """Our replica of ``spec`` opened at start less than ``start_wait`` ago and a peer whose store it
+        knows has not spoken of it: then nobody leads it here, not even it alone. Before its links came
+        up it led at once and took writes at its old clock, which lost to the rows the peer took while it
+        was away as soon as the peer said it returns (acknowledged, then gone)."""
+        rep = self.local.get(spec.partition)
+        if spec.partition not in self.fresh or rep is None or self._now >= self.start_until:
+            return False
+        known = records_of(rep)
+        heard = {peer for partition, peer in self.heard if partition == spec.partition}
+        return any(
+            r.node != self.node and r.placement in known and r.node not in heard for r in spec.replicas
+        )
 
     def _take_store(self, peer: str, rep: LocalReplica, msg: ReplicaHello) -> None:
         records = records_of(rep)
@@ -327,6 +347,8 @@ class Epochs(Hooks):
             return spec
         without = spec.with_joining(absent | returning)
         if returning and self.election.leader(without, frozenset(self.live)) is None:
+            if mine is not None and self._starting(spec):
+                return without  # a peer not up yet may have led it meanwhile: nobody leads until it speaks
             return spec.with_joining(absent)  # none other can lead: a returning replica may
         return without
 
@@ -456,6 +478,12 @@ class Epochs(Hooks):
         self.heard.add((msg.partition, peer))  # its hello follows: we wait on until then
         if msg.epoch != rep.store.epoch or key in self.returning:
             return
+        if peer in self.caught_with.get(msg.partition, ()):
+            # Sent before it heard the leader's word that we are caught up (its answer to our first hello
+            # crossed it): we hold what the leader holds. Our hello corrects its record.
+            self._count("returns_stale")
+            self._emit(Send(peer=peer, message=self._own_hello(rep)))
+            return
         self.returning[key] = msg.epoch
         self._count("returns")
         self._elect()  # a replica that can lead is live (the sender): it returns, or leads alone
@@ -505,4 +533,5 @@ class Epochs(Hooks):
         self._elect()
         rep = self.local.get(msg.partition)
         if rep is not None and rep.me.placement == msg.placement:
+            self.caught_with[msg.partition] = set(self.live)
             self._announce(msg.partition)  # a peer that missed the leader's word learns it from us

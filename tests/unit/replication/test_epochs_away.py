@@ -200,6 +200,43 @@ def test_a_replica_opened_at_start_leads_only_once_the_peers_it_knows_have_spoke
     assert leader(a) == "a" and a.returning == {}
 
 
+def test_a_replica_opened_at_start_leads_alone_only_after_start_wait_for_peers_not_up() -> None:
+    kept: dict[str, MemoryStorage] = {}
+    a = role("a", kept)
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    a = role("a", kept)  # restarted at 0.0; b and c not up yet: b may have led while a was away
+    assert leader(a) is None, "no peer is live yet, and a does not lead alone before start_wait"
+    list(a.handle(TimerFired(key="replication/tick"), 4.9))
+    assert leader(a) is None
+    list(a.handle(TimerFired(key="replication/tick"), 5.0))
+    assert leader(a) == "a", "a peer still down after start_wait is led without"
+
+
+def test_a_replica_opened_at_start_leads_at_once_once_each_peer_it_knows_has_spoken() -> None:
+    kept: dict[str, MemoryStorage] = {}
+    a = role("a", kept)
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    a = role("a", kept)
+    up(a, "b")
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD), 0.6)
+    assert leader(a) == "a", "c never spoke to this store: a waits for nobody else"
+
+
+def test_a_replica_returns_sent_before_the_leaders_word_reached_its_sender_is_stale() -> None:
+    a, epoch = restarted_a()
+    receive(a, "b", ReplicaReturns(partition=P, placement=1, epoch=epoch))
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    receive(a, "c", ReplicaHello(partition=P, placement=3, epoch=NEW))
+    receive(a, "b", ReplicaCaughtUp(partition=P, placement=1, epoch=epoch))
+    assert leader(a) == "a"
+    answer = receive(a, "c", ReplicaReturns(partition=P, placement=1, epoch=epoch))  # crossed b's word
+    assert leader(a) == "a" and a.returning == {} and a.counters["returns_stale"] == 1
+    assert answer == [ReplicaHello(partition=P, placement=1, epoch=epoch)]  # c's record corrected
+    up(a, "c", now=2.0)  # a new session: c may have been away and taken rows since
+    receive(a, "c", ReplicaReturns(partition=P, placement=1, epoch=epoch), 2.1)
+    assert a.returning == {(P, 1): epoch} and leader(a) == "b"
+
+
 def test_a_replica_told_it_returns_follows_until_caught_up() -> None:
     a, epoch = restarted_a()
     receive(a, "z", ReplicaReturns(partition=P, placement=1, epoch=epoch))  # holds no replica
