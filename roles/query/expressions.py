@@ -13,6 +13,7 @@ NULL takes its type from its context, and a BIGINT beside a DOUBLE is cast to DO
 
 from __future__ import annotations
 
+import decimal
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -329,6 +330,94 @@ def _any(*args: Value) -> Value:
     return functools.reduce(pc.or_kleene, args)
 
 
+#: what Spark SQL's CAST of a string to BOOLEAN trims first (``UTF8String.trimAll``: bytes up to the space,
+#: and DEL) and the values it then takes, in any case; any other string is an error (CAST_INVALID_INPUT)
+_TRIMMED = "".join(map(chr, range(33))) + chr(127)
+_TRUE_TEXT = pa.array(["t", "true", "y", "yes", "1"])
+_FALSE_TEXT = pa.array(["f", "false", "n", "no", "0"])
+
+
+def spark_type(t: pa.DataType) -> str:
+    """The name Spark SQL gives the type of Arrow type ``t`` (Arrow's null type is Spark's VOID)."""
+    names = {
+        pa.null(): "VOID",
+        pa.bool_(): "BOOLEAN",
+        pa.int8(): "TINYINT",
+        pa.int16(): "SMALLINT",
+        pa.int32(): "INT",
+        pa.int64(): "BIGINT",
+        pa.float32(): "FLOAT",
+        pa.float64(): "DOUBLE",
+        pa.string(): "STRING",
+        pa.large_string(): "STRING",
+        pa.date32(): "DATE",
+    }
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP"
+    return names.get(t, str(t).upper())
+
+
+def _per_value(kernel: Callable[[Value], Value]) -> Callable[[Value], Value]:
+    """``kernel`` (over arrays) applied to a scalar too, as a one-value array."""
+
+    def run(x: Value) -> Value:
+        if isinstance(x, pa.Scalar):
+            return kernel(pa.array([x.as_py()], x.type))[0]
+        return kernel(x)
+
+    return run
+
+
+@_per_value
+def _to_boolean(x: Value) -> Value:
+    """``CAST(x AS BOOLEAN)`` as Spark SQL (ANSI) casts: a number is TRUE unless it is 0 (NaN is TRUE), a
+    string is trimmed and read case-insensitively as t, true, y, yes, 1 or f, false, n, no, 0, NULL stays
+    NULL.
+
+    Raises:
+        ExecutionError: any other string (Spark's CAST_INVALID_INPUT), any other type.
+    """
+    t = x.type
+    if pa.types.is_boolean(t):
+        return x
+    if pa.types.is_null(t):
+        return x.cast(_BOOL)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return pc.not_equal(x, pa.scalar(decimal.Decimal(0) if pa.types.is_decimal(t) else 0, t))
+    if _is_text(t):
+        read = pc.utf8_lower(pc.utf8_trim(x, characters=_TRIMMED))
+        true, false = pc.is_in(read, value_set=_TRUE_TEXT), pc.is_in(read, value_set=_FALSE_TEXT)
+        bad = pc.and_(pc.is_valid(x), pc.invert(pc.or_(true, false)))
+        if pc.any(bad).as_py():
+            value = pc.filter(x, bad)[0].as_py()
+            raise ExecutionError(
+                f"the value {value!r} of the type STRING cannot be cast to BOOLEAN because it is malformed "
+                "(as Spark SQL's CAST_INVALID_INPUT)"
+            )
+        return pc.if_else(pc.is_valid(x), true, pa.scalar(None, _BOOL))
+    raise ExecutionError(f"cannot cast {spark_type(t)} to BOOLEAN")
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _condition(x: Value) -> Value:
+    """A WHERE condition whose type only its evaluation tells (a ``?``): it must be BOOLEAN, as Spark SQL
+    requires of a filter (a ``?`` bound to None is an untyped NULL, Spark's VOID, which it refuses too).
+
+    Raises:
+        QueryError: ``PARSING``, naming the type.
+    """
+    if pa.types.is_boolean(x.type):
+        return x
+    raise QueryError(
+        ErrorCode.PARSING,
+        f"the WHERE condition is of type {spark_type(x.type)}, not BOOLEAN, as Spark SQL refuses it "
+        "(DATATYPE_MISMATCH.FILTER_NOT_BOOLEAN)",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     """How an operator evaluates: an arity range, a kernel over evaluated arguments, and the type an untyped
@@ -368,6 +457,8 @@ OPS: dict[str, OpSpec] = {
     "upper": OpSpec((1, 1), _cased(pc.utf8_upper, str.upper), _TEXT),
     "length": OpSpec((1, 1), pc.utf8_length, _TEXT),
     "coalesce": OpSpec((1, 100), _coalesce),
+    "to_boolean": OpSpec((1, 1), _to_boolean),
+    "condition": OpSpec((1, 1), _condition),
 }
 
 

@@ -1,12 +1,13 @@
 """The SQL front end: one ``SELECT`` over one table, parsed with sqlglot (Spark dialect) into a logical plan.
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
-LOWER, UPPER, LENGTH, COALESCE), ``?`` parameters (numbered left to right), ``*`` or ``t.*`` as the whole
-select list, WHERE, GROUP BY (expressions or select-list ordinals; a name is the table's column, else the
-select list's alias of that name, as in Spark; without the table's columns the alias, which the scan checks),
-HAVING, ORDER BY (output names, ordinals or expressions, whose names mean outputs before input columns;
-ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for DESC), LIMIT and OFFSET, and the
-aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
+LOWER, UPPER, LENGTH, COALESCE, CAST(... AS BOOLEAN)), ``?`` parameters (numbered left to right), ``*`` or
+``t.*`` as the whole select list, WHERE (a BOOLEAN condition, as Spark requires), GROUP BY (expressions or
+select-list ordinals; a name is the table's column, else the select list's alias of that name, as in Spark;
+without the table's columns the alias, which the scan checks), HAVING (a condition that is no predicate is
+cast to BOOLEAN, as Spark's parser casts it), ORDER BY (output names, ordinals or expressions, whose names
+mean outputs before input columns; ASC/DESC; NULLS FIRST/LAST with Spark's defaults: first for ASC, last for
+DESC), LIMIT and OFFSET, and the aggregates COUNT(*), COUNT(x), COUNT(DISTINCT x), SUM, MIN, MAX, AVG.
 Everything else is refused with a ``SqlError`` that points at the offending part of the text.
 """
 
@@ -29,6 +30,7 @@ from sparkbus.roles.query.expressions import (
     Expr,
     Literal,
     Param,
+    columns_of,
     depth_of,
     fits_int32,
     fold,
@@ -96,7 +98,19 @@ _READS: dict[type[exp.Expr], frozenset[str]] = {
     exp.Between: frozenset({"this", "low", "high"}),
     exp.In: frozenset({"this", "expressions", "query"}),
     exp.Coalesce: frozenset({"this", "expressions", "is_nvl", "is_null"}),
+    # CAST(x AS BOOLEAN) (sqlglot reads Spark's CAST as TryCast, and TRY_CAST as one marked safe)
+    exp.Cast: frozenset({"this", "to"}),
+    exp.TryCast: frozenset({"this", "to", "safe"}),
 }
+#: operators whose value is a BOOLEAN whatever their arguments' types (the predicates, and the casts to it)
+_PREDICATES = frozenset(
+    {"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "is_null", "is_not_null", "in", "like"}
+)
+_BOOLEAN_OPS = _PREDICATES | {"to_boolean", "condition"}
+_NUMBER_OPS = frozenset({"add", "sub", "mul", "div", "mod", "neg", "abs", "length"})
+_TEXT_OPS = frozenset({"lower", "upper"})
+#: how a refusal names a kind of value (``_kind``) that is not a BOOLEAN
+_KINDS = {"null": "an untyped NULL (Spark's type VOID)", "number": "a number", "string": "a STRING"}
 
 Hook = Callable[[exp.Expr], Expr | None]
 #: the column names of a table, or None when they are not known (``parse_sql``)
@@ -178,6 +192,38 @@ def _having(outputs: dict[str, Expr], keys: list[Expr], then: Hook) -> Hook:
         return then(node)
 
     return hook
+
+
+def _kind(e: Expr) -> str | None:
+    """What ``e``'s value is, as far as the text tells without the table's columns or the parameters' values:
+    ``"boolean"``, ``"null"`` (the untyped NULL, Spark's VOID), ``"number"``, ``"string"``; None when that
+    depends on a column or a parameter."""
+    if isinstance(e, Literal):
+        v = e.value
+        return (
+            "null"
+            if v is None
+            else "boolean"
+            if isinstance(v, bool)
+            else "string"
+            if isinstance(v, str)
+            else "number"
+        )
+    if not isinstance(e, Call):
+        return None
+    if e.op in _BOOLEAN_OPS:
+        return "boolean"
+    if e.op in _NUMBER_OPS:
+        return "number"
+    if e.op in _TEXT_OPS:
+        return "string"
+    if e.op == "coalesce":  # its arguments' common type: a typed one tells it, NULLs alone are NULL
+        kinds = [_kind(a) for a in e.args]
+        typed = [k for k in kinds if k not in (None, "null")]
+        if typed:
+            return next((k for k in typed if k != "boolean"), "boolean")
+        return "null" if all(k == "null" for k in kinds) else None
+    return None
 
 
 @dataclass
@@ -423,6 +469,8 @@ class _Translator:
                 if not isinstance(item, Literal | Param):
                     raise self.error("IN takes a list of constants", e)
             return Call(op="in", args=(self.expr(node.this, hook), *items))
+        if isinstance(node, exp.Cast):
+            return self._cast(node, hook)
         if isinstance(node, exp.Coalesce):
             args = [node.this, *node.expressions]
             return Call(op="coalesce", args=tuple(self.expr(a, hook) for a in args))
@@ -477,6 +525,37 @@ class _Translator:
             raise self.error(f"integer literal {value} is outside the range of BIGINT (64-bit)", node)
         return value
 
+    def _cast(self, node: exp.Cast, hook: Hook | None) -> Expr:
+        """``CAST(x AS BOOLEAN)`` (Spark's ANSI cast, ``to_boolean``); a cast to any other type, and TRY_CAST,
+        are refused."""
+        if node.args.get("safe"):
+            raise self.error("TRY_CAST is not supported (CAST(... AS BOOLEAN) is)", node)
+        to = node.args.get("to")
+        if not isinstance(to, exp.DataType) or to.this != exp.DataType.Type.BOOLEAN or to.expressions:
+            target = to.sql(dialect="spark") if isinstance(to, exp.Expr) else "?"
+            raise self.error(f"CAST to {target} is not supported (CAST(... AS BOOLEAN) is)", node)
+        return Call(op="to_boolean", args=(self.expr(node.this, hook),))
+
+    def _where(self, node: exp.Expr) -> Expr:
+        """The WHERE condition, which must be a BOOLEAN, as Spark SQL requires (FILTER_NOT_BOOLEAN): one the
+        text shows is not (``WHERE NULL``, ``WHERE 1``, ``WHERE upper(NULL)``) is refused here; one made of
+        parameters only is checked when they are bound (``condition``); one that reads a column, by the scan.
+
+        Raises:
+            SqlError: naming the condition and what it is.
+        """
+        e = self.expr(node)
+        kind = _kind(e)
+        if kind is None and not columns_of(e):
+            return Call(op="condition", args=(e,))
+        if kind is not None and kind != "boolean":
+            raise self.error(
+                f"the WHERE condition {node.sql(dialect='spark')} is {_KINDS[kind]}, not a BOOLEAN, as Spark SQL "
+                "refuses it (DATATYPE_MISMATCH.FILTER_NOT_BOOLEAN)",
+                node,
+            )
+        return e
+
     def _is_null_arg(self, node: exp.Is, hook: Hook | None) -> Expr:
         if not isinstance(node.expression, exp.Null):
             raise self.error("only IS NULL and IS NOT NULL are supported", node)
@@ -487,7 +566,7 @@ class _Translator:
     def plan(self) -> PlanNode:
         s = self.select
         where = s.args.get("where")
-        scan = Scan(table=self.ctx.table, predicate=self.expr(where.this) if where is not None else None)
+        scan = Scan(table=self.ctx.table, predicate=self._where(where.this) if where is not None else None)
         items = s.expressions
         group = s.args.get("group")
         having = s.args.get("having")
@@ -713,6 +792,10 @@ class _Translator:
             input=pre, keys=tuple(f"__k{i}" for i in range(len(key_exprs))), aggs=calls
         )
         if having_expr is not None:
+            # As Spark's parser: a HAVING condition that is no predicate is cast to BOOLEAN, so HAVING 1 keeps
+            # every group, HAVING NULL none, and HAVING count(*) - 1 the groups of more than one row.
+            if not (isinstance(having_expr, Call) and having_expr.op in _PREDICATES):
+                having_expr = Call(op="to_boolean", args=(having_expr,))
             result = Filter(input=result, predicate=having_expr)
         result = Project(input=result, items=tuple(items + hidden))
         return self._finish(result, names, keys, hidden)
