@@ -84,28 +84,38 @@ _Spec = tuple[str, str | None, str]
 
 def _partial_specs(aggs: Sequence[AggCall], table: pa.Table | None = None) -> list[_Spec]:
     """The states of ``aggs`` over the rows of ``table``. A SUM of the untyped NULL (Arrow's null type: the
-    literal NULL, a ``?`` bound to None, a column loaded all NULL) is summed as float64, so SUM(NULL) is a
-    DOUBLE NULL as in Spark SQL (its NULL is cast to DOUBLE), where Arrow's sum would answer int64."""
+    literal NULL, a ``?`` bound to None, a column loaded all NULL) keeps an untyped NULL state (Arrow's MIN
+    of the null type), where Arrow's sum would answer int64: merged with another member's state, it takes
+    that state's type (a member whose partition has the column as BIGINT sums BIGINT, and so does the
+    answer); only when every state is untyped does ``finalize`` answer a DOUBLE NULL, as Spark SQL casts
+    SUM(NULL)'s NULL to DOUBLE."""
     out: list[_Spec] = []
     for a in aggs:
         if a.func == "avg":
             out += [(f"{a.name}$sum", a.column, "fsum"), (f"{a.name}$count", a.column, "count")]
         elif a.func == "count_distinct":
             out.append((a.name, a.column, "distinct"))  # names the column only: see ``partial``
-        elif a.func == "sum" and table is not None and pa.types.is_null(_column(table, a.column or "").type):
-            out.append((a.name, a.column, "fsum"))
+        elif a.func == "sum" and table is not None and _untyped(table, a.column):
+            out.append((a.name, a.column, "min"))
         else:
             out.append((a.name, a.column, a.func))
     return out
 
 
-def _combine_specs(aggs: Sequence[AggCall]) -> list[_Spec]:
+def _untyped(table: pa.Table, column: str | None) -> bool:
+    """Whether ``column`` of ``table`` has Arrow's null type (every value NULL, of no type)."""
+    return column is not None and pa.types.is_null(_column(table, column).type)
+
+
+def _combine_specs(aggs: Sequence[AggCall], table: pa.Table) -> list[_Spec]:
     out: list[_Spec] = []
     for a in aggs:
         if a.func == "avg":
             out += [(f"{a.name}$sum", f"{a.name}$sum", "sum"), (f"{a.name}$count", f"{a.name}$count", "sum0")]
         elif a.func == "count":
             out.append((a.name, a.name, "sum0"))
+        elif a.func == "sum" and _untyped(table, a.name):
+            out.append((a.name, a.name, "min"))  # untyped states stay untyped (see ``_partial_specs``)
         else:
             out.append((a.name, a.name, a.func))
     return out
@@ -155,9 +165,9 @@ def combine(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> pa
     ``count_distinct``, one value row per distinct value of the group)."""
     plain, distinct = _split(aggs)
     if not distinct:
-        return _apply(table, keys, _combine_specs(aggs))
+        return _apply(table, keys, _combine_specs(aggs, table))
     # Value rows hold NULL in every state column: the other states of their group merge unchanged.
-    groups = _groups(table.drop_columns([a.name for a in distinct]), keys, _combine_specs(plain))
+    groups = _groups(table.drop_columns([a.name for a in distinct]), keys, _combine_specs(plain, table))
     values = {a.name: _value_rows(table, keys, table.column(a.name)) for a in distinct}
     return _states(groups, keys, aggs, values)
 
@@ -183,6 +193,8 @@ def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> 
             )
         elif a.func == "count_distinct":
             columns[a.name] = counts[a.name]
+        elif a.func == "sum" and _untyped(table, a.name):
+            columns[a.name] = pa.nulls(table.num_rows, pa.float64())  # SUM(NULL) is a DOUBLE NULL in Spark
         else:
             columns[a.name] = table.column(a.name)
     return pa.table(columns)
@@ -213,9 +225,11 @@ def _value_rows(table: pa.Table, keys: Sequence[str], values: pa.ChunkedArray) -
     """
     with _arrow_errors():
         if pa.types.is_null(values.type):
-            # Every value is NULL, so there are no value rows, in any type; int8 is the smallest. (Arrow's
-            # grouping crashes the process (SIGSEGV) on the null type.)
-            values = pc.cast(values, pa.int8())
+            # Every value is NULL, so there are no value rows. Their column keeps the null type, which takes
+            # the type of another member's values where states merge. (Arrow's grouping crashes the process
+            # (SIGSEGV) on the null type.)
+            rows = _decoded(table.select(list(keys)).slice(0, 0), keys)
+            return rows.append_column("__v", pa.nulls(0))
         values = normalised(values).combine_chunks()
         if not keys:
             return pa.table({"__v": _distinct(values)})

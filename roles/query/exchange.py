@@ -29,6 +29,7 @@ query role keeps the per-query state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ import pyarrow as pa
 
 from sparkbus.bus import contract as c
 from sparkbus.codecs import encode_batch, message
-from sparkbus.roles.query.errors import ErrorCode, QueryError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.messages import QueryId
 
 PUSH, BINX, HTTP = "push", "binx", "http"
@@ -111,6 +112,46 @@ def _encode(table: pa.Table, offset: int, rows: int) -> bytes:
     batches = part.to_batches()
     batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
     return bytes(encode_batch(batch))
+
+
+def concat_rows(tables: Sequence[pa.Table]) -> pa.Table:
+    """The rows of ``tables`` (members' outputs, or states merged so far) in order, in one schema.
+
+    Members type a column by the rows they hold: one whose partition holds only NULLs there (a table
+    loaded with None values) has Arrow's null type, and so do the states and results it derives from that
+    column (a MIN, a SUM, a group key), where another member has BIGINT. Such a column takes the other
+    members' type; numeric types widen as Spark SQL widens them (INT and BIGINT to BIGINT, an integer and
+    a DOUBLE to DOUBLE: Arrow's permissive promotion), so ``x + 1``, INT where ``x`` is NULL-typed, meets
+    the BIGINT of a member that has ``x``.
+
+    Raises:
+        ExecutionError: the tables' columns differ, or a column's types have no common type (STRING and
+            BIGINT), naming the column and its types.
+    """
+    schemas = [t.schema for t in tables]
+    if all(s.equals(schemas[0]) for s in schemas[1:]):
+        return pa.concat_tables(tables)
+    names = schemas[0].names
+    for s in schemas[1:]:
+        if s.names != names:
+            raise ExecutionError(f"members sent rows with different columns: {names} and {s.names}")
+    fields = []
+    for i, name in enumerate(names):
+        kinds = [s.field(i) for s in schemas]
+        try:
+            fields.append(
+                pa.unify_schemas([pa.schema([f]) for f in kinds], promote_options="permissive").field(0)
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            shown = ", ".join(dict.fromkeys(str(f.type) for f in kinds))
+            raise ExecutionError(
+                f"members sent column {name} with types that have no common type: {shown}"
+            ) from None
+    schema = pa.schema(fields)
+    try:
+        return pa.concat_tables([t if t.schema.equals(schema) else t.cast(schema) for t in tables])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ExecutionError(f"members sent rows that do not fit one schema {schema}: {exc}") from None
 
 
 def pages(table: pa.Table | None, target: int) -> list[bytes]:
