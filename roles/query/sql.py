@@ -199,16 +199,11 @@ def _kind(e: Expr) -> str | None:
     ``"boolean"``, ``"null"`` (the untyped NULL, Spark's VOID), ``"number"``, ``"string"``; None when that
     depends on a column or a parameter."""
     if isinstance(e, Literal):
-        v = e.value
-        return (
-            "null"
-            if v is None
-            else "boolean"
-            if isinstance(v, bool)
-            else "string"
-            if isinstance(v, str)
-            else "number"
-        )
+        if e.value is None:
+            return "null"
+        if isinstance(e.value, bool):
+            return "boolean"
+        return "string" if isinstance(e.value, str) else "number"
     if not isinstance(e, Call):
         return None
     if e.op in _BOOLEAN_OPS:
