@@ -798,13 +798,23 @@ class _Terminated(BaseException):
 _stopping: list[signal.Signals] = []
 
 
+def _ignore_more() -> None:
+    """Once a signal stops the job, a second one (Ctrl-C pressed twice, SIGTERM during Ctrl-C's cleanup or
+    the other way round) must not cut the cleanup short: both are ignored until ``main_job`` restores them.
+    SIGINT is touched only where it is ours (a run in the background keeps ignoring it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signal.getsignal(signal.SIGINT) is _interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _terminated(_signum: int, _frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    _ignore_more()
     _stopping.append(signal.SIGTERM)
     raise _Terminated
 
 
 def _interrupted(_signum: int, _frame: object) -> None:
+    _ignore_more()
     _stopping.append(signal.SIGINT)
     raise KeyboardInterrupt
 
@@ -830,6 +840,8 @@ def main_job(opts: Options, console: Console | None = None) -> int:
             return 1
         raise
     except (KeyboardInterrupt, _Terminated) as exc:
+        if _stopping:  # the first signal stops the job, whichever exception reached here
+            return _stopped(_stopping[0])
         return _stopped(signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

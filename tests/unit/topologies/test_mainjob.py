@@ -498,6 +498,52 @@ def test_a_run_in_the_background_leaves_sigint_ignored(monkeypatch: pytest.Monke
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "sigint"),
+    [
+        pytest.param(signal.SIGINT, signal.SIGINT, signal.default_int_handler, id="INT-INT"),
+        pytest.param(signal.SIGINT, signal.SIGTERM, signal.default_int_handler, id="INT-TERM"),
+        pytest.param(signal.SIGTERM, signal.SIGINT, signal.default_int_handler, id="TERM-INT"),
+        pytest.param(signal.SIGTERM, signal.SIGINT, signal.SIG_IGN, id="TERM-INT-in-the-background"),
+    ],
+)
+def test_a_second_signal_does_not_cut_the_cleanup_short(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    first: signal.Signals,
+    second: signal.Signals,
+    sigint: Any,
+) -> None:
+    """Ctrl-C pressed twice, or SIGTERM during Ctrl-C's cleanup (or the other way round): the cleanup (nodes
+    stopped, data directory removed) runs to its end, the run is reported stopped by the first signal, and
+    both handlers are as before once it ends. Started in the background, SIGINT stays ignored throughout.
+    SIGINT's handler is set by the test (a terminal's, or ignored), whatever the one running the tests has."""
+    cleaned: list[object] = []
+
+    def run_job(_opts: object, _console: object) -> None:
+        try:
+            signal.raise_signal(first)
+        finally:
+            signal.raise_signal(second)  # pressed again while the nodes stop
+            cleaned.append(signal.getsignal(signal.SIGINT))
+
+    monkeypatch.setattr(mainjob, "run_job", run_job)
+    before_int = signal.signal(signal.SIGINT, sigint)
+    before_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        code = mainjob.main_job(cast(mainjob.Options, None))
+        after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGINT, before_int)
+        signal.signal(signal.SIGTERM, before_term)
+    assert cleaned == [signal.SIG_IGN]
+    assert (code, capsys.readouterr().err) == (
+        128 + first,
+        f"sparkbus run: stopped by {first.name}; nodes stopped, temporary data removed\n",
+    )
+    assert after == (sigint, signal.SIG_DFL)
+
+
 def test_an_error_without_a_signal_is_not_taken_for_one(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
