@@ -8,7 +8,10 @@ travel through the bus, or get copied, to become visible to queries on the node 
 loaded with the query role's own ``load`` call still live in the catalog as plain tables.
 
 Everything runs on the node's loop thread (roles are called one event at a time), so a publisher's
-function reads its role's state without locks.
+function reads its role's state without locks. A publisher that reads its rows in steps across loop turns
+(replication, after its store is opened or its leadership moves) raises ``SourcePending`` while they are
+not read: a scan raises it on, and planning sees the table's columns (``get``). When the rows are read,
+the publisher calls the query role (``Call(role=SCANNER, name=SOURCES_READY)``) so waiting scans run again.
 """
 
 from __future__ import annotations
@@ -18,10 +21,35 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 
 from sparkbus.roles.query.engine import PartitionStore
-from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.expressions import resolve
 
-#: Returns the rows of a published table this node serves now, or None when it serves none.
+#: The role that scans the catalog, and the local call a publisher makes on it when rows that were
+#: pending (``SourcePending``) are read, or will not be: scans that waited for them run again.
+SCANNER = "query"
+SOURCES_READY = "sources_ready"
+
+
+class SourcePending(QueryError):
+    """The rows of published table ``table`` are still being read by the role that publishes them.
+
+    The role reads them in bounded steps so that the node's loop (its peers' heartbeats) keeps running;
+    a scan may wait for them and run again at ``SOURCES_READY``. A query role that does not wait fails the
+    query with this error (``MEMBER_LEAVE``: a transient state, as a leadership move is).
+
+    Attributes:
+        table: the published table.
+        schema: its columns, known before its rows are.
+    """
+
+    def __init__(self, table: str, why: str, schema: pa.Schema) -> None:
+        super().__init__(ErrorCode.MEMBER_LEAVE, why)
+        self.table = table
+        self.schema = schema
+
+
+#: Returns the rows of a published table this node serves now, or None when it serves none; raises
+#: ``SourcePending`` while they are being read.
 Publisher = Callable[[], pa.Table | None]
 #: Given a query's participants, says why the nodes may not serve each partition of a published table
 #: exactly once in it (a partition whose leader does not take part, or that two of them may serve while its
@@ -63,6 +91,19 @@ class TableCatalog(PartitionStore):
         return [*self.published, *self.tables]
 
     def get(self, name: str) -> pa.Table | None:
+        """The rows of ``name``; for a published table whose rows are still being read, none of its rows
+        but its columns (what planning asks for: ``read`` is what a scan reads)."""
+        try:
+            return self.read(name)
+        except SourcePending as pending:
+            return pending.schema.empty_table()
+
+    def read(self, name: str) -> pa.Table | None:
+        """The rows a scan of ``name`` reads.
+
+        Raises:
+            SourcePending: a published table's rows are still being read.
+        """
         publisher = self.published.get(name)
         if publisher is not None:
             return publisher()

@@ -146,7 +146,7 @@ class PartitionStore:
         if found is None:
             return None
         name = found
-        table = self.get(name)
+        table = self.read(name)
         if table is None:
             return None
         entry = self._sources.get(name)
@@ -198,6 +198,11 @@ class PartitionStore:
     def get(self, name: str) -> pa.Table | None:
         """The local partition of ``name``, or None when this node holds none."""
         return self.tables.get(name)
+
+    def read(self, name: str) -> pa.Table | None:
+        """What a scan of ``name`` reads: ``get``'s partition here; a store whose rows may not be ready yet
+        raises instead (``catalog.SourcePending``), which the scan lets through."""
+        return self.get(name)
 
     def unserved(self, tables: Sequence[str], participants: Sequence[str]) -> str | None:
         """Why a scan of ``tables`` here, in a query run by ``participants``, may not see each of their rows

@@ -23,7 +23,8 @@ serves a table:
   ``LOAD_CHUNK_ROWS``; each chunk is a leader write (logged, then flushed into a segment), one per loop
   turn so the node keeps answering its peers, and replication sends the segments to the followers;
 * it publishes, in the node's catalog, each table (the rows of the partitions this node currently
-  leads, so that a query over all nodes sees every row exactly once) and ``sparkbus_replicas``, one row
+  leads, so that a query over all nodes sees every row exactly once; a partition whose rows must be read
+  again from its segments is read in steps over loop turns, ``serving.py``) and ``sparkbus_replicas``, one row
   per local replica (rows, loaded, pending, replicated, error), which the driver queries to follow a
   load.
 
@@ -49,12 +50,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.bus.contract import Action, Event, LocalCall, Reply, SetTimer
+from sparkbus.bus.contract import Action, Event, LocalCall, Reply, SetTimer, TimerFired
 from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.role import ReplicationRole
-from sparkbus.roles.replication.storage import DiskStorage
-from sparkbus.roles.replication.store import HIDDEN, MANIFEST, StoreConfig
+from sparkbus.roles.replication.serving import BUILD_TIMER, INLINE_ROWS, STEP_ROWS, Serving
+from sparkbus.roles.replication.storage import DiskStorage, SimulatedCrash
+from sparkbus.roles.replication.store import MANIFEST, StoreConfig
 
 #: the column that tells a node which partition a row of its local data belongs to (dropped on write)
 PARTITION_COLUMN = "_sb_partition"
@@ -218,6 +220,8 @@ class ServingReplication(ReplicationRole):
         local_data: rows to load (record batches with ``_sb_partition``).
         catalog: the node's ``TableCatalog``, or None to publish nothing.
         config: role settings (``config.store.key`` is replaced per table by ``keys``).
+        inline_rows / step_rows: a led partition's rows are read at once when at most ``inline_rows`` rows
+            are to be read from its segments, else ``step_rows`` per loop turn (``serving.py``).
     """
 
     def __init__(
@@ -230,6 +234,8 @@ class ServingReplication(ReplicationRole):
         local_data: tuple[Any, ...] = (),
         catalog: Any = None,
         config: ReplicationConfig | None = None,
+        inline_rows: int = INLINE_ROWS,
+        step_rows: int = STEP_ROWS,
     ) -> None:
         super().__init__(node, layout, storage_for, config)
         self.keys = keys
@@ -242,9 +248,10 @@ class ServingReplication(ReplicationRole):
         self.feeding = False
         self.loaded: dict[str, int] = {}
         self.load_error: str | None = None
-        # What queries see: each led partition's rows by its version, and each table's concatenation.
-        self._served: dict[str, tuple[tuple[Any, ...], pa.Table]] = {}
-        self._served_tables: dict[str, tuple[tuple[Any, ...], pa.Table | None]] = {}
+        # What queries see: each led partition's rows, read in steps when they take long (serving.py).
+        self.serving = Serving(node, inline_rows=inline_rows, step_rows=step_rows)
+        self._served = self.serving.rows  # each led partition's rows by its version
+        self.publishing = catalog is not None
         # Split before the node starts: done in the first loop turn, it held up the node's handshakes.
         self._prepare_load()
         if catalog is not None:
@@ -292,12 +299,21 @@ class ServingReplication(ReplicationRole):
     local_rows_call = LOCAL_ROWS
 
     def handle(self, event: Event, now: float) -> list[Action]:
-        out = list(super().handle(event, now))
+        # A build's step timer is the serving share's alone: the replication procedures need not run.
+        building = isinstance(event, TimerFired) and event.key == BUILD_TIMER and not self.loading
+        out = [] if building else list(super().handle(event, now))
+        self._actions = out
         if self.loading:
-            self._actions = out
             self._load_step(now)
             if self.loading:
                 out.append(SetTimer(key=LOAD_TIMER, at=now))
+        if self.publishing or self.serving.builds:
+            try:
+                out.extend(self.serving.turn(self._led(), now, warm=self.publishing))
+            except SimulatedCrash:
+                raise
+            except Exception as exc:  # counted and logged as the role's own; the node goes on
+                self._handler_failed(event, exc)
         return out
 
     def _prepare_load(self) -> None:
@@ -390,39 +406,25 @@ class ServingReplication(ReplicationRole):
         Only SERVE replicas: a split's targets in LOAD hold rows their source still serves, and once the
         split is final a source in UNLOAD holds rows its targets serve; served too, they counted twice.
 
-        Each led partition's rows are cached by its version (placement, root, memtable size, clock) and the
-        table is the parts concatenated (cached too, while no part changes): a write to one partition
-        recomputes that partition only. Cached per table, one write re-read and upserted every led
-        partition's segments on the node's loop, seconds for a few large partitions.
+        Each led partition's rows are cached by its version, the table's concatenation too (``Serving``):
+        a write to one partition recomputes that partition only. A partition whose chain needs a long read
+        is read in steps over loop turns, and meanwhile a query is told to wait.
+
+        Raises:
+            SourcePending: a partition's rows are still being read.
         """
-        led = sorted(
+        return self.serving.table(table, self._led(table))
+
+    def _led(self, table: str | None = None) -> list[tuple[str, LocalReplica]]:
+        """The partitions (of ``table``, or of every table) this node leads and serves, sorted."""
+        return sorted(
             (p, rep)
             for p, rep in self.local.items()
-            if p.rsplit("/", 1)[0] == table
+            if (p.rsplit("/", 1)[0] == table if table is not None else p.rsplit("/", 1)[0] in self.keys)
             and rep.leads
             and rep.lifecycle == Lifecycle.SERVE
             and rep.store.schema is not None
         )
-        versions = tuple(
-            (p, (rep.me.placement, rep.store.root, rep.store.memtable_rows, rep.store.lamport))
-            for p, rep in led
-        )
-        for p in [p for p in self._served if p.rsplit("/", 1)[0] == table]:
-            if p not in self.local or not self.local[p].leads or self.local[p].lifecycle != Lifecycle.SERVE:
-                del self._served[p]  # served no more: its rows go with it
-        cached = self._served_tables.get(table)
-        if cached is not None and cached[0] == versions:
-            return cached[1]
-        parts = []
-        for (p, rep), (_, version) in zip(led, versions, strict=True):
-            part = self._served.get(p)
-            if part is None or part[0] != version:
-                part = (version, rep.store.versioned_rows().drop_columns(list(HIDDEN)))
-                self._served[p] = part
-            parts.append(part[1])
-        result = pa.concat_tables(parts) if parts else None
-        self._served_tables[table] = (versions, result)
-        return result
 
     def unserved(self, table: str, participants: Sequence[str]) -> str | None:
         """Why, as this node sees it, a query run by ``participants`` may not get each partition of ``table``

@@ -132,6 +132,26 @@ def read_manifest(storage: Storage, partition: str = "") -> dict[str, Any]:
     return plain
 
 
+def chain_ids(live: Sequence[SegmentEntry]) -> tuple[tuple[str, bytes], ...]:
+    """What names chain ``live``'s rows: its segments' (id, checksum), old to new."""
+    return tuple((e.segment_id, e.checksum) for e in live)
+
+
+def covered(ids: tuple[tuple[str, bytes], ...], live: Sequence[SegmentEntry]) -> int:
+    """How many of chain ``live``'s first segments the rows of the chain ``ids`` (``chain_ids``) stand for.
+
+    Those segments themselves when ``live`` starts with them (a flush or a fast-forward added segments on
+    top), or ``live``'s major when that major is the compaction of chain ``ids``: a major whose base is the
+    chain's root was written by compacting the chain that ended there (a flush writes a major only on no
+    base), here or on a peer, and holds exactly its rows. 0 when they stand for none of it.
+    """
+    if not ids or not live:
+        return 0
+    if chain_ids(live[: len(ids)]) == ids:
+        return len(ids)
+    return 1 if live[0].major and live[0].base_id == ids[-1][0] else 0
+
+
 def listed_files(storage: Storage) -> set[str]:
     """The segment files ``storage``'s manifest lists; any other ``seg-`` file is not (yet) a segment."""
     if not storage.exists(MANIFEST):
@@ -658,19 +678,52 @@ class PartitionStore:
         return upsert(pa.concat_tables(tables), self.config.key).cast(self.schema)
 
     def _live_table(self, live: Sequence[SegmentEntry], keep: bool) -> pa.Table:
-        """The upserted rows of chain ``live``, from the kept ones when they are of that chain or of the
-        start of it; kept for the next call when ``keep``, or when rows were kept already."""
-        ids = tuple((e.segment_id, e.checksum) for e in live)
+        """The upserted rows of chain ``live``, from the kept ones when they stand for the start of it
+        (``kept_for``); kept for the next call when ``keep``, or when rows were kept already."""
+        ids = chain_ids(live)
         kept = self._chain_rows
         if kept is not None and kept[0] == ids:
             return kept[1]
-        if kept is not None and kept[0] and ids[: len(kept[0])] == kept[0]:
-            table = overlay(kept[1], self._chain_table(live[len(kept[0]) :]), self.config.key)
+        start = self.kept_for(live)
+        if start is not None:
+            table = overlay(start[1], self._chain_table(live[start[0] :]), self.config.key)
         else:
             table = self._chain_table(live)
         if keep or kept is not None:
             self._chain_rows = ids, table
         return table
+
+    def kept_for(self, live: Sequence[SegmentEntry]) -> tuple[int, pa.Table] | None:
+        """How many of chain ``live``'s first segments the kept rows (``versioned_rows``) stand for, and
+        those rows; None when they stand for none.
+
+        See ``covered``.
+        """
+        kept = self._chain_rows
+        n = covered(kept[0], live) if kept is not None else 0
+        return (n, kept[1]) if kept is not None and n else None
+
+    def pending_rows(self) -> int:
+        """Rows ``versioned_rows`` would read from segment files (those the kept rows do not stand for)."""
+        live = chain(self.entries, self.root)
+        start = self.kept_for(live)
+        return sum(e.rows for e in live[start[0] if start is not None else 0 :])
+
+    def keep_chain_rows(self, ids: tuple[tuple[str, bytes], ...], rows: pa.Table) -> bool:
+        """Keep ``rows``, the upserted rows of the chain of segments ``ids`` read elsewhere (in steps, over
+        loop turns), if they stand for more of the current chain than the kept ones; True if kept.
+
+        Rows of a chain that is no longer the start of this store's chain (nor compacted into its major)
+        are not kept: the store moved on while they were read.
+        """
+        live = chain(self.entries, self.root)
+        before = self.kept_for(live)
+        old, self._chain_rows = self._chain_rows, (ids, rows)
+        after = self.kept_for(live)
+        if after is None or (before is not None and before[0] > after[0]):
+            self._chain_rows = old
+            return False
+        return True
 
     def add_segment(self, entry: SegmentEntry) -> None:
         """Fast-forward: the file ``segment_file(entry.segment_id)`` is stored; make it the root.
