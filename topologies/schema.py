@@ -42,6 +42,8 @@ from sparkbus.topologies.units import parse_duration, parse_size
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _CLUSTER_MASTERS = ("spark://", "yarn", "k8s://", "mesos://")
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+#: The compute roles' names (``sparkbus.roles.compute``, not imported: it may not be installed).
+COMPUTE_CONTROLLER, COMPUTE_REPLICA = "compute.controller", "compute.replica"
 #: Spark settings that sparkbus owns: setting them under [spark.conf] would be silently overridden.
 _OWNED_CONF = {
     "spark.master": "spark.master",
@@ -645,6 +647,18 @@ def _check_tables(c: _Checker, topo: Topology) -> None:
             )
 
 
+def _check_compute(c: _Checker, topo: Topology) -> None:
+    """A compute controller feeds the nodes running ``compute.replica`` and refuses to start without one."""
+    if topo.hosting(COMPUTE_REPLICA):
+        return
+    for i, spec in enumerate(topo.nodes):
+        if COMPUTE_CONTROLLER in spec.roles:
+            c.bad(
+                f"nodes[{i}].roles[{spec.roles.index(COMPUTE_CONTROLLER)}]",
+                f"{COMPUTE_CONTROLLER!r} needs at least one node running {COMPUTE_REPLICA!r}, and none does",
+            )
+
+
 #: The checks across sections, each with the sections it reads. A check runs when those have no problem of
 #: their own, so that every problem is reported at once but a bad value, read back as its default, does not
 #: bring a second, misleading one (a node refused for its name runs no role).
@@ -654,6 +668,7 @@ _ACROSS: tuple[tuple[frozenset[str], Callable[[_Checker, Topology], None]], ...]
     (frozenset({"bus", "nodes"}), _check_ports),
     (frozenset({"bus", "nodes"}), _check_http_exchange),
     (frozenset({"nodes", "tables"}), _check_tables),
+    (frozenset({"nodes"}), _check_compute),
 )
 
 
