@@ -54,7 +54,7 @@ from sparkbus.bus.contract import Action, Event, LocalCall, Reply, SetTimer, Tim
 from sparkbus.roles.replication.layout import Layout, Lifecycle, PartitionSpec, Replica
 from sparkbus.roles.replication.local import LocalReplica, ReplicationConfig
 from sparkbus.roles.replication.role import ReplicationRole
-from sparkbus.roles.replication.serving import BUILD_TIMER, INLINE_ROWS, STEP_ROWS, Serving
+from sparkbus.roles.replication.serving import BUILD_TIMER, INLINE_ROWS, STEP_GAP, STEP_ROWS, Serving
 from sparkbus.roles.replication.storage import DiskStorage, SimulatedCrash
 from sparkbus.roles.replication.store import MANIFEST, StoreConfig
 
@@ -306,7 +306,9 @@ class ServingReplication(ReplicationRole):
         if self.loading:
             self._load_step(now)
             if self.loading:
-                out.append(SetTimer(key=LOAD_TIMER, at=now))
+                # Just after now: the bus fires a timer set at the time it runs again in the same tick,
+                # and the whole load went in one loop turn, no socket read (no heartbeat) until its end.
+                out.append(SetTimer(key=LOAD_TIMER, at=now + STEP_GAP))
         if self.publishing or self.serving.builds:
             try:
                 out.extend(self.serving.turn(self._led(), now, warm=self.publishing))
