@@ -357,8 +357,8 @@ def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
         except ConnectTimeoutError as exc:
             raise CommandError(
                 f"table {args.table} is declared in {args.topology}, so its rows go to each partition's "
-                f"leader, whose gateway that cluster's state file names: {_one_line(exc)} (without --topology "
-                "--address loads into the gateway node's own catalog)"
+                f"leader, whose gateway that cluster's state file names: {_one_line(exc)} (load it on the "
+                "machine that started the cluster: no node loads a declared table into its own catalog)"
             ) from None
 
     def to_node(node: str) -> Client:

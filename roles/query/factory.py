@@ -16,7 +16,8 @@ def make_role(ctx: Any) -> QueryRole:
     Its edges' credit is the default, lowered to the topology's ``bus.initial_credit`` if that is smaller
     (``QueryConfig.edge_credit`` may not exceed it). Its default participants are the nodes of the topology
     that run ``query`` (``QueryConfig.members``), never a node that runs only other roles. Under CURVE it
-    refuses the ``http`` exchange (``QueryConfig.curve``): no node serves it.
+    refuses the ``http`` exchange (``QueryConfig.curve``): no node serves it. It refuses to ``load`` a table
+    the topology declares (``QueryRole``'s ``declared``): those rows go to the table's replicated partitions.
     """
     bus = ctx.topology.bus.initial_credit
     config = QueryConfig(
@@ -25,4 +26,5 @@ def make_role(ctx: Any) -> QueryRole:
         members=frozenset(ctx.topology.hosting("query")),
         curve=ctx.topology.bus.security.mode == "curve",
     )
-    return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None))
+    declared = [table.name for table in getattr(ctx.topology, "tables", ())]
+    return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None), declared=declared)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -38,7 +39,7 @@ from sparkbus.roles.query import engine
 from sparkbus.roles.query import exchange as x
 from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
-from sparkbus.roles.query.expressions import resolve
+from sparkbus.roles.query.expressions import fold, resolve
 from sparkbus.roles.query.messages import (
     MESSAGES,
     QueriesInactive,
@@ -80,7 +81,7 @@ class QueryRole(PulledExchange):
             call gave as its ``owner``, as the client gateway names a client's request); replies True if it
             cancelled.
         ``load``: ``table`` (str), ``batches`` (list of Arrow IPC row batches), optional ``replace``;
-            replies with the partition's row count.
+            replies with the partition's row count. A table of ``declared`` is refused, on every node.
 
     Args:
         member: this node's member id (its bus node name).
@@ -88,6 +89,9 @@ class QueryRole(PulledExchange):
         store: the partitions (a new empty store by default).
         incarnation: makes query ids unique across restarts of this member (random by default; pass a
             fixed one in deterministic simulations).
+        declared: the tables the topology declares (``[tables.*]``), whose rows live in replicated
+            partitions: ``load`` refuses them, as a node's own copy would be scanned beside those partitions
+            and every query would count its rows twice (compared case-insensitively, as SQL names are).
     """
 
     name = "query"
@@ -100,8 +104,10 @@ class QueryRole(PulledExchange):
         config: QueryConfig | None = None,
         store: engine.PartitionStore | None = None,
         incarnation: str | None = None,
+        declared: Iterable[str] = (),
     ) -> None:
         self.member = member
+        self.declared = {fold(name): name for name in declared}
         self.config = config or QueryConfig()
         self.store = store if store is not None else engine.PartitionStore()
         self.incarnation = incarnation if incarnation is not None else uuid.uuid4().hex[:12]
@@ -236,6 +242,12 @@ class QueryRole(PulledExchange):
         table, batches = args.get("table"), args.get("batches")
         if not isinstance(table, str) or not isinstance(batches, list | tuple):
             raise ExecutionError("load takes table (str) and batches (a list of Arrow IPC row batches)")
+        name = self.declared.get(fold(table))
+        if name is not None:
+            raise ExecutionError(
+                f"{table} is a replicated table of the topology ([tables.{name}]): load it through its "
+                f"partitions' leaders (`sparkbus load {name} FILE --topology FILE`), not into one node's catalog"
+            )
         return self.store.load(table, engine.table_from_ipc(batches), replace=bool(args.get("replace")))
 
     def _logical(self, args: dict[str, Any]) -> PlanNode:
