@@ -130,6 +130,9 @@ def process_gone(pid: int, started: str | None) -> str | None:
     return None
 
 
+#: the prefix of the nodes' temporary directory ``up`` makes (``Launcher.tmp``)
+UP_TMP_PREFIX = "sparkbus-up-"
+
 #: the prefix of the ipc directory a node makes for itself, ``sparkbus.bus.node.OWN_IPC_DIR_PREFIX`` (the
 #: launcher does not import the node loop)
 OWN_IPC_DIR = "sparkbus-ipc-"
@@ -197,6 +200,37 @@ def remove_stale_ipc(path: Path) -> list[str]:
             if process_gone(int(info["pid"]), info.get("started")) and remove_ipc(info):
                 removed.append(node)
     return removed
+
+
+def remove_stale_tmp(path: Path) -> str | None:
+    """The nodes' temporary directory (their TMPDIR, with their replicas when $SPARKBUS_DATA_DIR is unset)
+    that the state file ``path`` records, removed when every node it records is gone: a launcher killed
+    with SIGKILL could not remove it, and its name is random. Only a directory of ours named as ``up``
+    names them is removed. Returns the directory removed, or None."""
+    try:
+        body = json.loads(path.read_text())
+        tmp, nodes = Path(str(body["tmp"])), dict(body["nodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none recorded, or not one of ours
+    try:
+        info = tmp.lstat()
+    except OSError:
+        return None  # gone already
+    if (
+        not tmp.name.startswith(UP_TMP_PREFIX)
+        or not tmp.is_dir()
+        or tmp.is_symlink()
+        or info.st_uid != os.getuid()
+    ):
+        return None
+    for node in nodes.values():
+        try:
+            if process_gone(int(node["pid"]), node.get("started")) is None:
+                return None  # a node still runs in it
+        except (KeyError, TypeError, ValueError):
+            return None
+    shutil.rmtree(tmp, ignore_errors=True)
+    return str(tmp)
 
 
 def state_file(topology_path: str | os.PathLike[str]) -> Path:
@@ -268,7 +302,10 @@ class Launcher:
         self.skip_unavailable = skip_unavailable
         self.state_path = state_path or state_file(path)
         self.children: dict[str, Child] = {}
-        self.events: queue.SimpleQueue[tuple[str, dict[str, Any] | None]] = queue.SimpleQueue()
+        # A Queue, not a SimpleQueue: on CPython 3.11 a SimpleQueue.get whose wait a signal cut short
+        # waits again with the time left worked out after the handler ran, and, once negative, for ever:
+        # the stop flag the handler set was never looked at again and up ignored every later signal.
+        self.events: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
         #: the nodes' temporary directory (their TMPDIR): removed once every node is gone, so that what a
         #: node killed with SIGKILL kept there (its replicas, without $SPARKBUS_DATA_DIR) goes with it
         self.tmp: str | None = None
@@ -280,7 +317,7 @@ class Launcher:
         extra = ["--ready-timeout", str(self.ready_timeout)]
         if self.skip_unavailable:
             extra.append("--skip-unavailable")
-        self.tmp = tempfile.mkdtemp(prefix="sparkbus-up-")
+        self.tmp = tempfile.mkdtemp(prefix=UP_TMP_PREFIX)
         # The run directory is resolved here, before TMPDIR changes: without XDG_RUNTIME_DIR it is in the
         # temporary directory, and the nodes must find the keys `up` made there.
         env = {**os.environ, "TMPDIR": self.tmp, RUN_DIR_ENV: str(run_dir())}
@@ -399,6 +436,7 @@ class Launcher:
             "cluster": self.topo.cluster.name,
             "launcher_pid": os.getpid(),
             "launcher_started": start_time(os.getpid()),
+            "tmp": self.tmp,
             "nodes": {
                 c.node_id: {
                     "pid": c.proc.pid,
@@ -539,6 +577,12 @@ def up_command(path: str, *, ready_timeout: float, skip_unavailable: bool) -> in
         if left:
             console.print(
                 f"sparkbus up: removed the ipc sockets left by {', '.join(left)} (their processes are gone)",
+                markup=False,
+            )
+        tmp = remove_stale_tmp(state_file(path))
+        if tmp is not None:
+            console.print(
+                f"sparkbus up: removed the temporary directory {tmp} left by a run whose launcher was killed",
                 markup=False,
             )
         return Launcher(
