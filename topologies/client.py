@@ -58,6 +58,7 @@ from sparkbus.roles.client import (
     Open,
     Send,
 )
+from sparkbus.roles.client.errors import OPERATION_TIMEOUT
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
 from sparkbus.roles.query import Query, table_to_ipc
 from sparkbus.roles.query.plan import PlanNode
@@ -97,9 +98,6 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-
-#: ``(3 << 16) | 11``: Ignite's OPERATION_TIMEOUT
-OPERATION_TIMEOUT = (3 << 16) | 11
 
 
 def unsent(op: int, exc: Exception) -> ClientError:
@@ -151,7 +149,7 @@ class Client:
         self._socks: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
         self._futures: dict[int, Reply] = {}
-        self._streams: dict[int, queue.SimpleQueue[Chunk | Done]] = {}
+        self._streams: dict[int, queue.Queue[Chunk | Done]] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._commands_lock = threading.Lock()
         self._accepting = True  # False once the loop ends: no command is queued after that
@@ -236,7 +234,9 @@ class Client:
             ClientError: the operation's own error; OPERATION_TIMEOUT when a wait passes ``timeout``.
         """
         wait = self.op_timeout if timeout is None else timeout
-        chunks: queue.SimpleQueue[Chunk | Done] = queue.SimpleQueue()
+        # A Queue, not a SimpleQueue: on CPython 3.11 a SimpleQueue wait that a signal whose handler
+        # returns cut short waits again, for ever once the time left is negative (the wait bounded no more).
+        chunks: queue.Queue[Chunk | Done] = queue.Queue()
         started: Future[int] = Future()
         call_args = dict(args or {})
 

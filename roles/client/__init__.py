@@ -8,6 +8,7 @@ from sparkbus.roles.client.chunks import ArrowParts, chunk_batches, split_ipc
 from sparkbus.roles.client.core import Chunk, ClientConfig, ClientCore, Close, Done, Link, Open, Send
 from sparkbus.roles.client.errors import (
     AUTHENTICATION,
+    OPERATION_TIMEOUT,
     AuthenticationError,
     ClientConnectionError,
     ClientError,
@@ -48,6 +49,7 @@ __all__ = [
     "AUTHENTICATION",
     "DEFAULT_WINDOW",
     "MAX_WINDOW",
+    "OPERATION_TIMEOUT",
     "READ_OPS",
     "RETRY_NONE",
     "Ack",

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from sparkbus.bus.messages import ErrorCode
 
+#: ``(3 << 16) | 11``: Ignite's OPERATION_TIMEOUT, an operation a thin client waited for longer than its timeout
+#: (raised by the client itself, never sent by a node)
+OPERATION_TIMEOUT = (3 << 16) | 11
+
 #: ``ErrorCode.AUTHENTICATION``: a node's security layer refused the client (CURVE key not on its allow-list, its
 #: address not allowed, a wrong server key, or one side without CURVE).
 AUTHENTICATION = int(ErrorCode.AUTHENTICATION)
@@ -20,6 +24,8 @@ class ClientError(Exception):
 
     @property
     def code_name(self) -> str:
+        if self.code == OPERATION_TIMEOUT:
+            return "OPERATION_TIMEOUT"
         try:
             return ErrorCode(self.code).name
         except ValueError:
