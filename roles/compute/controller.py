@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -106,6 +107,12 @@ from sparkbus.roles.compute.times import Frontier, frontier_join, frontier_leq
 
 #: A row-number column the upsert bookkeeping adds and drops (table columns never start with ``__``).
 _ROW = "__row"
+
+
+def _row_numbers(n: int) -> pa.Array:
+    """0 .. n-1 as an int64 array, made by numpy (from a Python range, 600k took 0.2 s)."""
+    return pa.array(np.arange(n, dtype=np.int64))
+
 
 log = logging.getLogger(__name__)
 
@@ -631,16 +638,23 @@ class ComputeController:
             if data.column(k).null_count:
                 raise LocalProtocolError(f"write to {name!r}: key column {k!r} has nulls")
         data = data.combine_chunks()
-        if data.num_rows > 1:
+        # Applied in one turn of the node's loop: a 600k-row write took 1.75 s here with a Python range of
+        # row numbers, a group-by of keys all distinct and a join, near the peers' heartbeat timeout. One
+        # key column takes the cheaper paths (unique, is_in); a composite key the general ones.
+        single = len(key) == 1
+        if data.num_rows > 1 and not (single and len(pc.unique(data.column(key[0]))) == data.num_rows):
             # The last row of each key: group the row numbers by key and keep the highest.
-            numbered = data.select(key).append_column(_ROW, pa.array(range(data.num_rows), pa.int64()))
+            numbered = data.select(key).append_column(_ROW, _row_numbers(data.num_rows))
             last = numbered.group_by(key, use_threads=False).aggregate([(_ROW, "max")])
             if last.num_rows < data.num_rows:
                 data = data.take(last.column(f"{_ROW}_max"))  # keys in order of first appearance
         current = self._current[name]
-        numbered = current.select(key).append_column(_ROW, pa.array(range(current.num_rows), pa.int64()))
-        replaced = numbered.join(data.select(key), key, join_type="left semi", use_threads=False)
-        hit = pc.is_in(numbered.column(_ROW), value_set=replaced.column(_ROW))
+        if single:
+            hit = pc.is_in(current.column(key[0]), value_set=data.column(key[0]))
+        else:
+            numbered = current.select(key).append_column(_ROW, _row_numbers(current.num_rows))
+            replaced = numbered.join(data.select(key), key, join_type="left semi", use_threads=False)
+            hit = pc.is_in(numbered.column(_ROW), value_set=replaced.column(_ROW))
         old = current.filter(hit)
         self._current[name] = pa.concat_tables([current.filter(pc.invert(hit)), data])
         rows = pa.concat_tables([old, data])

@@ -826,3 +826,20 @@ def test_seeded_interleavings_agree(seed: int) -> None:
         c.run(rng)
     last = peek_rows(c, calls[-1])
     assert last == [{"k": k, "n": len(v), "s": sum(v)} for k, v in sorted(expected.items())]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_upserts_by_one_key_and_by_every_column_match_a_dict(seed: int) -> None:
+    """The one-key path (unique keys, is_in) and the composite one (group-by, join) against a reference."""
+    rng = random.Random(seed)
+    one, every = upsert_cluster(), upsert_cluster(["k", "v"])
+    by_key: dict[str, int] = {}
+    rows: set[tuple[str, int]] = set()
+    for _ in range(8):
+        written = [(rng.choice("abcdefgh"), rng.randrange(4)) for _ in range(rng.randrange(1, 12))]
+        for c in (one, every):
+            c.do("write", table="u", batch=batch(*written))
+        by_key.update(dict(written))
+        rows.update(written)
+    assert sorted((r["k"], r["v"]) for r in peek(one, "u")) == sorted(by_key.items())
+    assert sorted((r["k"], r["v"]) for r in peek(every, "u")) == sorted(rows)
