@@ -115,6 +115,14 @@ def _check_u64(prefix: str, **values: int) -> None:
 def _check_task_id(name: str, task_id: str) -> None:
     if not task_id or len(task_id) > MAX_TASK_ID_LENGTH:
         raise ValueError(f"{name} must have 1..{MAX_TASK_ID_LENGTH} characters, got {len(task_id)}")
+    # A msgpack str is UTF-8: a lone surrogate has no such form, and a request carrying one would fail later,
+    # in the node's encoder, on every retry, and never be answered.
+    try:
+        task_id.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} must be UTF-8 text, got a lone surrogate at character {exc.start}"
+        ) from None
 
 
 def check_buffer_key(task_id: str, buffer_id: int) -> None:
@@ -125,7 +133,8 @@ def check_buffer_key(task_id: str, buffer_id: int) -> None:
     exists and other sources' requests are being sent with it.
 
     Raises:
-        ValueError: ``task_id`` is not 1..``MAX_TASK_ID_LENGTH`` characters, or ``buffer_id`` is not a u64.
+        ValueError: ``task_id`` is not 1..``MAX_TASK_ID_LENGTH`` characters or has no UTF-8 form (a lone
+            surrogate), or ``buffer_id`` is not a u64.
     """
     _check_task_id("task_id", task_id)
     _check_u64("", buffer_id=buffer_id)
@@ -173,8 +182,8 @@ class BinRequest:
                 bufferId=self.bufferId,
                 pageToken=self.pageToken,
             )
-        if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH:
-            _check_task_id("BinRequest.taskId", self.taskId)
+        if not self.taskId or len(self.taskId) > MAX_TASK_ID_LENGTH or not self.taskId.isascii():
+            _check_task_id("BinRequest.taskId", self.taskId)  # isascii is O(1): an ASCII id is UTF-8
         if self.requestType == RequestType.DATA:
             if not self.getDataSize and self.maxSizeOctets == 0:
                 raise ValueError(

@@ -464,8 +464,16 @@ def test_a_second_concurrent_fetch_is_refused() -> None:
     assert "no call" in pair.error(pair.call("peek", task_id=T, buffer_id=B))
 
 
-#: Buffers no BinRequest can carry: its bufferId is a u64 and its taskId has 1..1024 characters.
-UNSENDABLE = [{"buffer_id": -1}, {"buffer_id": 2**64}, {"task_id": ""}, {"task_id": "x" * 2000}]
+#: Buffers no BinRequest can carry: its bufferId is a u64 and its taskId has 1..1024 characters, each with a
+#: UTF-8 form (a lone surrogate, as ``os.fsdecode`` makes of undecodable bytes, has none).
+UNSENDABLE = [
+    {"buffer_id": -1},
+    {"buffer_id": 2**64},
+    {"task_id": ""},
+    {"task_id": "x" * 2000},
+    {"task_id": "\ud800"},
+    {"task_id": "q3.\udcff.0.0"},
+]
 
 
 @pytest.mark.parametrize("up", [True, False])

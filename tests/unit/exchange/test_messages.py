@@ -14,6 +14,7 @@ from sparkbus.roles.exchange import (
     ErrorCode,
     ReplyStatus,
     RequestType,
+    check_buffer_key,
     pack_sizes,
     page_sizes_of,
     unpack_sizes,
@@ -126,6 +127,23 @@ def test_bad_requests_are_refused_on_construction_and_decode(kw: dict[str, objec
     with pytest.raises(DecodeError) as err:
         codec.decode([header, msgpack.packb(body)])
     assert err.value.message_type == "BinRequest"
+
+
+@pytest.mark.parametrize("task_id", ["\ud800", "q1.\udcff.0.0", "q1.é.\udfff"])
+def test_a_task_id_without_a_utf8_form_is_refused_on_construction(task_id: str) -> None:
+    """A msgpack str is UTF-8: a request built with a lone surrogate would fail in the node's encoder on
+    every send (and its fetch never be answered), so it is refused where it is built, as the client's check
+    (``check_buffer_key``) refuses it before a source opens."""
+    with pytest.raises(ValueError, match="taskId must be UTF-8 text, got a lone surrogate"):
+        data_request(taskId=task_id)
+    with pytest.raises(ValueError, match=r"^task_id must be UTF-8 text"):
+        check_buffer_key(task_id, 0)
+
+
+def test_a_task_id_of_any_utf8_text_is_carried() -> None:
+    for task_id in ("q1.é.0.0", "задача.1", "\U0001f600" * 1024):
+        check_buffer_key(task_id, 0)
+        assert codec.decode(codec.encode(data_request(taskId=task_id))).message.taskId == task_id
 
 
 def test_size_probe_needs_no_max_size() -> None:
