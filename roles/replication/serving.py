@@ -48,6 +48,7 @@ from sparkbus.roles.replication.store import (
     PartitionStore,
     chain_ids,
     covered,
+    overlay,
     segment_file,
     upsert,
 )
@@ -69,8 +70,9 @@ class ChainBuild:
     Starts from the rows the store keeps when they stand for the start of the chain (``kept_for``), and
     reads the segments after them; ``step`` does one unit of work and returns True once ``rows`` (all
     columns, version columns included, one chunk per column) are ready. Segments are upserted when
-    written (a flush or a compaction), so each one's rows are read as they are and laid one over the
-    other (``store.overlay``, a slice of the older rows per step).
+    written (a flush or a compaction), so each one's rows are read as they are: the later ones (minors)
+    are laid one over the other, and the first one's (or the kept rows) under them, a slice per step
+    (``store.overlay``).
     """
 
     def __init__(self, store: PartitionStore, step_rows: int = STEP_ROWS) -> None:
@@ -116,9 +118,16 @@ class ChainBuild:
             table = pa.Table.from_batches(batches) if batches else schema.empty_table()
             tables.append(table if table.schema.equals(schema) else table.cast(schema))
         self.reading = None
-        rows = self._base
-        for table in tables:
-            rows = table if rows is None else (yield from self._overlay(rows, table))
+        rows = self._base if self._base is not None or not tables else tables.pop(0)
+        if tables:
+            # The segments after the first (minors: at most the ones a compaction folds) laid one over the
+            # other first, then the partition's rows under them in one pass: a pass per segment cost as
+            # many hash passes over the whole partition.
+            top = tables[0]
+            for table in tables[1:]:
+                top = overlay(top, table, self.store.config.key)
+                yield False
+            rows = top if rows is None else (yield from self._overlay(rows, top))
         if rows is None:
             rows = schema.empty_table()
         columns = []
@@ -129,15 +138,17 @@ class ChainBuild:
         return True
 
     def _overlay(self, base: pa.Table, top: pa.Table) -> Generator[bool, None, pa.Table]:
-        """``store.overlay(base, top)``, one slice of ``base`` per step."""
+        """``store.overlay(base, top)``, one slice of ``base`` per step: of ``step_rows`` rows, or of as many
+        as ``top`` has (each slice's lookup hashes ``top``'s keys again: so it costs at most twice one pass)."""
         key = self.store.config.key
         if top.num_rows == 0:
             return base
         values = top.column(key[0]).combine_chunks()
+        size = max(self._step_rows, top.num_rows)
         rest: list[pa.Table] = []
         hits: list[pa.Table] = []
-        for offset in range(0, base.num_rows, self._step_rows):
-            part = base.slice(offset, self._step_rows)
+        for offset in range(0, base.num_rows, size):
+            part = base.slice(offset, size)
             hit = pc.is_in(part.column(key[0]), value_set=values)
             if pc.any(hit).as_py():
                 rest.append(part.filter(pc.invert(hit)))

@@ -82,6 +82,20 @@ def test_a_build_takes_a_step_per_batch_read_and_per_slice_laid_under_a_newer_se
     )
 
 
+def test_the_minors_are_laid_one_over_the_other_and_the_major_under_them_in_one_pass() -> None:
+    store = PartitionStore.open(MemoryStorage(), "t/0", 1, CONFIG)
+    store.write(pa.table({"k": list(range(24)), "v": [0.0] * 24}), 0.0)
+    store.flush()  # the major: 24 rows, 8 batches of 3
+    for i in range(3):
+        store.write(pa.table({"k": [i, 100 + i], "v": [1.0, 1.0]}), 0.0)
+        store.flush()  # three minors of one batch
+    rows, steps = built(store, 4)
+    # 11 batches; 2 steps laying the 3 minors one over the other; the major under them in one pass, in
+    # slices of as many rows as they hold (6, more than a step's 4): 4; a step per column; the last
+    assert steps == 11 + 2 + 4 + 4 + 1
+    assert sorted(rows.column("k").to_pylist()) == [*range(24), 100, 101, 102]
+
+
 def test_a_build_starts_from_the_rows_the_store_keeps() -> None:
     store = PartitionStore.open(MemoryStorage(), "t/0", 1, CONFIG)
     store.write(pa.table({"k": list(range(30)), "v": [0.0] * 30}), 0.0)
