@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
+from sparkbus.roles.query import exchange as x
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.expressions import (
     Call,
@@ -648,11 +649,9 @@ def _step(op: PlanNode, table: pa.Table, params: Sequence[Scalar]) -> pa.Table:
 
 
 def concat(tables: Sequence[pa.Table]) -> pa.Table:
-    """Rows of ``tables`` in order; they must agree on the schema."""
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid as exc:
-        raise ExecutionError(f"members sent rows with different schemas: {exc}") from None
+    """Rows of ``tables`` in order, in one schema (``exchange.concat_rows``: a column of Arrow's null type
+    takes the other members' type, numeric types widen; no common type is an ExecutionError)."""
+    return x.concat_rows(tables)
 
 
 class Inbox:
