@@ -209,7 +209,13 @@ def _connect(args: argparse.Namespace, node: str | None = None) -> Client:
 
 
 def _read_rows(path: Path) -> pa.Table:
-    """A Parquet file or directory, or a CSV file with a header, as an Arrow table."""
+    """A Parquet file or directory, or a CSV file with a header, as an Arrow table of at least one row.
+
+    Raises:
+        CommandError: no such file, it cannot be read, or it holds no rows. A file of no rows adds nothing,
+            and a CSV one has no column types either (every column reads as Arrow's null type): a table
+            created from it would refuse every later file.
+    """
     import pyarrow.csv as pcsv  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -217,11 +223,14 @@ def _read_rows(path: Path) -> pa.Table:
         raise CommandError(f"{path}: no such file or directory")
     is_csv = path.suffix.lower() == ".csv"
     try:
-        return pcsv.read_csv(path) if is_csv else pq.read_table(path)
+        rows = pcsv.read_csv(path) if is_csv else pq.read_table(path)
     except Exception as exc:
         raise CommandError(
             f"{path}: cannot read it as {'CSV' if is_csv else 'Parquet'}: {_one_line(exc)}"
         ) from None
+    if not rows.num_rows:
+        raise CommandError(f"{path} holds no rows; nothing to load")
+    return rows
 
 
 def _slices(table: pa.Table) -> list[pa.Table]:
@@ -450,6 +459,8 @@ def routed_load(
 
     from sparkbus.topologies.partitioning import PartitionError, split  # noqa: PLC0415
 
+    if not rows.num_rows:
+        raise CommandError(f"{path} holds no rows; nothing to load")
     try:
         parts = split(rows, spec.key, spec.partitions)
     except PartitionError as exc:
