@@ -37,6 +37,7 @@ from sparkbus.bus import contract as c
 from sparkbus.bus.config import BusConfig
 from sparkbus.roles.query import engine
 from sparkbus.roles.query import exchange as x
+from sparkbus.roles.query.catalog import SOURCES_READY, SourcePending
 from sparkbus.roles.query.config import QueryConfig
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.expressions import fold, resolve
@@ -128,6 +129,9 @@ class QueryRole(PulledExchange):
         # Buffers published for each consumer peer by queries that completed here: aborted if that peer is
         # lost before it deleted them (bounded; an older entry is dropped, and its buffer waits for DELETE).
         self._handed: dict[str, dict[x.Publish, None]] = {}
+        # Fragments whose scan met a published table still being read (``SourcePending``), with the rows
+        # they had received: run again at the publisher's ``SOURCES_READY``, if their query still runs.
+        self._source_waits: dict[tuple[QueryId, int], tuple[FragmentRun, pa.Table | None]] = {}
 
     # ------------------------------------------------------------------ dispatch
 
@@ -223,6 +227,9 @@ class QueryRole(PulledExchange):
                 out.append(c.Reply(call_id=call.call_id, result=self._cancel_call(call.args, out)))
             elif call.name == "load":
                 out.append(c.Reply(call_id=call.call_id, result=self._load(call.args)))
+            elif call.name == SOURCES_READY:
+                out.append(c.Reply(call_id=call.call_id, result=None))
+                self._sources_ready(out)
             else:
                 out.append(c.Reply(call_id=call.call_id, error=f"unknown call {call.name!r}"))
         except QueryError as exc:
@@ -412,6 +419,13 @@ class QueryRole(PulledExchange):
         try:
             folded = run.inbox is not None and run.inbox.folded
             table = engine.run(run.fragment.root, self.store, start.parameters, received, folded=folded)
+        except SourcePending:
+            # Read in steps by its publisher so that the loop keeps running: wait (the query's timeout
+            # still bounds it) rather than fail the query with a transient MEMBER_LEAVE.
+            run.done = False
+            self._source_waits[(q.id, id(run))] = (run, received)
+            self.counters["source_waits"] += 1
+            return
         except Exception as exc:
             self._failed_at(q, exc, f"fragment {run.fragment.id}", out, named=False)
             return
@@ -450,6 +464,16 @@ class QueryRole(PulledExchange):
             if q.phase is not Phase.RUNNING:
                 return
         self._maybe_complete(q, out)
+
+    def _sources_ready(self, out: list[c.Action]) -> None:
+        """Sources a scan waited for are read (or will not be): run those fragments again; each checks
+        coverage anew and may wait again."""
+        waiting, self._source_waits = self._source_waits, {}
+        for (qid, _), (run, received) in waiting.items():
+            q = self.queries.get(qid)
+            if q is None or q.phase is not Phase.RUNNING or q.start is None or run.done:
+                continue  # failed, cancelled or released meanwhile, or run again already
+            self._run_fragment(q, run, received, out)
 
     def _deliver(self, q: QueryState, table: pa.Table | None, out: list[c.Action]) -> None:
         if table is None:
@@ -709,6 +733,8 @@ class QueryRole(PulledExchange):
         q.inbound.clear()
         q.runs.clear()
         self.queries.pop(q.id, None)
+        for waiting in [k for k in self._source_waits if k[0] == q.id]:
+            del self._source_waits[waiting]
         for call_id in [k for k, v in self.calls.items() if v == q.id]:
             del self.calls[call_id]
 
