@@ -481,6 +481,16 @@ class QueryRole(PulledExchange):
             tables = sorted(
                 {op.table for f in q.start.decoded for op in chain(f.root) if isinstance(op, Scan)}
             )
+            declared = [t for t in tables if fold(t) in self.declared]
+            if declared:
+                # The topology declares it: it is not missing, its stores are not among the participants
+                # (down, or not connected yet). A transient state to retry, not the user's mistake.
+                why = (
+                    f"table {', '.join(declared)} is declared by the topology, but no node that serves its "
+                    "partitions takes part in this query (its nodes are down or not connected yet)"
+                )
+                self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
+                return
             self._fail(
                 q,
                 ErrorCode.PARSING,

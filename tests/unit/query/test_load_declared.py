@@ -7,10 +7,13 @@ from __future__ import annotations
 import pyarrow as pa
 
 from sparkbus.bus import contract as c
-from sparkbus.roles.query import QueryRole, make_role, table_to_ipc
+from sparkbus.bus.sim import SimBus
+from sparkbus.roles.query import QueryError, QueryRole, make_role, sql, table_to_ipc
 from sparkbus.roles.query.catalog import TableCatalog
+from sparkbus.roles.query.errors import ErrorCode
 from sparkbus.topologies import load, shipped
 from sparkbus.topologies.registry import RoleContext
+from tests.unit.replication.test_factory import Target
 
 #: the coordinator runs no replication; `orders` is declared (key order_id), `events` is not
 TOPOLOGY = shipped("processes.toml")
@@ -61,3 +64,25 @@ def test_a_table_the_topology_does_not_declare_is_loaded_into_the_node_catalog()
     assert catalog.names() == ["events"]
     plain = QueryRole("n")  # built without a topology: nothing is declared
     assert _load(plain, "orders").result == 3
+
+
+def _count(role: QueryRole, table: str) -> QueryError | pa.Table:
+    sim = SimBus(seed=1)
+    sim.add_node("coordinator", [role])
+    sim.start()
+    try:
+        return sql(
+            Target(sim, "coordinator"), f"SELECT COUNT(*) AS n FROM {table}", participants=["coordinator"]
+        )
+    except QueryError as exc:
+        return exc
+
+
+def test_a_declared_table_no_participant_serves_is_a_transient_error_not_a_missing_table() -> None:
+    """Its stores down or not connected yet (the coordinator alone takes part): the user retries, where
+    PARSING said the table did not exist and stopped the client's read retries."""
+    got = _count(_role("coordinator")[0], "orders")
+    assert isinstance(got, QueryError) and got.code == ErrorCode.MEMBER_LEAVE, got
+    assert "declared by the topology" in got.message and "no node that serves its partitions" in got.message
+    other = _count(_role("coordinator")[0], "nothing")  # neither declared nor loaded anywhere
+    assert isinstance(other, QueryError) and other.code == ErrorCode.PARSING, other
