@@ -260,6 +260,13 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         where = f"the compute controller's table {args.table}"
         views_schema = _views_schema(client, args.table)
         views = _as_existing(rows, views_schema, where)
+        # An existing table takes rows as it was created: one without a key (a client's create_table) appends
+        if spec is not None and views_schema is not None and not _upserts(client, args.table, views_schema):
+            raise CommandError(
+                f"{where} was created without a key, so it would append the rows {spec.name} upserts by "
+                f"{', '.join(spec.key)} (views would count a key loaded twice as two rows): load with "
+                "--no-views, or start the cluster again (the controller keeps its tables in memory)"
+            )
     if spec is not None:
         done = routed_load(client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path)
     else:
@@ -287,8 +294,9 @@ def _load(client: Client, args: argparse.Namespace) -> str:
 
 
 def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] | None) -> None:
-    """Into the compute controller's table: an upsert table by ``key`` for a replicated table, so its views
-    count a row loaded twice once, as SQL does; otherwise appended."""
+    """Into the compute controller's table: created as an upsert table by ``key`` for a replicated table,
+    so its views count a row loaded twice once, as SQL does; otherwise appended. A table that exists
+    already takes the rows as it was created (``_upserts``)."""
     from sparkbus.roles.client import OperationError  # noqa: PLC0415
 
     try:
@@ -298,6 +306,29 @@ def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] 
             raise
     for part in _slices(rows):
         client.write_table(table, part)
+
+
+def _upserts(client: Client, table: str, schema: pa.Schema) -> bool:
+    """Whether the compute controller's table ``table`` (of ``schema``) is an upsert table, created with a
+    key, rather than one that appends.
+
+    The controller tells it by what a write may carry: an upsert table takes rows and refuses ``__diff``
+    multiplicities, which any other table takes. A write of no rows with a ``__diff`` column asks it
+    without changing a row (taken, it is a write of nothing: it only takes a time).
+    """
+    import pyarrow as pa  # noqa: PLC0415
+
+    from sparkbus.roles.client import OperationError  # noqa: PLC0415
+    from sparkbus.roles.compute.arrangement import DIFF  # noqa: PLC0415
+
+    nothing = schema.empty_table().append_column(DIFF, pa.array([], pa.int64()))
+    try:
+        client.write_table(table, nothing)
+    except OperationError as exc:
+        if "upsert table takes rows" not in str(exc):
+            raise
+        return True
+    return False
 
 
 def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None:
