@@ -67,9 +67,14 @@ def private_dir(path: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeDirectory(f"refusing {path}: it is a symbolic link, not a directory of this user's")
     if st.st_uid != os.getuid():
+        # The advice names the variable that chose the run directory: with $SPARKBUS_RUN_DIR set,
+        # XDG_RUNTIME_DIR is never read.
+        elsewhere = (
+            f"{RUN_DIR_ENV} to a directory of yours" if os.environ.get(RUN_DIR_ENV) else "XDG_RUNTIME_DIR"
+        )
         raise UnsafeDirectory(
             f"refusing {path}: it belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}), who may have "
-            "put keys or state there; remove it or set XDG_RUNTIME_DIR"
+            f"put keys or state there; remove it or set {elsewhere}"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectory(

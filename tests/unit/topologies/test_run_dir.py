@@ -23,6 +23,7 @@ NODES = ["n-0", "n-1"]
 def tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The temporary directory (``/tmp``), as the run directory's parent without ``XDG_RUNTIME_DIR``."""
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv(keys.RUN_DIR_ENV, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return tmp_path
 
@@ -68,9 +69,34 @@ def test_a_run_dir_of_another_user_is_refused(tmp_dir: Path, monkeypatch: pytest
     run.chmod(0o700)
     with pytest.raises(keys.UnsafeDirectory) as refused:
         keys.ensure_keys(topology(tmp_dir))
-    assert str(refused.value).startswith(
-        f"refusing {run}: it belongs to uid {me}, not to this user (uid {me + 1}), who may have put keys"
+    assert str(refused.value) == (
+        f"refusing {run}: it belongs to uid {me}, not to this user (uid {me + 1}), who may have put keys or "
+        "state there; remove it or set XDG_RUNTIME_DIR"
     )
+
+
+@pytest.mark.parametrize("xdg", [True, False])
+def test_a_run_dir_of_another_user_named_by_sparkbus_run_dir_is_refused_with_advice_that_can_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: bool
+) -> None:
+    """With SPARKBUS_RUN_DIR set, XDG_RUNTIME_DIR is never read: setting it would change nothing, so the
+    refusal names the variable that chose the directory."""
+    me = os.getuid()
+    run = tmp_path / "theirs"
+    run.mkdir(mode=0o700)
+    monkeypatch.setattr(keys.os, "getuid", lambda: me + 1)  # the directory is another user's
+    monkeypatch.setenv(keys.RUN_DIR_ENV, str(run))
+    if xdg:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    else:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    for refused_by in (launcher.state_dir, lambda: keys.ensure_keys(topology(tmp_path))):
+        with pytest.raises(keys.UnsafeDirectory) as refused:
+            refused_by()
+        assert str(refused.value) == (
+            f"refusing {run}: it belongs to uid {me}, not to this user (uid {me + 1}), who may have put keys "
+            f"or state there; remove it or set {keys.RUN_DIR_ENV} to a directory of yours"
+        )
 
 
 def test_a_symbolic_link_as_run_dir_is_refused(tmp_dir: Path) -> None:
