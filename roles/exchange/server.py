@@ -44,6 +44,7 @@ from sparkbus.roles.exchange.messages import (
     ErrorCode,
     ReplyStatus,
     RequestType,
+    check_buffer_key,
     page_sizes_of,
 )
 
@@ -305,6 +306,9 @@ class BinxServer:
         args: dict[str, Any] = call.args
         try:
             task_id, buffer_id = str(args["task_id"]), int(args["buffer_id"])
+            # A buffer no BinRequest can name (a lone surrogate, an empty or overlong task id, a buffer id
+            # that is no u64) could never be read: refused at the call.
+            check_buffer_key(task_id, buffer_id)
             if call.name == "create":
                 actions = self.create_buffer(task_id, buffer_id, max_bytes=args.get("max_bytes"))
             elif call.name == "add_pages":
@@ -312,7 +316,9 @@ class BinxServer:
             elif call.name == "no_more_pages":
                 actions = self.no_more_pages(task_id, buffer_id, now)
             elif call.name == "abort":
-                actions = self.abort_buffer(task_id, buffer_id, str(args.get("reason", "")), now)
+                reason = str(args.get("reason", ""))
+                reason.encode()  # goes into every reader's reply: one with no UTF-8 form failed them all
+                actions = self.abort_buffer(task_id, buffer_id, reason, now)
             elif call.name == "publish":
                 actions = self.publish(task_id, buffer_id, list(args["pages"]), bool(args.get("last")), now)
             elif call.name == "room":

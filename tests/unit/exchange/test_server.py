@@ -279,3 +279,25 @@ def test_a_late_request_for_a_forgotten_buffer_is_answered_at_once() -> None:
     assert late.status == ReplyStatus.SERVER_ERROR and late.errorCode == ErrorCode.UNKNOWN_BUFFER
     assert f"task {T} buffer 0" in late.errorMessage and not srv._parked
     assert only_reply(send(srv, request(RequestType.DELETE, bufferId=0))).status == ReplyStatus.OK
+
+
+def call(srv: BinxServer, name: str, **args: Any) -> Reply:
+    [reply] = [a for a in srv.handle(LocalCall(call_id=9, name=name, args=args), 0.0) if isinstance(a, Reply)]
+    return reply
+
+
+def test_an_abort_reason_with_no_utf8_form_is_refused_and_readers_are_still_answered() -> None:
+    """The reason goes into every reader's reply: with a lone surrogate each reply failed in the node's
+    encoder, and the fetch was never answered."""
+    srv = server_with(b"ab")
+    reply = call(srv, "abort", task_id=T, buffer_id=B, reason="bad \ud800")
+    assert reply.error is not None and "UnicodeEncodeError" in reply.error
+    assert only_reply(send(srv, request())).status == ReplyStatus.OK  # not aborted
+
+
+def test_a_buffer_no_request_can_name_is_refused_at_the_call() -> None:
+    srv = BinxServer(OutputBuffers(instance_id="i7"))
+    for task_id, buffer_id in (("t\ud800", 1), ("", 1), ("x" * 1025, 1), ("t", -1), ("t", 2**64)):
+        reply = call(srv, "create", task_id=task_id, buffer_id=buffer_id)
+        assert reply.error is not None and "ValueError" in reply.error, (task_id, buffer_id, reply)
+    assert call(srv, "create", task_id="t", buffer_id=1).error is None
