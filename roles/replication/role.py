@@ -466,7 +466,11 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
     def _follow(self, rep: LocalReplica) -> None:
         """Follower: delete what the leader holds; push to the leader what it has not acked."""
         leader = rep.leader
-        if leader is None or leader.node not in self.live:
+        if leader is None or leader.node not in self.live or self._waiting(rep.spec):
+            # Waiting (opened at start, a live peer not heard yet: ``epochs.py``), it follows only in its
+            # own view: the leader it follows may take it for the leader, fast-forward what it pushes and
+            # ack that; it then took the leader's segments over its own and deleted them as merged, and
+            # rows it had acknowledged were gone from every replica.
             return
         store = rep.store
         for entry in list(store.entries):
