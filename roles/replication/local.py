@@ -23,6 +23,9 @@ class ReplicationConfig:
         credit_bytes: initial credit (the most a receiver buffers per transit).
         tick: seconds between runs of the replication procedures.
         retry_after: seconds before retrying a target after OVERLOADED, INVALID, INFLIGHT or an error.
+        start_wait: seconds a replica opened at start waits, before it leads, for a peer whose store it
+            knows and that is not up yet to come up and speak (it may hold the replica for away and
+            have taken rows meanwhile); a peer still down then is led without.
     """
 
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -31,12 +34,13 @@ class ReplicationConfig:
     credit_bytes: int = 4 << 20
     tick: float = 1.0
     retry_after: float = 0.5
+    start_wait: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_incoming < 1 or self.chunk_bytes < 1 or self.credit_bytes < 1:
             raise ValueError("max_incoming, chunk_bytes and credit_bytes must be >= 1")
-        if self.tick <= 0 or self.retry_after < 0:
-            raise ValueError("tick must be > 0 and retry_after >= 0")
+        if self.tick <= 0 or self.retry_after < 0 or self.start_wait < 0:
+            raise ValueError("tick must be > 0, retry_after and start_wait >= 0")
 
 
 @dataclass(kw_only=True)

@@ -148,6 +148,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         # ``epochs.py``).
         self.fresh: set[str] = set()
         self.heard: set[tuple[str, str]] = set()
+        self.start_until = 0.0
 
     # ------------------------------------------------------------ entry point
 
@@ -178,6 +179,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             for spec in list(self.layout.partitions.values()):
                 self._open(spec)  # one that cannot be opened is listed under failing; the others open
             self.fresh = set(self.local)
+            self.start_until = now + self.config.start_wait
             self._resume_drains()  # files of partitions the layout no longer places here
             for rep in list(self.local.values()):  # joins this replica finalized before a restart
                 for placement in rep.store.meta.get("joined", ()):
@@ -220,6 +222,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 out.append(SetTimer(key=TICK, at=now + self.config.tick))
                 if self.unopened:
                     self._open_again()
+                if self.fresh:
+                    self._elect()  # past start_wait, a replica opened at start no longer waits for peers down
                 self._run_all(tick=True)  # with the lazy ack saves, per replica
                 return
         elif isinstance(event, LocalCall):

@@ -200,6 +200,18 @@ def test_a_replica_opened_at_start_leads_only_once_the_peers_it_knows_have_spoke
     assert leader(a) == "a" and a.returning == {}
 
 
+def test_a_replica_opened_at_start_leads_alone_only_after_start_wait_for_peers_not_up() -> None:
+    kept: dict[str, MemoryStorage] = {}
+    a = role("a", kept)
+    receive(a, "b", ReplicaHello(partition=P, placement=2, epoch=OLD))
+    a = role("a", kept)  # restarted at 0.0; b and c not up yet: b may have led while a was away
+    assert leader(a) is None, "no peer is live yet, and a does not lead alone before start_wait"
+    list(a.handle(TimerFired(key="replication/tick"), 4.9))
+    assert leader(a) is None
+    list(a.handle(TimerFired(key="replication/tick"), 5.0))
+    assert leader(a) == "a", "a peer still down after start_wait is led without"
+
+
 def test_a_replica_opened_at_start_leads_at_once_once_each_peer_it_knows_has_spoken() -> None:
     kept: dict[str, MemoryStorage] = {}
     a = role("a", kept)
