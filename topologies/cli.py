@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparkbus.topologies import keys
-from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, add_cluster_parsers
+from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, CommandError, _view_def, add_cluster_parsers
 
 # Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
@@ -103,12 +103,6 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
 
 #: rows of Arrow IPC per LOAD / TABLE_WRITE request, kept well below the 64 MiB message limit
 REQUEST_BYTES = 16 * 1024 * 1024
-_AGGREGATES = ("count", "sum", "avg", "min", "max")
-_OPS = {"=": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
-
-
-class CommandError(Exception):
-    """A mistake the user can fix: printed as one line, exit status 1."""
 
 
 def _one_line(exc: BaseException, limit: int = 400) -> str:
@@ -634,58 +628,6 @@ def _print_table(table: pa.Table, args: argparse.Namespace, title: str) -> None:
     console.print(out)
     more = f", {shown.num_rows} shown (--max-rows)" if shown.num_rows < table.num_rows else ""
     console.print(f"({table.num_rows:,} rows{more})", highlight=False)
-
-
-def _aggregate(text: str) -> Any:
-    """``NAME=FUNC(COLUMN)`` or ``NAME=count(*)``."""
-    from sparkbus.roles.compute import Aggregate  # noqa: PLC0415
-
-    name, _, call = text.partition("=")
-    func, _, rest = call.partition("(")
-    column = rest.removesuffix(")").strip()
-    if not name or not func or not rest.endswith(")"):
-        raise CommandError(f"--agg {text!r}: expected NAME=FUNC(COLUMN), e.g. total=sum(value) or n=count(*)")
-    kind: Any = func.strip().lower()
-    if kind not in _AGGREGATES:
-        raise CommandError(f"--agg {text!r}: {kind} is not one of {', '.join(_AGGREGATES)}")
-    try:
-        return Aggregate(func=kind, column=None if column in ("", "*") else column, name=name.strip())
-    except ValueError as exc:
-        raise CommandError(f"--agg {text!r}: {exc}") from None
-
-
-def _predicate(text: str) -> Any:
-    """``COLUMN OP VALUE`` with OP one of = != < <= > >=; VALUE a number or a string."""
-    from sparkbus.roles.compute import Predicate  # noqa: PLC0415
-
-    parts = text.split(None, 2)
-    if len(parts) != 3 or parts[1] not in _OPS:
-        raise CommandError(f"--where {text!r}: expected COLUMN OP VALUE with OP one of {' '.join(_OPS)}")
-    column, op, raw = parts
-    value: Any
-    try:
-        value = int(raw)
-    except ValueError:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = raw.strip("'\"")
-    return Predicate(column=column, op=_OPS[op], value=value)  # type: ignore[arg-type]
-
-
-def _view_def(args: argparse.Namespace) -> Any:
-    from sparkbus.roles.compute import ViewDef  # noqa: PLC0415
-
-    try:
-        return ViewDef(
-            source=args.source,
-            filters=tuple(_predicate(w) for w in args.where),
-            project=tuple(c.strip() for c in args.project.split(",")) if args.project else None,
-            group_by=tuple(c.strip() for c in args.group_by.split(",")) if args.group_by else (),
-            aggregates=tuple(_aggregate(a) for a in args.agg),
-        )
-    except ValueError as exc:
-        raise CommandError(f"view {args.name}: {exc}") from None
 
 
 def cluster_command(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """The arguments of the ``sparkbus`` commands for a running cluster: ``load``, ``sql`` and ``view create |
-peek | drop`` (``sparkbus.topologies.cli.cluster_command`` runs them). Only argparse: building the parser
-imports no command."""
+peek | drop`` (``sparkbus.topologies.cli.cluster_command`` runs them), and the view ``view create``'s
+arguments define (``_view_def``). Only argparse: building the parser imports no command."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from typing import Any
 
 #: the topology file the cluster commands connect by when neither --topology nor --address is given
 DEFAULT_TOPOLOGY = "topologies/processes.toml"
+_AGGREGATES = ("count", "sum", "avg", "min", "max")
+_OPS = {"=": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+
+
+class CommandError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 1."""
 
 
 def client_options(p: argparse.ArgumentParser) -> None:
@@ -120,3 +126,58 @@ def add_cluster_parsers(sub: Any) -> None:
     )
     drop.add_argument("name", help="the view to drop")
     client_options(drop)
+
+
+# ---------------------------------------------------------------- a view's definition from its arguments
+
+
+def _aggregate(text: str) -> Any:
+    """``NAME=FUNC(COLUMN)`` or ``NAME=count(*)``."""
+    from sparkbus.roles.compute import Aggregate  # noqa: PLC0415
+
+    name, _, call = text.partition("=")
+    func, _, rest = call.partition("(")
+    column = rest.removesuffix(")").strip()
+    if not name or not func or not rest.endswith(")"):
+        raise CommandError(f"--agg {text!r}: expected NAME=FUNC(COLUMN), e.g. total=sum(value) or n=count(*)")
+    kind: Any = func.strip().lower()
+    if kind not in _AGGREGATES:
+        raise CommandError(f"--agg {text!r}: {kind} is not one of {', '.join(_AGGREGATES)}")
+    try:
+        return Aggregate(func=kind, column=None if column in ("", "*") else column, name=name.strip())
+    except ValueError as exc:
+        raise CommandError(f"--agg {text!r}: {exc}") from None
+
+
+def _predicate(text: str) -> Any:
+    """``COLUMN OP VALUE`` with OP one of = != < <= > >=; VALUE a number or a string."""
+    from sparkbus.roles.compute import Predicate  # noqa: PLC0415
+
+    parts = text.split(None, 2)
+    if len(parts) != 3 or parts[1] not in _OPS:
+        raise CommandError(f"--where {text!r}: expected COLUMN OP VALUE with OP one of {' '.join(_OPS)}")
+    column, op, raw = parts
+    value: Any
+    try:
+        value = int(raw)
+    except ValueError:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = raw.strip("'\"")
+    return Predicate(column=column, op=_OPS[op], value=value)  # type: ignore[arg-type]
+
+
+def _view_def(args: argparse.Namespace) -> Any:
+    from sparkbus.roles.compute import ViewDef  # noqa: PLC0415
+
+    try:
+        return ViewDef(
+            source=args.source,
+            filters=tuple(_predicate(w) for w in args.where),
+            project=tuple(c.strip() for c in args.project.split(",")) if args.project else None,
+            group_by=tuple(c.strip() for c in args.group_by.split(",")) if args.group_by else (),
+            aggregates=tuple(_aggregate(a) for a in args.agg),
+        )
+    except ValueError as exc:
+        raise CommandError(f"view {args.name}: {exc}") from None
