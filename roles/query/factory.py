@@ -27,4 +27,10 @@ def make_role(ctx: Any) -> QueryRole:
         curve=ctx.topology.bus.security.mode == "curve",
     )
     declared = [table.name for table in getattr(ctx.topology, "tables", ())]
-    return QueryRole(ctx.node_id, config=config, store=getattr(ctx, "catalog", None), declared=declared)
+    return QueryRole(
+        ctx.node_id,
+        config=config,
+        store=getattr(ctx, "catalog", None),
+        declared=declared,
+        replicating=ctx.topology.hosting("replication") if declared else (),
+    )

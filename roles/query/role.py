@@ -93,6 +93,9 @@ class QueryRole(PulledExchange):
         declared: the tables the topology declares (``[tables.*]``), whose rows live in replicated
             partitions: ``load`` refuses them, as a node's own copy would be scanned beside those partitions
             and every query would count its rows twice (compared case-insensitively, as SQL names are).
+        replicating: the nodes that store those partitions (run ``replication``): a declared table that no
+            participant serves fails with MEMBER_LEAVE when none of them takes part, and is not loaded
+            (PARSING) when some do.
     """
 
     name = "query"
@@ -106,9 +109,11 @@ class QueryRole(PulledExchange):
         store: engine.PartitionStore | None = None,
         incarnation: str | None = None,
         declared: Iterable[str] = (),
+        replicating: Iterable[str] = (),
     ) -> None:
         self.member = member
         self.declared = {fold(name): name for name in declared}
+        self.replicating = frozenset(replicating)
         self.config = config or QueryConfig()
         self.store = store if store is not None else engine.PartitionStore()
         self.incarnation = incarnation if incarnation is not None else uuid.uuid4().hex[:12]
@@ -482,9 +487,10 @@ class QueryRole(PulledExchange):
                 {op.table for f in q.start.decoded for op in chain(f.root) if isinstance(op, Scan)}
             )
             declared = [t for t in tables if fold(t) in self.declared]
-            if declared:
-                # The topology declares it: it is not missing, its stores are not among the participants
-                # (down, or not connected yet). A transient state to retry, not the user's mistake.
+            if declared and not self.replicating & set(q.start.participants):
+                # The topology declares it and no node that stores it takes part (down, or not connected
+                # yet): a transient state to retry, not the user's mistake. With its stores taking part it
+                # holds no rows yet, and is not loaded (below).
                 why = (
                     f"table {', '.join(declared)} is declared by the topology, but no node that serves its "
                     "partitions takes part in this query (its nodes are down or not connected yet)"

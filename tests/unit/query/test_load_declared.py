@@ -86,3 +86,11 @@ def test_a_declared_table_no_participant_serves_is_a_transient_error_not_a_missi
     assert "declared by the topology" in got.message and "no node that serves its partitions" in got.message
     other = _count(_role("coordinator")[0], "nothing")  # neither declared nor loaded anywhere
     assert isinstance(other, QueryError) and other.code == ErrorCode.PARSING, other
+
+
+def test_a_declared_table_its_stores_serve_no_rows_of_is_not_loaded() -> None:
+    """Its stores take part and hold none of its rows yet: not loaded (PARSING), which `sparkbus view
+    create` turns into "holds no rows on any node yet"."""
+    role = QueryRole("coordinator", declared=["orders"], replicating=["coordinator"])
+    got = _count(role, "orders")
+    assert isinstance(got, QueryError) and got.code == ErrorCode.PARSING, got
