@@ -237,7 +237,7 @@ def _load(client: Client, args: argparse.Namespace) -> str:
     """``sparkbus load``: into the replicated store for a table of the topology, else into the gateway
     node's query catalog; then, unless ``--no-views``, into the compute controller's table. Whether both
     tables take the rows is checked before anything is written."""
-    from sparkbus.roles.client import Op  # noqa: PLC0415
+    from sparkbus.roles.client import ClientError, Op  # noqa: PLC0415
     from sparkbus.roles.query import table_to_ipc  # noqa: PLC0415
 
     rows = _read_rows(Path(args.path))
@@ -262,7 +262,17 @@ def _load(client: Client, args: argparse.Namespace) -> str:
                 "--no-views, or start the cluster again (the controller keeps its tables in memory)"
             )
     if spec is not None:
-        done = routed_load(client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path)
+        taken: list[pa.Table] = []
+        try:
+            done = routed_load(
+                client, spec, rows, partial_connect(args), timeout=args.timeout, path=args.path, taken=taken
+            )
+        except (CommandError, ClientError) as exc:
+            if args.no_views or not taken:
+                raise
+            # The partitions keep what their leaders took; the views' table must take it too, or views miss
+            # those rows for good (it upserts by key: rows written again later change nothing).
+            raise CommandError(_views_after_failure(client, spec, args, exc, taken, views_schema)) from None
     else:
         held = 0
         for i, part in enumerate(_slices(rows)):
@@ -285,6 +295,39 @@ def _load(client: Client, args: argparse.Namespace) -> str:
         )
     _write_views(client, args.table, views, None if spec is None else spec.key)
     return f"{done} and into the compute controller's table {args.table} for views ({how})"
+
+
+def _views_after_failure(
+    client: Client,
+    spec: TableSpec,
+    args: argparse.Namespace,
+    error: Exception,
+    taken: list[pa.Table],
+    views_schema: pa.Schema | None,
+) -> str:
+    """What to say of a load into declared table ``spec`` that failed with ``error`` after the partitions'
+    leaders took the rows ``taken``, once those rows are written into the compute controller's table too
+    (or the whole table is created from the stored rows, when the controller has none yet)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+
+    n = sum(t.num_rows for t in taken)
+    where = f"the compute controller's table {spec.name}"
+    try:
+        if views_schema is None:
+            _create_from_stored(client, spec, args.timeout)
+            wrote = f"{where} was created with every stored row, for views"
+        else:
+            rows = _as_existing(pa.concat_tables(taken), views_schema, where)
+            _write_views(client, spec.name, rows, spec.key)
+            wrote = f"the {n:,} rows written went into {where} too, for views"
+    except (CommandError, ClientError) as exc:
+        wrote = (
+            f"{where} was not written ({_one_line(exc)}): views miss the {n:,} rows written; load the file "
+            "again (rows are upserted by key)"
+        )
+    return f"{_one_line(error)}; {wrote}"
 
 
 def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] | None) -> None:
@@ -475,10 +518,14 @@ def routed_load(
     timeout: float,
     path: str,
     poll: float = 0.05,
+    taken: list[pa.Table] | None = None,
 ) -> str:
     """Write ``rows`` into the replicated partitions of ``spec``, each row to partition
     ``pmod(hash(key), partitions)`` (``sparkbus.topologies.partitioning``) through its current leader,
-    flush each partition written and wait until ``sparkbus_replicas`` says every one is replicated."""
+    flush each partition written and wait until ``sparkbus_replicas`` says every one is replicated.
+
+    Each slice of rows a leader took is appended to ``taken`` as it is acknowledged: when the load fails
+    after that (a write, a flush, the wait), those rows are in the partitions all the same."""
     from rich.console import Console  # noqa: PLC0415
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
@@ -512,6 +559,8 @@ def routed_load(
                 name = names[p]
                 for piece in _slices(part):
                     leaders[name] = write_partition(writers, spec.name, name, leaders[name], piece)
+                    if taken is not None:
+                        taken.append(piece)
                     progress.advance(written, piece.num_rows)
                 writers(leaders[name]).flush(name)  # replication starts now, not at the flush thresholds
             for done in _until_replicated(client, set(names.values()), timeout, poll):
@@ -526,28 +575,40 @@ def routed_load(
 
 
 def _until_replicated(client: Client, partitions: set[str], timeout: float, poll: float) -> Iterator[int]:
-    """Yields how many of ``partitions`` are replicated, until all are.
+    """Yields how many of ``partitions`` are replicated, until all are. A status query that fails because a
+    member left or lost its connection for a moment (``MEMBER_LEAVE``, ``MEMBER_CONNECTION``: a store paused,
+    a leadership moving) is asked again until the deadline.
 
     Raises:
         CommandError: a replica reports an error, or ``timeout`` seconds pass.
     """
+    from sparkbus.roles.client import ClientError  # noqa: PLC0415
+    from sparkbus.roles.query import ErrorCode as QueryCode  # noqa: PLC0415
     from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
+    done: set[str] = set()
     while True:
-        status = client.sql(
-            f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1"
-        ).to_pylist()
-        errors = sorted({r["error"] for r in status if r["error"]})
-        if errors:
-            raise CommandError(errors[0])
-        done = {r["partition"] for r in status if r["replicated"]} & partitions
-        yield len(done)
-        if done == partitions:
-            return
+        failed = ""
+        try:
+            status = client.sql(
+                f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1"
+            ).to_pylist()
+        except ClientError as exc:
+            if exc.code not in (QueryCode.MEMBER_LEAVE, QueryCode.MEMBER_CONNECTION):
+                raise
+            failed = f" (the last status query failed: {_one_line(exc)})"
+        else:
+            errors = sorted({r["error"] for r in status if r["error"]})
+            if errors:
+                raise CommandError(errors[0])
+            done = {r["partition"] for r in status if r["replicated"]} & partitions
+            yield len(done)
+            if done == partitions:
+                return
         if time.monotonic() >= deadline:
             waiting = ", ".join(sorted(partitions - done))
-            raise CommandError(f"rows written, but not replicated within {timeout:g} s: {waiting}")
+            raise CommandError(f"rows written, but not replicated within {timeout:g} s: {waiting}{failed}")
         time.sleep(poll)
 
 
