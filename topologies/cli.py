@@ -20,6 +20,7 @@ from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, CommandError, _view_d
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
 if TYPE_CHECKING:
     import pyarrow as pa
+    from rich.progress import Progress
 
     from sparkbus.topologies.client import Client
     from sparkbus.topologies.model import TableSpec
@@ -103,6 +104,10 @@ def run_command(topology: str | None, *, rows: int, data: str | None, report: st
 
 #: rows of Arrow IPC per LOAD / TABLE_WRITE request, kept well below the 64 MiB message limit
 REQUEST_BYTES = 16 * 1024 * 1024
+#: rows per write into the compute controller's table: the controller and each compute replica apply a write in
+#: one turn of their node's loop, and 600,000 rows in one turn held the replicas' loops past a second, near the
+#: peers' heartbeat timeout (docs/TOPOLOGIES.md, "Loading a table")
+VIEW_ROWS = 50_000
 
 
 def _one_line(exc: BaseException, limit: int = 400) -> str:
@@ -227,10 +232,26 @@ def _read_rows(path: Path) -> pa.Table:
     return rows
 
 
-def _slices(table: pa.Table) -> list[pa.Table]:
+def _slices(table: pa.Table, rows: int | None = None) -> list[pa.Table]:
+    """``table`` in requests of at most ``REQUEST_BYTES``, and of at most ``rows`` rows when given."""
     per_row = max(1, table.nbytes // max(1, table.num_rows))
-    step = max(1, REQUEST_BYTES // per_row)
+    step = max(1, REQUEST_BYTES // per_row if rows is None else min(REQUEST_BYTES // per_row, rows))
     return [table.slice(i, step) for i in range(0, table.num_rows, step)] or [table]
+
+
+def _progress(counted: str = "{task.completed:,.0f}/{task.total:,.0f}") -> Progress:
+    """A load's progress on stderr, gone when it ends; ``counted`` shows each task's count."""
+    from rich.console import Console  # noqa: PLC0415
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn(counted),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
 
 
 def _load(client: Client, args: argparse.Namespace) -> str:
@@ -341,8 +362,11 @@ def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] 
     except OperationError as exc:
         if "already exists" not in str(exc):
             raise
-    for part in _slices(rows):
-        client.write_table(table, part)
+    with _progress() as progress:
+        written = progress.add_task(f"rows written into the compute table {table}", total=rows.num_rows)
+        for part in _slices(rows, VIEW_ROWS):
+            client.write_table(table, part)
+            progress.advance(written, part.num_rows)
 
 
 def _upserts(client: Client, table: str, schema: pa.Schema) -> bool:
@@ -395,9 +419,12 @@ def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None
     import pyarrow as pa  # noqa: PLC0415
 
     client.create_table(spec.name, schema, key=spec.key)
-    for batch in itertools.chain([] if first is None else [first], batches):
-        for part in _slices(pa.Table.from_batches([batch])):
-            client.write_table(spec.name, part)
+    with _progress("{task.completed:,.0f}") as progress:
+        written = progress.add_task(f"stored rows written into the compute table {spec.name}", total=None)
+        for batch in itertools.chain([] if first is None else [first], batches):
+            for part in _slices(pa.Table.from_batches([batch]), VIEW_ROWS):
+                client.write_table(spec.name, part)
+                progress.advance(written, part.num_rows)
 
 
 # ---------------------------------------------------------------- load routed to partition leaders
@@ -526,9 +553,6 @@ def routed_load(
 
     Each slice of rows a leader took is appended to ``taken`` as it is acknowledged: when the load fails
     after that (a write, a flush, the wait), those rows are in the partitions all the same."""
-    from rich.console import Console  # noqa: PLC0415
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
-
     from sparkbus.topologies.partitioning import PartitionError, split  # noqa: PLC0415
 
     if not rows.num_rows:
@@ -543,14 +567,7 @@ def routed_load(
     if missing:
         raise CommandError(f"table {spec.name}: no leader is up for {', '.join(missing)}")
     writers = _Writers(connect_node)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    progress = _progress()
     try:
         with progress:
             written = progress.add_task("rows written through the partition leaders", total=rows.num_rows)
