@@ -230,10 +230,14 @@ def table_from_ipc(batches: Sequence[bytes]) -> pa.Table:
 
 
 def table_to_ipc(table: pa.Table) -> bytes:
-    """A whole table as one Arrow IPC stream (what an ``execute`` reply carries)."""
+    """A whole table as one Arrow IPC stream (what an ``execute`` reply carries); a table of no rows as one
+    empty record batch, as ``decode_batch`` (the query role's ``load``) takes exactly one."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+        if table.num_rows:
+            writer.write_table(table)
+        else:
+            writer.write_batch(pa.RecordBatch.from_pylist([], schema=table.schema))
     return bytes(sink.getvalue())
 
 
