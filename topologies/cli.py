@@ -274,14 +274,9 @@ def _load(client: Client, args: argparse.Namespace) -> str:
     if not args.no_views:
         where = f"the compute controller's table {args.table}"
         views_schema = _views_schema(client, args.table)
+        if spec is not None and views_schema is not None:
+            _check_views_key(client, spec, views_schema)
         views = _as_existing(rows, views_schema, where)
-        # An existing table takes rows as it was created: one without a key (a client's create_table) appends
-        if spec is not None and views_schema is not None and not _upserts(client, args.table, views_schema):
-            raise CommandError(
-                f"{where} was created without a key, so it would append the rows {spec.name} upserts by "
-                f"{', '.join(spec.key)} (views would count a key loaded twice as two rows): load with "
-                "--no-views, or start the cluster again (the controller keeps its tables in memory)"
-            )
     if spec is not None:
         taken: list[pa.Table] = []
         try:
@@ -354,7 +349,7 @@ def _views_after_failure(
 def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] | None) -> None:
     """Into the compute controller's table: created as an upsert table by ``key`` for a replicated table,
     so its views count a row loaded twice once, as SQL does; otherwise appended. A table that exists
-    already takes the rows as it was created (``_upserts``)."""
+    already takes the rows as it was created (``_check_views_key``)."""
     from sparkbus.roles.client import OperationError  # noqa: PLC0415
 
     try:
@@ -369,27 +364,52 @@ def _write_views(client: Client, table: str, rows: pa.Table, key: Sequence[str] 
             progress.advance(written, part.num_rows)
 
 
-def _upserts(client: Client, table: str, schema: pa.Schema) -> bool:
-    """Whether the compute controller's table ``table`` (of ``schema``) is an upsert table, created with a
-    key, rather than one that appends.
+#: the compute controller's refusal to create a table whose name is taken: what has it, and a table's key
+_EXISTS = re.compile(r"already exists: (a view|a table without a key|a table keyed by (\[.*\]))$")
 
-    The controller tells it by what a write may carry: an upsert table takes rows and refuses ``__diff``
-    multiplicities, which any other table takes. A write of no rows with a ``__diff`` column asks it
-    without changing a row (taken, it is a write of nothing: it only takes a time).
+
+def _check_views_key(client: Client, spec: TableSpec, schema: pa.Schema) -> None:
+    """Check that the compute controller's table for declared table ``spec``, which exists with ``schema``,
+    upserts by ``spec``'s key, as the partitions do: a table takes rows as it was created, and one without a
+    key (a client's ``create_table``) appends them. The controller names the key when it refuses to create
+    the table again (``'orders' already exists: a table keyed by ['order_id']``).
+
+    Raises:
+        CommandError: it has no key or another, or the name is a view's there.
     """
-    import pyarrow as pa  # noqa: PLC0415
+    import ast  # noqa: PLC0415
 
     from sparkbus.roles.client import OperationError  # noqa: PLC0415
-    from sparkbus.roles.compute.arrangement import DIFF  # noqa: PLC0415
 
-    nothing = schema.empty_table().append_column(DIFF, pa.array([], pa.int64()))
+    where = f"the compute controller's table {spec.name}"
     try:
-        client.write_table(table, nothing)
+        client.create_table(spec.name, schema, key=spec.key)
     except OperationError as exc:
-        if "upsert table takes rows" not in str(exc):
+        found = _EXISTS.search(exc.message)
+        if found is None:
             raise
-        return True
-    return False
+        what, named = found.groups()
+    else:  # nothing had the name any more (a view of that name dropped since): it is now, keyed as it should be
+        return
+    if what == "a view":
+        raise CommandError(
+            f"the compute controller's {spec.name} is a view, not a table, so views cannot read rows loaded "
+            f"into {spec.name}: load with --no-views, or drop that view first (`sparkbus view drop {spec.name}`)"
+        )
+    key = () if named is None else tuple(ast.literal_eval(named))
+    if key == tuple(spec.key):
+        return
+    upserts = f"upserts by {', '.join(spec.key)}"
+    if not key:
+        why = f"was created without a key, so it would append the rows {spec.name} {upserts} (views would count "
+        why += "a key loaded twice as two rows)"
+    else:
+        why = f"was created keyed by {', '.join(key)}, while {spec.name} {upserts} (views would not count "
+        why += "the rows SQL counts)"
+    raise CommandError(
+        f"{where} {why}: load with --no-views, or start the cluster again (the controller keeps its tables in "
+        "memory)"
+    )
 
 
 def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None:

@@ -11,7 +11,8 @@ Local calls (``LocalCall.name`` and its ``args``):
 * ``create_table(name, schema, key=None)``: ``name`` a non-empty str, ``schema`` a ``pyarrow.Schema`` or its IPC bytes, with distinct
   column names, none starting with ``__``, of types Arrow can group by (no list, struct or map). With ``key``
   (column names) the table is an upsert table, as Materialize's ``ENVELOPE UPSERT`` source: a written row
-  replaces the row with the same key. Result ``{"upper"}``.
+  replaces the row with the same key. Result ``{"upper"}``. A name taken is refused with what has it:
+  ``'t' already exists: a table keyed by ['k']`` (or ``a table without a key``, or ``a view``).
 * ``write(table, batch)``: ``batch`` an Arrow IPC stream of the table's columns and an optional int64
   ``__diff`` without nulls (default +1 per row; a retraction of a row the table does not hold leaves it at a
   negative multiplicity, see docs/COMPUTE.md; not for an upsert table, whose writes are rows, the last of a key
@@ -555,7 +556,7 @@ class ComputeController:
             schema = pa.ipc.read_schema(pa.py_buffer(schema))
         schema = plain_schema(schema)  # a dictionary column is held as its values (``decoded``)
         if name in self.tables or name in self.views:
-            raise LocalProtocolError(f"{name!r} already exists")
+            raise LocalProtocolError(self._exists(name))
         if name in self._used_ids:
             # A table's collection id is its name, and ids are never reused: the commands of the collection
             # that had it (a dropped view) are still in the history and would apply to the table.
@@ -590,6 +591,19 @@ class ComputeController:
         self._table_data[name] = data
         self._storage(snapshot)
         return {"upper": self.upper}
+
+    def _exists(self, name: str) -> str:
+        """The refusal of a name taken: what has it, and a table's key (the list of its key columns, in
+        Python's notation), so a caller learns how the table takes rows (``sparkbus load`` compares it with
+        the replicated table's key)."""
+        key = self.table_keys.get(name)
+        if name in self.views:
+            what = "a view"
+        elif key is None:
+            what = "a table without a key"
+        else:
+            what = f"a table keyed by {key!r}"
+        return f"{name!r} already exists: {what}"
 
     def _call_write(self, call: LocalCall) -> Any:
         name = call.args["table"]
@@ -672,7 +686,7 @@ class ComputeController:
         if not isinstance(view, ViewDef):
             raise LocalProtocolError(f"view {name!r}: expected a ViewDef, got {type(view).__name__}")
         if name in self.tables or name in self.views:
-            raise LocalProtocolError(f"{name!r} already exists")
+            raise LocalProtocolError(self._exists(name))
         schema, since, source = self._resolve(view.source)
         try:
             out = output_schema(view, schema, f"view {name!r}")

@@ -143,7 +143,6 @@ def test_when_the_views_table_cannot_be_written_either_the_message_says_to_load_
         raise ClientError(ErrorCode.CONNECTION, "no connection to coordinator")
 
     monkeypatch.setattr(entry, "write_table", lost)
-    monkeypatch.setattr(cli, "_upserts", lambda *_: True)  # asked before the connection went
     message = _failed(entry, csv, monkeypatch)
     assert message.endswith(
         "; the compute controller's table orders was not written ([CONNECTION] no connection to "

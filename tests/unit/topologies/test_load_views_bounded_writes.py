@@ -38,7 +38,6 @@ def _load(entry: Entry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list
         return write(name, data)
 
     monkeypatch.setattr(entry, "write_table", recorded)
-    monkeypatch.setattr(cli, "_upserts", lambda *_: True)
     monkeypatch.setattr(cli, "partial_connect", lambda args: entry.cluster.connect)
     args = cli.build_parser().parse_args(["load", "orders", str(path), "--topology", TOPOLOGY])
     done = cli._load(entry, args)  # type: ignore[arg-type]
