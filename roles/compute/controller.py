@@ -817,6 +817,12 @@ def _check_name(name: object, what: str) -> None:
     """A table or view name is a non-empty str: it is (or starts) the collection's id in every command."""
     if type(name) is not str or not name:
         raise LocalProtocolError(f"a {what} name must be a non-empty str, got {name!r}")
+    try:
+        name.encode()  # every command to the replicas carries it: with no UTF-8 form, each failed to encode
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(
+            f"a {what} name must be UTF-8 text, got a lone surrogate at character {exc.start}"
+        ) from None
 
 
 _PENDING = object()

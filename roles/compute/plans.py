@@ -28,6 +28,12 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} must be a non-empty str, got {name!r}")
     if name.startswith(_RESERVED_PREFIX):
         raise ValueError(f"{what} {name!r}: names starting with '__' are reserved")
+    try:
+        name.encode()  # carried in commands to the replicas, which must encode it
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} must be UTF-8 text, got a lone surrogate at character {exc.start}"
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

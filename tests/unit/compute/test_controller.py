@@ -843,3 +843,21 @@ def test_random_upserts_by_one_key_and_by_every_column_match_a_dict(seed: int) -
         rows.update(written)
     assert sorted((r["k"], r["v"]) for r in peek(one, "u")) == sorted(by_key.items())
     assert sorted((r["k"], r["v"]) for r in peek(every, "u")) == sorted(rows)
+
+
+def test_a_name_with_no_utf8_form_is_refused_and_the_replicas_go_on_taking_commands() -> None:
+    """Every command to the replicas carries the name: with a lone surrogate each failed to encode, the
+    ones for healthy tables after it too."""
+    c = Cluster(("r1",))
+    c.up("r1")
+    c.run()
+    cid = c.call("create_table", name="t\ud800", schema=SCHEMA)
+    c.run()
+    assert c.replies[cid].error is not None and "UTF-8" in c.replies[cid].error
+    c.do("create_table", name="u", schema=SCHEMA)
+    cid = c.call("create_view", name="v\ud800", view=dataclasses.replace(VIEW, source="u"))
+    c.run()
+    assert c.replies[cid].error is not None and "UTF-8" in c.replies[cid].error
+    c.do("create_view", name="uv", view=dataclasses.replace(VIEW, source="u"))
+    c.do("write", table="u", batch=batch(("a", 1)))
+    assert peek(c, "uv") == [{"k": "a", "n": 1, "s": 1}]
