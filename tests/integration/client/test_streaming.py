@@ -73,3 +73,21 @@ def test_sql_batches_stream_within_the_window_and_survive_a_break(proxied: Proxy
 
 def link_state(client: Client) -> str:
     return str(client._on_loop(lambda: next(iter(client.core.links.values())).state))
+
+
+def test_load_takes_a_table_of_several_chunks_and_replace(proxied: Proxy) -> None:
+    """``client.load`` sends one IPC stream per record batch: the role decodes exactly one batch from
+    each, so a table of several chunks (what a concatenation or a Parquet read gives) was refused whole."""
+    first = pa.table({"k": [1, 2], "v": ["a", "b"]})
+    second = pa.table({"k": [3], "v": ["c"]})
+    chunked = pa.concat_tables([first, second])
+    assert chunked.column("k").num_chunks == 2
+    with sparkbus.connect([proxied.address], cluster_tag=TAG, connect_timeout=10) as client:
+        assert client.load("m", chunked) == 3
+        assert client.load("m", second) == 4  # added to the rows there
+        got = client.sql("SELECT k, v FROM m ORDER BY k, v")
+        assert got.column("k").to_pylist() == [1, 2, 3, 3]
+        assert got.column("v").to_pylist() == ["a", "b", "c", "c"]
+        assert client.load("m", first, replace=True) == 2  # in their place
+        assert client.load("e", first.slice(0, 0)) == 0  # no rows: a table of the columns
+        assert client.sql("SELECT COUNT(*) AS n FROM e").column("n").to_pylist() == [0]
