@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkbus.topologies import keys
 from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, CommandError, _view_def, add_cluster_parsers
+from sparkbus.topologies.leaders import current_leaders, failing, leader_in_refusal
 
 # Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
@@ -449,8 +450,6 @@ def _create_from_stored(client: Client, spec: TableSpec, timeout: float) -> None
 
 # ---------------------------------------------------------------- load routed to partition leaders
 
-_NOT_LEADER = re.compile(r"not the leader of \S+; leader: (\S+)")
-
 
 def _topology_table(args: argparse.Namespace, name: str | None = None) -> TableSpec | None:
     """The ``[tables.X]`` entry for ``name`` (default ``args.table``) of the topology the command connects
@@ -489,35 +488,6 @@ def partial_connect(args: argparse.Namespace) -> Callable[[str], Client]:
         return _connect(args, node)
 
     return to_node
-
-
-def leader_in_refusal(error: BaseException) -> str | None:
-    """The leader a ``write`` refused by a follower names (``...; leader: store-1``), or None."""
-    found = _NOT_LEADER.search(str(error))
-    return found.group(1) if found is not None and found.group(1) != "None" else None
-
-
-def current_leaders(client: Client, spec: TableSpec) -> dict[str, str]:
-    """Partition -> the node currently leading it, from the ``sparkbus_replicas`` catalog table.
-
-    Raises:
-        CommandError: no replication node is up (no partition of the table has a leader).
-    """
-    from sparkbus.roles.client import ClientError  # noqa: PLC0415
-    from sparkbus.roles.replication import REPLICAS_TABLE  # noqa: PLC0415
-
-    try:
-        led = client.sql(f"SELECT node, partition FROM {REPLICAS_TABLE} WHERE leader = 1").to_pylist()
-    except ClientError as exc:
-        if REPLICAS_TABLE not in str(exc):
-            raise
-        led = []
-    leaders = {r["partition"]: r["node"] for r in led if str(r["partition"]).startswith(f"{spec.name}/")}
-    if not leaders:
-        raise CommandError(
-            f"table {spec.name}: no replication node is up (no partition has a leader in {REPLICAS_TABLE})"
-        )
-    return leaders
 
 
 class _Writers:
@@ -585,7 +555,9 @@ def routed_load(
     names = {p: f"{spec.name}/{p}" for p in parts}
     missing = sorted(n for n in names.values() if n not in leaders)
     if missing:
-        raise CommandError(f"table {spec.name}: no leader is up for {', '.join(missing)}")
+        raise CommandError(
+            f"table {spec.name}: no leader is up for {', '.join(missing)}{failing(client, missing)}"
+        )
     writers = _Writers(connect_node)
     progress = _progress()
     try:

@@ -79,6 +79,7 @@ _REPLICAS_SCHEMA = pa.schema(
         ("pending", pa.int64()),
         ("replicated", pa.int64()),
         ("error", pa.string()),
+        ("failing", pa.string()),
     ]
 )
 
@@ -487,12 +488,19 @@ class ServingReplication(ReplicationRole):
                     "pending": pending.get(p, 0),
                     "replicated": int(rep.leads and not pending.get(p) and self._replicated(rep)),
                     "error": self.load_error or "",
+                    "failing": self.failing.get(p, ""),
                 }
+            )
+        for p in sorted(self.unopened - self.local.keys()):  # placed here, its store cannot be opened
+            rows_out.append(
+                dict.fromkeys(_REPLICAS_SCHEMA.names, 0)
+                | {"node": self.node, "partition": p, "error": self.load_error or ""}
+                | {"failing": self.failing.get(p, "cannot open")}
             )
         if not rows_out:
             rows_out.append(
                 dict.fromkeys(_REPLICAS_SCHEMA.names, 0)
-                | {"node": self.node, "partition": "", "error": self.load_error or ""}
+                | {"node": self.node, "partition": "", "error": self.load_error or "", "failing": ""}
             )
         return pa.Table.from_pylist(rows_out, schema=_REPLICAS_SCHEMA)
 

@@ -92,3 +92,26 @@ def test_a_partition_led_no_more_is_served_no_more_and_its_rows_are_let_go(
     assert ids(role.serve("a")) == [1, 3]
     assert calls == Counter({"a/0": 1, "a/3": 2})
     assert role.serve("b") is None
+
+
+def test_a_replica_that_cannot_be_opened_has_a_row_saying_why() -> None:
+    """``sparkbus load`` names the failing replica of a partition that has no leader: the replica placed
+    here whose store cannot be opened is hosted nowhere, so it had no row in ``sparkbus_replicas``."""
+    spec = PartitionSpec(partition="a/0", replicas=(Replica(node="s", placement=1),))
+    good = PartitionSpec(partition="a/1", replicas=(Replica(node="s", placement=2),))
+
+    class Broken(MemoryStorage):
+        def read(self, name: str, offset: int = 0, size: int = -1) -> bytes:
+            raise OSError(5, "Input/output error")
+
+        def exists(self, name: str) -> bool:
+            return True
+
+    storages = {"a/0": Broken(), "a/1": MemoryStorage()}
+    role = ServingReplication("s", Layout.of([spec, good]), {"a": ("id",)}, storages.__getitem__)
+    list(role.handle(TimerFired(key="replication/tick"), 0.0))
+    rows = {r["partition"]: r for r in role.replicas_table().to_pylist()}
+    assert rows["a/0"]["leader"] == 0 and rows["a/0"]["rows"] == 0
+    assert rows["a/0"]["failing"].startswith("cannot open: OSError"), rows["a/0"]
+    assert "Input/output error" in rows["a/0"]["failing"]
+    assert rows["a/1"]["leader"] == 1 and rows["a/1"]["failing"] == ""

@@ -25,6 +25,7 @@ from sparkbus.topologies.partitioning import partition_of
 
 ORDERS = TableSpec(name="orders", partitions=6, replication=2, key=("order_id",))
 LAYOUT = {f"orders/{p}": f"store-{p % 3}" for p in range(6)}
+FAILING = pa.schema([("node", pa.string()), ("partition", pa.string()), ("failing", pa.string())])
 
 
 def refusal(node: str, partition: str, leader: str | None) -> ClientError:
@@ -67,8 +68,11 @@ class Cluster:
         self.polls_until_replicated = 2
         self.refused = 0
         self.error = ""
+        self.failing: list[dict[str, str]] = []  # sparkbus_replicas rows of replicas that fail
 
     def sql(self, text: str, **_: Any) -> pa.Table:
+        if "WHERE failing <> ''" in text:
+            return pa.Table.from_pylist(self.failing, schema=FAILING)
         assert "FROM sparkbus_replicas WHERE leader = 1" in text
         if "replicated" in text:
             self.polls_until_replicated -= 1
@@ -192,9 +196,25 @@ def test_bad_rows_are_refused_before_anything_is_written() -> None:
     with pytest.raises(CommandError, match=r"^orders.csv: key column order_id has 1 null value"):
         load(cluster, pa.table({"order_id": pa.array([1, None], pa.int64())}))
     missing = Cluster({p: n for p, n in LAYOUT.items() if p != "orders/4"})
-    with pytest.raises(CommandError, match="no leader is up for orders/4"):
+    with pytest.raises(CommandError, match=r"no leader is up for orders/4$"):
         load(missing, orders(100))
     assert cluster.writes == [] and missing.writes == []
+
+
+def test_a_partition_without_a_leader_names_its_failing_replicas() -> None:
+    """The only replica of orders/4 cannot be opened: the message says so, not only "no leader is up"."""
+    missing = Cluster({p: n for p, n in LAYOUT.items() if p != "orders/4"})
+    missing.failing = [
+        {"node": "store-1", "partition": "orders/4", "failing": "cannot open: OSError: [Errno 5] I/O error"},
+        {"node": "store-2", "partition": "other/0", "failing": "cannot open: not this table"},
+    ]
+    with pytest.raises(CommandError) as err:
+        load(missing, orders(100))
+    assert str(err.value) == (
+        "table orders: no leader is up for orders/4 "
+        "(store-1: orders/4: cannot open: OSError: [Errno 5] I/O error)"
+    )
+    assert missing.writes == []
 
 
 def test_replica_errors_and_timeouts_end_the_wait() -> None:
