@@ -537,10 +537,7 @@ _LOGIC = frozenset({"and", "or"})
 def _source_mask(src: ScanSource, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:
     """``_mask`` over a scan source: ``column = 'text'`` (or ``<>``) on a dictionary-encoded column compares
     the column's indices with the text's index (NULL rows stay NULL, text no row holds matches none)."""
-    mask = _dictionary_eval(src, predicate, params)
-    if not isinstance(mask, pa.Scalar) and not pa.types.is_boolean(mask.type):
-        raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
-    return mask
+    return _boolean(_dictionary_eval(src, predicate, params))
 
 
 def _dictionary_eval(src: ScanSource, expr: Expr, params: Sequence[Scalar]) -> Any:
@@ -616,8 +613,13 @@ def _first_in_order(
 
 
 def _mask(table: pa.Table, predicate: Expr, params: Sequence[Scalar]) -> pa.Scalar | pa.ChunkedArray:
-    mask = evaluate(predicate, table, params)
-    if not isinstance(mask, pa.Scalar) and not pa.types.is_boolean(mask.type):
+    return _boolean(evaluate(predicate, table, params))
+
+
+def _boolean(mask: Any) -> Any:
+    """``mask`` when it is BOOLEAN (a NULL literal or parameter included), else the query's error: a
+    constant such as ``3`` filtered every row out silently (the SQL path refuses it when planning)."""
+    if not (pa.types.is_boolean(mask.type) or (isinstance(mask, pa.Scalar) and pa.types.is_null(mask.type))):
         raise ExecutionError(f"a predicate must be boolean, got {mask.type}")
     return mask
 

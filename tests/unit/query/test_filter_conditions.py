@@ -10,7 +10,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from sparkbus.roles.query import engine
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError, SqlError
+from sparkbus.roles.query.expressions import Expr, Literal, Param
+from sparkbus.roles.query.plan import Filter, Scan
 from sparkbus.roles.query.planner import plan_fragments
 from sparkbus.roles.query.sql import parse_sql
 
@@ -97,6 +100,22 @@ def test_a_where_parameter_bound_to_a_boolean_or_typed_by_its_context_is_taken()
 def test_a_where_column_of_another_type_is_refused_by_the_scan() -> None:
     with pytest.raises(ExecutionError, match="a predicate must be boolean, got int64"):
         run("SELECT x FROM t WHERE x")
+
+
+@pytest.mark.parametrize(
+    ("predicate", "kind"),
+    [(Literal(value=3), "int32"), (Literal(value="yes"), "string"), (Param(index=0), "int32")],
+)
+def test_a_plain_plan_filter_on_a_constant_of_another_type_is_refused(predicate: Expr, kind: str) -> None:
+    """A plan built by hand (``client.query``) is not planned from SQL, so nothing refused ``Filter(3)``
+    before it ran: the constant filtered every row out, an answer of no rows instead of an error."""
+    store = engine.PartitionStore()
+    store.load("t", TABLE)
+    plan = Filter(input=Scan(table="t", columns=("x",)), predicate=predicate)
+    with pytest.raises(ExecutionError, match=f"a predicate must be boolean, got {kind}"):
+        engine.run(plan, store, (7,), None)
+    for ok, rows in ((Literal(value=True), 3), (Literal(value=None), 0), (Param(index=0), 0)):
+        assert engine.run(Filter(input=plan.input, predicate=ok), store, (None,), None).num_rows == rows
 
 
 GROUPS = "SELECT k, count(*) AS c FROM t GROUP BY k HAVING {} ORDER BY k"
