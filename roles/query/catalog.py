@@ -56,6 +56,9 @@ Publisher = Callable[[], pa.Table | None]
 #: leadership moves), or None.
 Coverage = Callable[[Sequence[str]], str | None]
 
+#: Returns the parts of a published table this node serves now (a replicated table's led partitions).
+Served = Callable[[], frozenset[str]]
+
 
 class TableCatalog(PartitionStore):
     """Loaded tables plus tables published by other roles of the node."""
@@ -64,10 +67,14 @@ class TableCatalog(PartitionStore):
         super().__init__()
         self.published: dict[str, Publisher] = {}
         self.coverage: dict[str, Coverage] = {}
+        self.parts: dict[str, Served] = {}
 
-    def publish(self, name: str, rows: Publisher, coverage: Coverage | None = None) -> None:
+    def publish(
+        self, name: str, rows: Publisher, coverage: Coverage | None = None, served: Served | None = None
+    ) -> None:
         """Serve table ``name`` from ``rows`` (called at every scan), checked by ``coverage`` before each
-        scan of it when given (``unserved``).
+        scan of it when given (``unserved``); ``served`` names the parts of it this node serves now
+        (``served``).
 
         Raises:
             ExecutionError: the name is already loaded or published.
@@ -79,6 +86,8 @@ class TableCatalog(PartitionStore):
         self.published[name] = rows
         if coverage is not None:
             self.coverage[name] = coverage
+        if served is not None:
+            self.parts[name] = served
 
     def load(self, name: str, table: pa.Table, *, replace: bool = False) -> int:
         if name in self.published:
@@ -108,6 +117,14 @@ class TableCatalog(PartitionStore):
         if publisher is not None:
             return publisher()
         return super().get(name)
+
+    def served(self, tables: Sequence[str]) -> tuple[frozenset[str], ...]:
+        """The parts of each of ``tables`` this node serves now (empty for a loaded table). A scan that
+        waited for a published table's rows (``SourcePending``) and runs again compares them with what it
+        served when it first ran: the other members scanned then, and a partition whose leadership moved
+        meanwhile would be counted by none of them, or twice."""
+        found = (resolve(t, self.names(), "table") for t in tables)
+        return tuple(part() if (part := self.parts.get(f or "")) is not None else frozenset() for f in found)
 
     def unserved(self, tables: Sequence[str], participants: Sequence[str]) -> str | None:
         for table in tables:

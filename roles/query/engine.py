@@ -210,6 +210,11 @@ class PartitionStore:
         exactly once, or None. Loaded tables are whatever each node holds: always None here."""
         return None
 
+    def served(self, tables: Sequence[str]) -> tuple[frozenset[str], ...]:
+        """What of each of ``tables`` this node serves now (a published table's partitions): a scan that
+        waited and runs again is refused when it changed meanwhile. Loaded tables: nothing to compare."""
+        return tuple(frozenset() for _ in tables)
+
 
 def table_from_ipc(batches: Sequence[bytes]) -> pa.Table:
     """A table from row batches, each one Arrow IPC stream holding one record batch (fully validated).

@@ -421,6 +421,9 @@ class QueryRole(PulledExchange):
             # leaving is).
             self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
             return
+        if scanned and (why := self._served_since(run, scanned)) is not None:
+            self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
+            return
         try:
             folded = run.inbox is not None and run.inbox.folded
             table = engine.run(run.fragment.root, self.store, start.parameters, received, folded=folded)
@@ -469,6 +472,24 @@ class QueryRole(PulledExchange):
             if q.phase is not Phase.RUNNING:
                 return
         self._maybe_complete(q, out)
+
+    def _served_since(self, run: FragmentRun, scanned: list[str]) -> str | None:
+        """Why a fragment that waited for its sources may not run again here, or None. The other members
+        scanned when it first ran: had the partitions this node serves changed since (a leadership moved
+        while the rows were read), each coverage check would pass in its own moment and a partition be
+        counted by no member, or by two."""
+        served = self.store.served(scanned)
+        if run.served is None:
+            run.served = served
+            return None
+        for table, before, now in zip(scanned, run.served, served, strict=True):
+            if before != now:
+                moved = sorted(before ^ now)
+                return (
+                    f"the partitions of {table} {self.member} serves changed while its rows were read "
+                    f"({', '.join(moved)}): leadership moved"
+                )
+        return None
 
     def _sources_ready(self, out: list[c.Action]) -> None:
         """Sources a scan waited for are read (or will not be): run those fragments again; each checks

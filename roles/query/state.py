@@ -93,6 +93,8 @@ class FragmentRun:
     inbox: engine.Inbox | None
     waiting: set[str]
     done: bool = False
+    #: what of its scanned tables this node served when the fragment first ran (``TableCatalog.served``)
+    served: tuple[frozenset[str], ...] | None = None
 
 
 @dataclass(eq=False)

@@ -261,6 +261,7 @@ class ServingReplication(ReplicationRole):
                     table,
                     lambda table=table: self.serve(table),
                     lambda participants, table=table: self.unserved(table, participants),
+                    lambda table=table: frozenset(p for p, _ in self._led(table)),
                 )
             catalog.publish(REPLICAS_TABLE, self.replicas_table)
 
