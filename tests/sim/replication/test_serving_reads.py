@@ -62,20 +62,21 @@ class Ticker:
 
 
 class Nodes:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, layout: Layout = LAYOUT) -> None:
+        self.layout = layout
         self.storages: dict[str, MemoryStorage] = {}
         self.sim = SimBus(seed=seed)
         self.roles: dict[str, ServingReplication] = {}
         self.tickers: dict[str, Ticker] = {}
         for node in NODES:
-            self.sim.add_node(node, self._roles(node))
+            self.sim.add_node(node, self.roles_of(node))
         self.sim.start()
 
-    def _roles(self, node: str) -> list[Any]:
+    def roles_of(self, node: str) -> list[Any]:
         catalog = TableCatalog()
         rep = self.roles[node] = ServingReplication(
             node,
-            LAYOUT,
+            self.layout,
             {"a": ("id",)},
             lambda p, node=node: self.storages.setdefault(f"{node}:{p}", MemoryStorage()),
             catalog=catalog,
@@ -91,7 +92,7 @@ class Nodes:
 
     def restart(self, node: str) -> None:
         self.sim.crash(node)
-        self.sim.restart(node, self._roles(node))
+        self.sim.restart(node, self.roles_of(node))
         self.tick(node)
 
     def write(self, node: str, ids: list[int], tag: str) -> None:

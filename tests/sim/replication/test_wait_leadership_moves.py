@@ -11,20 +11,17 @@ milliseconds (a 2-million-row chain: 47 steps, 1.5 s). ``STEP_GAP`` is raised to
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from sparkbus.bus.sim import SimBus
 from sparkbus.codecs import encode_batch
-from sparkbus.roles.query import QueryRole
 from sparkbus.roles.query.api import Query, result_table
-from sparkbus.roles.query.catalog import TableCatalog
-from sparkbus.roles.replication import MemoryStorage, ServingReplication, serving
+from sparkbus.roles.replication import MemoryStorage, serving
 from sparkbus.roles.replication.layout import Layout, PartitionSpec, Replica
-from sparkbus.roles.replication.local import ReplicationConfig
-from sparkbus.roles.replication.store import MANIFEST, StoreConfig
+from sparkbus.roles.replication.store import MANIFEST
+
+from .test_serving_reads import Nodes as ServingNodes
 
 P, Q = "a/0", "a/1"
 NODES = ("s-0", "s-1")
@@ -38,33 +35,15 @@ LAYOUT = Layout.of(
         ),
     ]
 )
-STORE = StoreConfig(key=("id",), batch_rows=4, flush_rows=1000, compact_minors=1000)
 
 
-class Nodes:
+class Nodes(ServingNodes):
+    """Both nodes with replication, query and ``test_serving_reads``'s ticker (idle here), over a/0 and a/1."""
+
     def __init__(self, seed: int) -> None:
-        self.storages: dict[str, MemoryStorage] = {}
-        self.sim = SimBus(seed=seed)
-        self.roles: dict[str, ServingReplication] = {}
-        for node in NODES:
-            self.sim.add_node(node, self.make(node))
-        self.sim.start()
+        super().__init__(seed, LAYOUT)
 
-    def make(self, node: str) -> list[Any]:
-        catalog = TableCatalog()
-        rep = self.roles[node] = ServingReplication(
-            node,
-            LAYOUT,
-            {"a": ("id",)},
-            lambda p, node=node: self.storages.setdefault(f"{node}:{p}", MemoryStorage()),
-            catalog=catalog,
-            config=ReplicationConfig(store=STORE),
-            inline_rows=8,
-            step_rows=4,
-        )
-        return [rep, QueryRole(node, store=catalog, incarnation=node)]
-
-    def write(self, node: str, partition: str, ids: list[int]) -> None:
+    def write_flushed(self, node: str, partition: str, ids: list[int]) -> None:
         batch = pa.RecordBatch.from_pydict({"id": ids, "v": ["x"] * len(ids)})
         args = {"partition": partition, "rows": bytes(encode_batch(batch))}
         self.sim.result(self.sim.call(node, "replication", "write", args))
@@ -92,14 +71,14 @@ def test_a_waiting_scan_whose_partition_moves_to_another_participant(
     nodes = Nodes(seed)
     sim = nodes.sim
     for start in range(0, 60, 20):
-        nodes.write("s-0", P, list(range(start, start + 20)))  # a/0: 60 rows, 3 segments
-    nodes.write("s-1", Q, [1000, 1001, 1002, 1003, 1004])  # a/1: 5 rows, led by s-1
+        nodes.write_flushed("s-0", P, list(range(start, start + 20)))  # a/0: 60 rows, 3 segments
+    nodes.write_flushed("s-1", Q, [1000, 1001, 1002, 1003, 1004])  # a/1: 5 rows, led by s-1
     sim.run_for(5.0)
     monkeypatch.setattr(serving, "STEP_GAP", 0.5)  # a step: a loop turn of real time (module doc)
     failing = failing_disk(nodes.storages[f"s-0:{P}"])
     sim.crash("s-0")
     failing[0] = True  # s-0 comes back with its replica of a/0 unreadable: s-1 leads a/0 and reads it
-    sim.restart("s-0", nodes.make("s-0"))
+    sim.restart("s-0", nodes.roles_of("s-0"))
     s0, s1 = nodes.roles["s-0"], nodes.roles["s-1"]
     q0, q1 = sim.node("s-0").roles["query"], sim.node("s-1").roles["query"]
     sim.run_until(
