@@ -110,6 +110,31 @@ from sparkbus.roles.compute.times import Frontier, frontier_join, frontier_leq
 _ROW = "__row"
 
 
+def _distinct(data: pa.Table, key: list[str]) -> bool:
+    """Whether ``data`` holds each value of one key column once (``unique``, cheaper than a group-by);
+    False for a composite key, or a key type ``unique`` has no kernel for: the general path decides."""
+    if len(key) == 1:
+        try:
+            return len(pc.unique(data.column(key[0]))) == data.num_rows
+        except pa.ArrowNotImplementedError:  # no hash kernel for the type
+            pass
+    return False
+
+
+def _replaced(current: pa.Table, data: pa.Table, key: list[str]) -> pa.Array:
+    """Which rows of ``current`` a key of ``data`` replaces: ``is_in`` over one key column, a semi-join for
+    a composite key or a key type ``is_in`` has no kernel for (decimal32, decimal64, float16, a dictionary:
+    every write to such a table failed with ArrowNotImplementedError)."""
+    if len(key) == 1:
+        try:
+            return pc.is_in(current.column(key[0]), value_set=data.column(key[0]))
+        except pa.ArrowNotImplementedError:
+            pass
+    numbered = current.select(key).append_column(_ROW, _row_numbers(current.num_rows))
+    replaced = numbered.join(data.select(key), key, join_type="left semi", use_threads=False)
+    return pc.is_in(numbered.column(_ROW), value_set=replaced.column(_ROW))
+
+
 def _row_numbers(n: int) -> pa.Array:
     """0 .. n-1 as an int64 array, made by numpy (from a Python range, 600k took 0.2 s)."""
     return pa.array(np.arange(n, dtype=np.int64))
@@ -655,20 +680,14 @@ class ComputeController:
         # Applied in one turn of the node's loop: a 600k-row write took 1.75 s here with a Python range of
         # row numbers, a group-by of keys all distinct and a join, near the peers' heartbeat timeout. One
         # key column takes the cheaper paths (unique, is_in); a composite key the general ones.
-        single = len(key) == 1
-        if data.num_rows > 1 and not (single and len(pc.unique(data.column(key[0]))) == data.num_rows):
+        if data.num_rows > 1 and not _distinct(data, key):
             # The last row of each key: group the row numbers by key and keep the highest.
             numbered = data.select(key).append_column(_ROW, _row_numbers(data.num_rows))
             last = numbered.group_by(key, use_threads=False).aggregate([(_ROW, "max")])
             if last.num_rows < data.num_rows:
                 data = data.take(last.column(f"{_ROW}_max"))  # keys in order of first appearance
         current = self._current[name]
-        if single:
-            hit = pc.is_in(current.column(key[0]), value_set=data.column(key[0]))
-        else:
-            numbered = current.select(key).append_column(_ROW, _row_numbers(current.num_rows))
-            replaced = numbered.join(data.select(key), key, join_type="left semi", use_threads=False)
-            hit = pc.is_in(numbered.column(_ROW), value_set=replaced.column(_ROW))
+        hit = _replaced(current, data, key)
         old = current.filter(hit)
         self._current[name] = pa.concat_tables([current.filter(pc.invert(hit)), data])
         rows = pa.concat_tables([old, data])
