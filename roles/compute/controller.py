@@ -115,7 +115,7 @@ def _distinct(data: pa.Table, key: list[str]) -> bool:
     False for a composite key, or a key type ``unique`` has no kernel for: the general path decides."""
     if len(key) == 1:
         try:
-            return len(pc.unique(data.column(key[0]))) == data.num_rows
+            return bool(len(pc.unique(data.column(key[0]))) == data.num_rows)
         except pa.ArrowNotImplementedError:  # no hash kernel for the type
             pass
     return False
