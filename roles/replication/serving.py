@@ -48,6 +48,8 @@ from sparkbus.roles.replication.store import (
     PartitionStore,
     chain_ids,
     covered,
+    key_set,
+    key_values,
     overlay,
     segment_file,
     upsert,
@@ -143,13 +145,13 @@ class ChainBuild:
         key = self.store.config.key
         if top.num_rows == 0:
             return base
-        values = top.column(key[0]).combine_chunks()
+        values = key_set(top.column(key[0]))
         size = max(self._step_rows, top.num_rows)
         rest: list[pa.Table] = []
         hits: list[pa.Table] = []
         for offset in range(0, base.num_rows, size):
             part = base.slice(offset, size)
-            hit = pc.is_in(part.column(key[0]), value_set=values)
+            hit = pc.is_in(key_values(part.column(key[0])), value_set=values)
             if pc.any(hit).as_py():
                 rest.append(part.filter(pc.invert(hit)))
                 hits.append(part.filter(hit))
