@@ -381,6 +381,11 @@ class ServingReplication(ReplicationRole):
             self.gathering.clear()
         return self.load_error
 
+    def _may_compact(self, rep: LocalReplica) -> bool:
+        # Each chunk of a load is flushed (``write_flushed``), which would abandon a compaction under way:
+        # the partition is compacted once its chunks are written.
+        return not any(p == rep.spec.partition for p, _ in self.loading)
+
     def _load_step(self, now: float) -> None:
         partition, rows = self.loading.popleft()
         rep = self.local.get(partition)

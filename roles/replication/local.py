@@ -93,3 +93,6 @@ class Hooks:
 
     def _count(self, name: str) -> None:
         raise NotImplementedError
+
+    def _abandon_compaction(self, partition: str, why: str, rep: LocalReplica | None = None) -> None:
+        raise NotImplementedError

@@ -405,7 +405,8 @@ class Placement(Hooks):
         }
 
     def _end_transfers(self, rep: LocalReplica) -> None:
-        """``rep`` is dropped or re-placed: end every transfer of its placement (spec 3.6).
+        """``rep`` is dropped or re-placed: end every transfer of its placement (spec 3.6), and its
+        compaction under way (its partial file removed before any store opens on its storage again).
 
         Outgoing ones are ended short (``_abandon``) so their receivers free their slots; incoming ones
         are answered with an error ack, so their senders retry later against the placement we hold then.
@@ -413,6 +414,7 @@ class Placement(Hooks):
         offer at a time per destination nothing reaches that receiver again.
         """
         partition = rep.spec.partition
+        self._abandon_compaction(partition, "the replica was re-placed or dropped", rep)
         self.refused = {k: v for k, v in self.refused.items() if k[0] != partition}  # a new, empty store
         for out in [o for o in self.outgoing.values() if o.dest[0] == partition]:
             self._abandon(out, rep)

@@ -4,9 +4,10 @@ Events in, actions out (``sparkbus.bus.contract``); all file I/O goes through ea
 ``PartitionStore`` and its ``Storage``. The procedures are those of spec section 3.5, run for every
 partition on each tick and after every event that can let one proceed:
 
-* leader: flush (row, byte or age threshold), compact, ``replicate_partition`` (delete weakly
-  referenced segments, merge then delete unreferenced ones), ``replicate_partition_to`` every other
-  replica, and, while splitting, to every split target's leader (spec 3.8);
+* leader: flush (row, byte or age threshold), compact (in steps over loop turns: ``compacting.py``),
+  ``replicate_partition`` (delete weakly referenced segments, merge then delete unreferenced ones),
+  ``replicate_partition_to`` every other replica, and, while splitting, to every split target's leader
+  (spec 3.8);
 * follower: flush what it wrote while it led, delete weakly referenced segments the leader acked, and
   push every segment the leader has not acked to the leader;
 * UNLOAD: push every segment to every split target's leader, then drop the partition (UNLOAD_FINAL).
@@ -43,6 +44,7 @@ from sparkbus.bus.contract import (
     TimerFired,
 )
 from sparkbus.codecs import DecodeError, decode_batch, encode_batch
+from sparkbus.roles.replication.compacting import COMPACT_TIMER, Compacting
 from sparkbus.roles.replication.epochs import Epochs, records_of
 from sparkbus.roles.replication.layout import (
     FirstLiveElection,
@@ -87,7 +89,7 @@ TICK = "replication/tick"
 log = logging.getLogger(__name__)
 
 
-class ReplicationRole(Receiving, Offering, Placement, Epochs):
+class ReplicationRole(Compacting, Receiving, Offering, Placement, Epochs):
     """Segment replication (spec 001) for every partition replica on ``node``.
 
     Args:
@@ -149,6 +151,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
         self.fresh: set[str] = set()
         self.heard: set[tuple[str, str]] = set()
         self.start_until = 0.0
+        self.compactions = {}  # the leaders' automatic compactions under way (compacting.py)
+        self.flush_held = set()
 
     # ------------------------------------------------------------ entry point
 
@@ -226,6 +230,8 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                     self._elect()  # past start_wait, a replica opened at start no longer waits for peers down
                 self._run_all(tick=True)  # with the lazy ack saves, per replica
                 return
+            if event.key == COMPACT_TIMER and not self._compact_turn():
+                return  # a step changed nothing the procedures read; once installed, they run
         elif isinstance(event, LocalCall):
             self._on_call(event)
             return
@@ -264,6 +270,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 rep.leader = leader
                 rep.term += 1
                 if was_leader and not rep.leads:
+                    self._abandon_compaction(rep.spec.partition, "leadership moved")
                     # What we wrote while we led must reach the new leader as a segment (our choice: the
                     # spec leaves a follower's memtable open): flush now, the push procedure sends it.
                     # Every replica's leader is set whatever this flush does: raised, it left the
@@ -400,11 +407,9 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             self._follow(rep)
             return
         store = rep.store
-        if store.should_flush(self._now):
-            self._flush(rep)
+        self._leader_flush(rep, store.should_flush(self._now))  # held while compacting
         if store.minors_since_major() >= self.config.store.compact_minors:
-            store.compact()
-            self._count("compactions")
+            self._start_compaction(rep)  # in steps over loop turns (compacting.py)
         self._replicate_partition(rep)
         for replica in rep.spec.replicas:
             if replica.node != self.node and (rep.spec.partition, replica.placement) not in self.absent:
@@ -440,7 +445,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 self._count("merges")
                 merged = True
         if merged:
-            self._flush(rep)
+            self._leader_flush(rep, True)
 
     def _sending(self, partition: str) -> set[str]:
         return {o.segment_id for o in self.outgoing.values() if o.dest[0] == partition}
@@ -744,7 +749,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
             raise _Refused(f"{rep.spec.partition} is {rep.lifecycle.name}, not SERVE", {"leader": self.node})
         table = pa.Table.from_batches([decode_batch(args["rows"])])
         seq = rep.store.write(table, self._now)
-        if rep.store.should_flush(self._now):
+        if rep.store.should_flush(self._now) and not self._compacting(rep):
             # Written: the rows are durable and served, so a failed flush cannot make this a failed
             # write (the client would take stored rows for not written); the procedures flush them.
             self._try_flush(rep, "after a write")
@@ -813,6 +818,7 @@ class ReplicationRole(Receiving, Offering, Placement, Epochs):
                 f"only the leader compacts {rep.spec.partition}",
                 {"leader": rep.leader.node if rep.leader else None},
             )
+        self._abandon_compaction(rep.spec.partition, "the compact call compacts in one go")
         entry = rep.store.compact()
         return entry.segment_id if entry is not None else None
 

@@ -383,18 +383,35 @@ class SegmentHeader:
             )
         )
 
+    def entry(self, size: int, checksum: bytes) -> SegmentEntry:
+        """The segment list entry of the file written with this header (``size`` bytes, ``checksum``)."""
+        return SegmentEntry(
+            segment_id=self.segment_id,
+            base_id=self.base_id,
+            included=self.included,
+            major=self.major,
+            rows=self.rows,
+            max_lsn=self.max_lsn,
+            size=size,
+            checksum=checksum,
+        )
+
 
 class _HashingSink:
-    """A write-only file object that forwards to a ``FileWriter`` and hashes what passes."""
+    """A write-only file object that forwards to a ``FileWriter`` and hashes what passes (nothing once
+    ``dropped``: a writer given up may still flush bytes as it goes)."""
 
     def __init__(self, writer: FileWriter, digest: Digest) -> None:
         self.writer = writer
         self.digest = digest
         self.written = 0
         self.closed = False
+        self.dropped = False
 
     def write(self, data: Any) -> int:
         chunk = bytes(data)
+        if self.dropped:
+            return len(chunk)
         self.writer.append(chunk)
         self.digest.update(chunk)
         self.written += len(chunk)
@@ -407,28 +424,65 @@ class _HashingSink:
         self.closed = True
 
 
+class SegmentWriter:
+    """A segment file written through a temporary (``Storage.create``), a record batch at a time.
+
+    ``write`` appends batches (one call or many, over as many loop turns as the caller likes); ``finish``
+    writes the end of the IPC stream and the trailer and commits the file (fsync, rename): it exists under
+    its name only then. ``abort`` removes the temporary. A crash before ``finish`` leaves the temporary,
+    which ``Storage.discard_partial`` (every store open) removes. An error other than ``SimulatedCrash`` (a
+    dead process aborts nothing) aborts the file before it is raised.
+    """
+
+    def __init__(self, storage: Storage, name: str, header: SegmentHeader, schema: pa.Schema) -> None:
+        self.name = name
+        self.batches = 0
+        self._writer = storage.create(name)
+        self._sink = _HashingSink(self._writer, new_digest())
+        with self._aborted_on_error():
+            head = header.to_bytes()
+            self._sink.write(MAGIC + struct.pack(">I", len(head)) + head)
+            self._ipc = pa.ipc.new_stream(pa.PythonFile(self._sink, mode="w"), schema, options=_IPC_OPTIONS)
+
+    @contextmanager
+    def _aborted_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        with self._aborted_on_error():
+            self._ipc.write_batch(batch)
+        self.batches += 1
+
+    def finish(self) -> tuple[int, bytes]:
+        """End and commit the file; returns (size, checksum)."""
+        with self._aborted_on_error():
+            self._ipc.close()
+            checksum = self._sink.digest.digest()
+            self._writer.append(TRAILER_MAGIC + struct.pack(">Q", self._sink.written) + checksum)
+        self._writer.commit()
+        return self._sink.written + TRAILER_BYTES, checksum
+
+    def abort(self) -> None:
+        """Give the file up: its temporary is removed (idempotent)."""
+        self._sink.dropped = True
+        self._writer.abort()
+
+
 def write_segment(
     storage: Storage, name: str, header: SegmentHeader, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
 ) -> tuple[int, bytes]:
     """Write a whole segment file atomically; returns (size, checksum)."""
-    writer = storage.create(name)
-    try:
-        digest = new_digest()
-        sink = _HashingSink(writer, digest)
-        head = header.to_bytes()
-        sink.write(MAGIC + struct.pack(">I", len(head)) + head)
-        with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema, options=_IPC_OPTIONS) as ipc:
-            for batch in batches:
-                ipc.write_batch(batch)
-        checksum = digest.digest()
-        writer.append(TRAILER_MAGIC + struct.pack(">Q", sink.written) + checksum)
-    except SimulatedCrash:
-        raise
-    except BaseException:
-        writer.abort()
-        raise
-    writer.commit()
-    return sink.written + TRAILER_BYTES, checksum
+    writer = SegmentWriter(storage, name, header, schema)
+    with writer._aborted_on_error():  # the batches' iterator may raise too
+        for batch in batches:
+            writer.write(batch)
+    return writer.finish()
 
 
 def parse_header(head: bytes, name: str) -> tuple[SegmentHeader, int]:

@@ -633,11 +633,11 @@ class PartitionStore:
         self._next_segment += 1
         return f"{self.placement:x}.{self.epoch.hex()}.{self._next_segment}"
 
-    def _write(
+    def _header(
         self, segment_id: str, base: str | None, included: tuple[str, ...], major: bool, table: pa.Table
-    ) -> SegmentEntry:
+    ) -> SegmentHeader:
         max_lsn = int(pc.max(table.column(LSN)).as_py()) if table.num_rows else 0
-        header = SegmentHeader(
+        return SegmentHeader(
             segment_id=segment_id,
             base_id=base,
             included=included,
@@ -646,26 +646,19 @@ class PartitionStore:
             max_lsn=max_lsn,
             partition=self.partition,
         )
+
+    def _write(self, header: SegmentHeader, table: pa.Table) -> SegmentEntry:
         assert self.schema is not None
         batches = iter(table.to_batches(max_chunksize=self.config.batch_rows))
-        size, checksum = write_segment(self.storage, segment_file(segment_id), header, self.schema, batches)
-        return SegmentEntry(
-            segment_id=segment_id,
-            base_id=base,
-            included=included,
-            major=major,
-            rows=table.num_rows,
-            max_lsn=max_lsn,
-            size=size,
-            checksum=checksum,
-        )
+        name = segment_file(header.segment_id)
+        return header.entry(*write_segment(self.storage, name, header, self.schema, batches))
 
     def flush(self) -> SegmentEntry | None:
         """Write the memtable out as a new segment based on the root; the first one is major."""
         if not self._mem_rows:
             return None
         table = upsert(pa.concat_tables(self._memtable), self.config.key)
-        entry = self._write(self._new_id(), self.root, (), self.root is None, table)
+        entry = self._write(self._header(self._new_id(), self.root, (), self.root is None, table), table)
         with self._undone_on_error():
             self.entries.append(entry)
             self.root = entry.segment_id
@@ -679,24 +672,34 @@ class PartitionStore:
         return sum(1 for e in chain(self.entries, self.root) if not e.major)
 
     def compact(self) -> SegmentEntry | None:
-        """Fold the chain (latest major and the minors after it) into a new major segment (spec 3.1)."""
+        """Fold the chain (latest major and the minors after it) into a new major segment (spec 3.1), in
+        one call. The leader's automatic compaction does it in steps (``compacting.Compaction``)."""
         live = chain(self.entries, self.root)
         if not any(not e.major for e in live):
             return None
         table = self._live_table(live, keep=False)
+        entry = self._write(self.major_header(live, table), table)
+        self.install_major(entry, table)
+        return entry
+
+    def major_header(self, live: Sequence[SegmentEntry], table: pa.Table) -> SegmentHeader:
+        """The header, under a new id, of the major segment that compacts chain ``live`` (the store's
+        chain, its upserted rows ``table``): based on its root, listing the ids it folds."""
         history: list[str] = []
         for e in reversed(live):
             history.append(e.segment_id)
             history.extend(e.included)
         included = tuple(dict.fromkeys(history))[: self.config.max_segment_history]
-        entry = self._write(self._new_id(), self.root, included, True, table)
+        return self._header(self._new_id(), self.root, included, True, table)
+
+    def install_major(self, entry: SegmentEntry, table: pa.Table) -> None:
+        """List ``entry``, the written compaction of the store's chain (rows ``table``), as the root."""
         with self._undone_on_error():
             self.entries.append(entry)
             self.root = entry.segment_id
             self.save_manifest()
         if self._chain_rows is not None:  # the new major holds exactly these rows
             self._chain_rows = ((entry.segment_id, entry.checksum),), table
-        return entry
 
     def _chain_table(self, live: Sequence[SegmentEntry]) -> pa.Table:
         assert self.schema is not None
