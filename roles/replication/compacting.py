@@ -2,7 +2,7 @@
 
 Compacting a chain (its latest major and the minors after it) reads and upserts the chain's rows and
 writes them out as a new major segment. Done in one call (``PartitionStore.compact``, still what the
-``compact`` call and an OUT_OF_ORDER decline use), that held the node's loop 0.9 to 3.6 s at 2 million
+``compact`` call uses), that held the node's loop 0.9 to 3.6 s at 2 million
 rows per partition, long enough under load for its peers (``peer_timeout``) to take the node for lost.
 Roles run no threads (DESIGN.md section 3), so a ``Compaction`` cuts it into steps instead, as
 ``serving.ChainBuild`` reads a chain for queries:
@@ -14,7 +14,9 @@ Roles run no threads (DESIGN.md section 3), so a ``Compaction`` cuts it into ste
 * a last step ends the file (trailer, fsync, rename) and installs it as ``compact`` does: the segment
   list, the root and the manifest, in one manifest write.
 
-The role (``Compacting``) takes one step of one compaction per ``COMPACT_TIMER``, set just after ``now``
+Both automatic compactions run so: the one a leader starts when ``compact_minors`` minors follow its
+major, and the one an OUT_OF_ORDER decline asks for (``Offering._on_declined``). The role
+(``Compacting``) takes one step of one compaction per ``COMPACT_TIMER``, set just after ``now``
 while a compaction runs (a timer set at ``now`` fires again in the same ``NodeCore.tick``), so the loop
 serves its peers between any two steps.
 
@@ -180,19 +182,21 @@ class Compacting(Hooks):
         self.flush_held.discard(partition)
         self._flush(rep)
 
-    def _start_compaction(self, rep: LocalReplica) -> None:
-        """Start compacting the leader ``rep``'s chain, unless a compaction of it is under way."""
+    def _start_compaction(self, rep: LocalReplica) -> bool:
+        """Start compacting the leader ``rep``'s chain, unless a compaction of it is under way (or it may
+        not now: ``_may_compact``). True if one was started."""
         partition = rep.spec.partition
         run = self.compactions.get(partition)
         if run is not None:
             why = self._void(partition, run)
             if why is None:
-                return
+                return False
             self._abandon_compaction(partition, why)
-        if not self._may_compact(rep):
-            return
+        if self.local.get(partition) is not rep or not rep.leads or not self._may_compact(rep):
+            return False
         self.compactions[partition] = _Running(rep, rep.term, Compaction(rep.store))
         self._emit(SetTimer(key=COMPACT_TIMER, at=self._now + STEP_GAP))
+        return True
 
     def _compact_turn(self) -> bool:
         """On ``COMPACT_TIMER``: one step of one compaction (each in turn). True if one was installed."""

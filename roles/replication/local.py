@@ -94,5 +94,11 @@ class Hooks:
     def _count(self, name: str) -> None:
         raise NotImplementedError
 
+    def _start_compaction(self, rep: LocalReplica) -> bool:
+        raise NotImplementedError
+
+    def _compacting(self, rep: LocalReplica) -> bool:
+        raise NotImplementedError
+
     def _abandon_compaction(self, partition: str, why: str, rep: LocalReplica | None = None) -> None:
         raise NotImplementedError

@@ -258,10 +258,11 @@ class Offering(Hooks):
             # Restarting alone can loop forever: a follower holding a fork of its own on top of our
             # major answers EXISTS for the major and OUT_OF_ORDER for every minor after it (found by
             # the property test). A follower accepts any major, so give it one (our choice).
-            if rep.store.minors_since_major():
-                rep.store.compact()
+            if rep.store.minors_since_major() and self._start_compaction(rep):  # in steps: compacting.py
                 self._count("compactions_for_out_of_order")
-            self._end_out(out, retry=False)
+            # While the major is being written (loop turns), offered again at once the follower's answers
+            # would go round (EXISTS, OUT_OF_ORDER) until it is installed: offered again after retry_after.
+            self._end_out(out, retry=self._compacting(rep))
         else:
             self._end_out(out, retry=True)
 

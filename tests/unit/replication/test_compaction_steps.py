@@ -20,6 +20,9 @@ from sparkbus.roles.replication.segments import SegmentEntry, read_header
 from sparkbus.roles.replication.storage import MemoryStorage, SimulatedCrash
 from sparkbus.roles.replication.store import MANIFEST, PartitionStore, StoreConfig, listed_files
 
+from .harness import Cluster
+from .test_scenarios import NODES, assert_identical, config, spec, write_keys
+
 P = "t/0"
 #: two rows per record batch: a chain of a few dozen rows is many batches, many steps
 STORE = StoreConfig(batch_rows=2, flush_rows=8, compact_minors=3, flush_age=1000.0)
@@ -287,3 +290,34 @@ def test_a_moved_chain_is_refused_by_the_compaction_itself() -> None:
         compaction.step()
     assert not store.storage._temps  # type: ignore[attr-defined]
     assert rows_of(store) == {0: "x", 1: "x", 2: "x", 3: "x", 9: "y"}
+
+
+def test_the_compaction_an_out_of_order_decline_asks_for_runs_in_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Spec 3.6, first case (test_scenarios.py): b declines a's stale minor OUT_OF_ORDER, and a compacts so
+    # b gets a major. In one call (``PartitionStore.compact``, refused here) that held the loop too.
+    def refused(self: PartitionStore) -> None:
+        raise AssertionError("compacted in one call")
+
+    monkeypatch.setattr(PartitionStore, "compact", refused)
+    c = Cluster(NODES, [spec("a", "c", "b")], config(), seed=8)
+    keys = write_keys(c, "a", range(8))
+    c.settle(10)
+    c.cut("a", "b")
+    c.cut("a", "c")
+    keys += write_keys(c, "c", range(300, 316), "c")
+    c.settle(10)
+    keys += write_keys(c, "a", range(100, 104), "a")
+    c.settle(10)
+    c.heal("a", "b")
+    c.heal("a", "c")
+    c.settle(40)
+    counters = c.status("a")["counters"]
+    assert (
+        counters.get("declined_OUT_OF_ORDER", 0) > 0 and counters.get("compactions_for_out_of_order", 0) > 0
+    )
+    for n in NODES:
+        errors = c.status(n)["counters"]
+        assert not any(errors.get(k) for k in ("handler_errors", "procedure_errors", "compaction_errors")), n
+    assert_identical(c, NODES, keys)
