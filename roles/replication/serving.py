@@ -43,17 +43,8 @@ from sparkbus.bus.contract import Action, Call, SetTimer
 from sparkbus.roles.query.catalog import SCANNER, SOURCES_READY, SourcePending
 from sparkbus.roles.replication.local import LocalReplica
 from sparkbus.roles.replication.segments import SegmentEntry, chain, iter_batches
-from sparkbus.roles.replication.store import (
-    HIDDEN,
-    PartitionStore,
-    chain_ids,
-    covered,
-    key_set,
-    key_values,
-    overlay,
-    segment_file,
-    upsert,
-)
+from sparkbus.roles.replication.store import PartitionStore, chain_ids, covered, segment_file
+from sparkbus.roles.replication.upserts import HIDDEN, key_set, key_values, overlay, upsert
 
 #: The timer that takes the next step of the builds in progress, set ``STEP_GAP`` after ``now``: the bus
 #: (``NodeCore.tick``) fires again, in the same call, a timer set at the time it runs, so set at ``now``
