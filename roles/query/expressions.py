@@ -159,6 +159,8 @@ def _mod(a: Value, b: Value) -> Value:
         if pa.types.is_signed_integer(b.type):
             b = pc.if_else(pc.equal(b, -1), pa.scalar(1, b.type), b)
         return pc.subtract(a, pc.multiply(pc.divide_checked(a, b), b))
+    if _exact(a.type) and _exact(b.type) and (pa.types.is_decimal(a.type) or pa.types.is_decimal(b.type)):
+        return _decimal_mod(a, b)
     (x, x_null), (y, y_null) = _numpy_float64(a), _numpy_float64(b)
     nulls = x_null | y_null  # arrays or NumPy scalars, broadcast against each other
     if bool(np.any((y == 0.0) & ~nulls)):
@@ -169,6 +171,49 @@ def _mod(a: Value, b: Value) -> Value:
         return pa.scalar(None if nulls else float(out), pa.float64())
     mask = np.broadcast_to(nulls, out.shape) if bool(np.any(nulls)) else None
     return pa.array(out, pa.float64(), mask=mask)
+
+
+#: the decimal digits of each integer type, as Spark SQL widens it to a DECIMAL (``DecimalType.forType``)
+_INT_DIGITS = {8: 3, 16: 5, 32: 10, 64: 20}
+
+
+def _exact(t: pa.DataType) -> bool:
+    return bool(pa.types.is_decimal(t) or pa.types.is_integer(t))
+
+
+def _digits(t: pa.DataType) -> tuple[int, int]:
+    """(precision, scale) of a decimal type, or of the DECIMAL Spark SQL widens an integer type to."""
+    if pa.types.is_decimal(t):
+        return t.precision, t.scale
+    return _INT_DIGITS[t.bit_width], 0
+
+
+def _decimal_mod(a: Value, b: Value) -> Value:
+    """``%`` of decimals (or a decimal and an integer), exact, as Spark SQL answers it: typed
+    ``DECIMAL(min(p1 - s1, p2 - s2) + max(s1, s2), max(s1, s2))``, the remainder with the dividend's sign.
+    Computed in float64 before, it answered wrong digits (``12345678901234567890123.4567890123 % 7`` gave
+    0.0, not 3.4567890123)."""
+    (p1, s1), (p2, s2) = _digits(a.type), _digits(b.type)
+    scale = max(s1, s2)
+    out_type = pa.decimal128(max(1, min(38, min(p1 - s1, p2 - s2) + scale)), scale)
+    scalars = isinstance(a, pa.Scalar) and isinstance(b, pa.Scalar)
+    n = 1 if scalars else len(b if isinstance(a, pa.Scalar) else a)
+
+    def values(v: Value) -> list[Any]:
+        return [v.as_py()] * n if isinstance(v, pa.Scalar) else v.to_pylist()
+
+    out: list[decimal.Decimal | None] = []
+    quantum = decimal.Decimal(1).scaleb(-scale)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100  # beyond any DECIMAL(38) or BIGINT operand: the remainder is exact
+        for x, y in zip(values(a), values(b), strict=True):
+            if x is None or y is None:
+                out.append(None)
+            elif y == 0:
+                raise ExecutionError("mod: divide by zero")
+            else:
+                out.append((decimal.Decimal(x) % decimal.Decimal(y)).quantize(quantum))
+    return pa.scalar(out[0], out_type) if scalars else pa.array(out, out_type)
 
 
 def _numpy_float64(v: Value) -> tuple[Any, Any]:
