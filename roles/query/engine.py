@@ -12,6 +12,7 @@ only if every member has none is that an error, raised by whoever owns the whole
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -766,11 +767,24 @@ def _hash_column(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     elif t == _U64:
         # Its own bits: a value past 2**63 has no int64 (and below it, the bits are the int64's).
         h = pc.fill_null(arr, _u(0))
+    elif pa.types.is_date32(t) or pa.types.is_time32(t):  # no cast from these to int64 but through int32
+        h = pc.fill_null(pc.cast(pc.cast(arr, pa.int32()), pa.int64()), 0).view(_U64)
     elif pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
         h = pc.cast(pc.fill_null(pc.cast(arr, pa.int64()), 0), pa.int64()).view(_U64)
+    elif pa.types.is_decimal(t):
+        h = _hash_bytes(_decimal_text(arr))
     else:
         raise ExecutionError(f"cannot hash-partition on a column of type {t}")
     return pc.if_else(pc.is_valid(arr), _mix(pc.add(h, _u(1))), _u(0))
+
+
+def _decimal_text(arr: pa.Array) -> pa.Array:
+    """Decimal values as text that equal values share at any precision and scale (``1.10`` and ``1.1`` as
+    ``1.1``, ``100.00`` as ``1E+2``): members may hold a column at different scales (loaded tables), and
+    equal keys must hash alike on every one. Python's decimals: a key type rarely hashed."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100  # normalize rounds to the context's precision: past any decimal's 76 digits
+        return pa.array([None if v is None else str(v.normalize()) for v in arr.to_pylist()], pa.string())
 
 
 def hash_partition(table: pa.Table, keys: Sequence[str], parts: int) -> list[pa.Table]:
