@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkbus.topologies import keys
 from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, CommandError, _view_def, add_cluster_parsers
-from sparkbus.topologies.leaders import current_leaders, failing, leader_in_refusal
+from sparkbus.topologies.leaders import current_leaders, failing, leader_in_refusal, unanswered
 
 # Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
@@ -331,6 +331,11 @@ def _views_after_failure(
 
     n = sum(t.num_rows for t in taken)
     where = f"the compute controller's table {spec.name}"
+    if unanswered(error):  # each write would wait its timeout out too
+        return (
+            f"{_one_line(error)}; {where} was not written (the cluster did not answer): views miss the "
+            f"{n:,} rows written; load the file again once it answers (rows are upserted by key)"
+        )
     try:
         if views_schema is None:
             _create_from_stored(client, spec, args.timeout)
@@ -601,7 +606,8 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
         failed = ""
         try:
             status = client.sql(
-                f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1"
+                f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1",
+                timeout=max(0.1, deadline - time.monotonic()),  # the client's 30 s kept a load 66 s past 20
             ).to_pylist()
         except ClientError as exc:
             if exc.code not in (QueryCode.MEMBER_LEAVE, QueryCode.MEMBER_CONNECTION):

@@ -60,3 +60,14 @@ def failing(client: Client, partitions: Sequence[str]) -> str:
         ]
         return f" ({'; '.join(sorted(why))})" if why else ""
     return ""
+
+
+def unanswered(error: BaseException) -> bool:
+    """Whether ``error`` says the cluster did not answer (no connection, or an operation's timeout passed),
+    rather than refused: a load that failed so does not try the views' table too."""
+    from sparkbus.roles.client import ClientConnectionError, ConnectTimeoutError  # noqa: PLC0415
+    from sparkbus.roles.client.errors import OPERATION_TIMEOUT  # noqa: PLC0415
+
+    if isinstance(error, (ClientConnectionError, ConnectTimeoutError)):
+        return True
+    return getattr(error, "code", None) == OPERATION_TIMEOUT

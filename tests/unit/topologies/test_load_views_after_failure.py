@@ -15,6 +15,7 @@ import pytest
 
 from sparkbus.bus.messages import ErrorCode
 from sparkbus.roles.client import ClientError, OperationError
+from sparkbus.roles.client.errors import OPERATION_TIMEOUT
 from sparkbus.roles.compute import DIFF
 from sparkbus.roles.query import ErrorCode as QueryCode
 from sparkbus.topologies import cli
@@ -39,6 +40,8 @@ class Entry(Gateway):
             return super().sql(text)
         if "replicated" in text and self.status_failures:
             code = self.status_failures.pop(0)
+            if code == OPERATION_TIMEOUT:
+                raise OperationError(code, "[OPERATION_TIMEOUT] no answer within 5 s")
             raise OperationError(code, f"[{code} {QueryCode(code).name}] member store-0 left the cluster")
         return self.cluster.sql(text, **kw)
 
@@ -209,3 +212,39 @@ def test_the_replication_wait_gives_up_at_its_deadline_or_on_another_error(
     ):
         _load(other, csv, monkeypatch)
     assert other.status_failures == []
+
+
+def test_a_cluster_that_stops_answering_during_the_wait_ends_the_load_without_the_views_write(
+    csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status query timed out (the coordinator went away): each views write would wait its own timeout
+    out too (a load with --timeout 20 took 66 s in all), so the load ends at once saying views miss the
+    rows."""
+    entry = keyed(Cluster(LAYOUT))
+    entry.status_failures = [OPERATION_TIMEOUT]
+    before = entry.view_keys()
+    message = _failed(entry, csv, monkeypatch)
+    assert message.endswith(
+        "; the compute controller's table orders was not written (the cluster did not answer): views miss "
+        "the 1,000 rows written; load the file again once it answers (rows are upserted by key)"
+    )
+    assert entry.view_keys() == before == []
+
+
+class _Status:
+    """Answers the wait's status query: orders/0 never replicated (a follower down)."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def sql(self, text: str, parameters: Any = (), *, timeout: float = 30.0, **_: Any) -> pa.Table:
+        self.timeouts.append(timeout)
+        return pa.table({"partition": ["orders/0"], "replicated": [0], "error": [""]})
+
+
+def test_each_status_query_of_the_wait_is_given_only_what_is_left_of_the_timeout() -> None:
+    client = _Status()
+    with pytest.raises(cli.CommandError, match=r"not replicated within 0.2 s: orders/0$"):
+        for _ in cli._until_replicated(client, {"orders/0"}, 0.2, 0.05):  # type: ignore[arg-type]
+            pass
+    assert client.timeouts and max(client.timeouts) <= 0.2, client.timeouts
