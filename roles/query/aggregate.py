@@ -93,7 +93,9 @@ def _partial_specs(aggs: Sequence[AggCall], table: pa.Table | None = None) -> li
     out: list[_Spec] = []
     for a in aggs:
         if a.func == "avg":
-            out += [(f"{a.name}$sum", a.column, "fsum"), (f"{a.name}$count", a.column, "count")]
+            exact = table is not None and a.column is not None and _decimal(table, a.column)
+            out += [(f"{a.name}$sum", a.column, "sum" if exact else "fsum")]
+            out += [(f"{a.name}$count", a.column, "count")]
         elif a.func == "count_distinct":
             out.append((a.name, a.column, "distinct"))  # names the column only: see ``partial``
         elif a.func == "sum" and table is not None and _untyped(table, a.column):
@@ -101,6 +103,24 @@ def _partial_specs(aggs: Sequence[AggCall], table: pa.Table | None = None) -> li
         else:
             out.append((a.name, a.column, a.func))
     return out
+
+
+def _decimal(table: pa.Table, column: str) -> bool:
+    """Whether ``column`` of ``table`` holds decimals: their AVG is summed exactly, as Spark SQL's."""
+    return bool(pa.types.is_decimal(_column(table, column).type))
+
+
+def _decimal_avg(total: pa.ChunkedArray | pa.Array, count: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """AVG of decimals as Spark SQL answers it: exact, at 4 more decimal places than the values (rounded
+    half up), typed DECIMAL(38, s + 4) here (Spark: DECIMAL(p + 4, s + 4)); NULL for a group of none."""
+    scale = min(38, total.type.scale + 4)
+    quantum = decimal.Decimal(1).scaleb(-scale)
+    out: list[decimal.Decimal | None] = []
+    with decimal.localcontext() as ctx:
+        ctx.prec = 100
+        for t, n in zip(total.to_pylist(), count.to_pylist(), strict=True):
+            out.append(None if t is None or not n else (t / n).quantize(quantum, decimal.ROUND_HALF_UP))
+    return pa.array(out, pa.decimal128(38, scale))
 
 
 def _untyped(table: pa.Table, column: str | None) -> bool:
@@ -186,7 +206,9 @@ def _finalize(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggCall]) -> 
         table, counts = _count_values(table, keys, [a.name for a in distinct])
     columns: dict[str, pa.ChunkedArray | pa.Array] = {k: table.column(k) for k in keys}
     for a in aggs:
-        if a.func == "avg":
+        if a.func == "avg" and _decimal(table, f"{a.name}$sum"):
+            columns[a.name] = _decimal_avg(table.column(f"{a.name}$sum"), table.column(f"{a.name}$count"))
+        elif a.func == "avg":
             total = pc.cast(table.column(f"{a.name}$sum"), pa.float64(), safe=False)
             count = pc.cast(table.column(f"{a.name}$count"), pa.float64())
             columns[a.name] = pc.if_else(

@@ -1,7 +1,8 @@
-"""DECIMAL sums and remainders as Spark SQL 4 answers them (each expectation is Spark's answer to the same
+"""DECIMAL sums, averages and remainders as Spark SQL 4 answers them (each expectation is Spark's answer to the same
 text). A SUM past the type's 38 digits fails (Spark: ARITHMETIC_OVERFLOW), where Arrow's decimal sums wrap
 in 128 bits and answered a wrong number with no error; ``%`` of decimals is exact, where it was computed in
-float64 and answered wrong digits."""
+float64 and answered wrong digits; AVG of decimals is an exact DECIMAL with 4 more decimal places, where it
+was a rounded DOUBLE."""
 
 from __future__ import annotations
 
@@ -66,3 +67,23 @@ def test_the_remainder_of_decimals_is_exact() -> None:
     assert [r["n"] for r in got] == [D("0.6567890123"), D("0.9900000000"), D("-1.5000000000"), None]
     with pytest.raises(QueryError, match="mod: divide by zero"):
         run("SELECT c % 0 AS m FROM t", t, [2])
+
+
+@pytest.mark.parametrize("repartition", [False, True])
+def test_the_average_of_decimals_is_exact(repartition: bool) -> None:
+    c = [D("12345678901234567890123.4567890123"), D("12345678901234567890123.4567890121"), None, D("1.5")]
+    t = pa.table({"g": [1, 1, 2, 3], "c": pa.array(c, pa.decimal128(38, 10))})
+    # Spark: decimal(38, 14), 12345678901234567890123.45678901220000
+    got = distributed(
+        parse_sql("SELECT avg(c) AS a FROM t WHERE g = 1"), split(t, [1]), repartition=repartition
+    )
+    assert got is not None and got.schema.field("a").type == pa.decimal128(38, 14)
+    assert got.to_pylist() == [{"a": D("12345678901234567890123.45678901220000")}]
+    grouped = run("SELECT g, avg(c) AS a FROM t GROUP BY g ORDER BY g", t, [1, 3], repartition=repartition)
+    assert grouped == [
+        {"g": 1, "a": D("12345678901234567890123.45678901220000")},
+        {"g": 2, "a": None},
+        {"g": 3, "a": D("1.50000000000000")},
+    ]
+    thirds = pa.table({"c": pa.array([D("1.00"), D("1.00"), D("2.00")], pa.decimal128(5, 2))})
+    assert run("SELECT avg(c) AS a FROM t", thirds, [2]) == [{"a": D("1.333333")}]  # Spark: 1.333333

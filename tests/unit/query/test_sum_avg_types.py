@@ -83,4 +83,5 @@ def test_min_max_and_count_of_a_boolean_and_sums_of_numbers_are_answered() -> No
     out = aggregate.single(
         d, [], [AggCall(name="s", func="sum", column="d"), AggCall(name="a", func="avg", column="d")]
     )
-    assert out.to_pylist() == [{"s": decimal.Decimal("3.75"), "a": 1.875}]
+    assert out.to_pylist() == [{"s": decimal.Decimal("3.75"), "a": decimal.Decimal("1.875000")}]
+    assert out.schema.field("a").type == pa.decimal128(38, 6)  # exact, as Spark's DECIMAL(10, 6)
