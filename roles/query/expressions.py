@@ -196,23 +196,79 @@ def _decimal_mod(a: Value, b: Value) -> Value:
     (p1, s1), (p2, s2) = _digits(a.type), _digits(b.type)
     scale = max(s1, s2)
     out_type = pa.decimal128(max(1, min(38, min(p1 - s1, p2 - s2) + scale)), scale)
+
+    def mod(x: decimal.Decimal, y: decimal.Decimal) -> decimal.Decimal:
+        if y == 0:
+            raise ExecutionError("mod: divide by zero")
+        return x % y
+
+    return _per_decimal(a, b, mod, "mod", out_type)
+
+
+_PY_OPS: dict[str, Callable[[decimal.Decimal, decimal.Decimal], decimal.Decimal]] = {
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+    "mul": lambda x, y: x * y,
+}
+
+
+def _spark_decimal(kernel: Callable[[Value, Value], Value], op: str) -> Callable[[Value, Value], Value]:
+    """``kernel`` over decimals (or a decimal and an integer) whose result type passes 38 digits, typed as
+    Spark SQL types it (``DecimalPrecision``, precision loss allowed): 38 digits, the scale cut to leave
+    room for the integer digits but kept at ``min(scale, 6)`` at least, rounded half up; a value that does
+    not fit then is an overflow. Arrow refused the result type ("Decimal precision out of range [1, 38]:
+    39": ``c + c`` of a DECIMAL(38, 10)), where Spark answers. Other operands go to ``kernel``."""
+
+    def run(a: Value, b: Value) -> Value:
+        if not (_exact(a.type) and _exact(b.type)) or not (
+            pa.types.is_decimal(a.type) or pa.types.is_decimal(b.type)
+        ):
+            return kernel(a, b)
+        (p1, s1), (p2, s2) = _digits(a.type), _digits(b.type)
+        if op == "mul":
+            precision, scale = p1 + p2 + 1, s1 + s2
+        else:
+            scale = max(s1, s2)
+            precision = max(p1 - s1, p2 - s2) + scale + 1
+        if precision <= 38:
+            try:
+                return kernel(a, b)  # Arrow types it as Spark does (an integer as 19 or 20 digits)
+            except pa.ArrowInvalid as exc:
+                if "precision out of range" not in str(exc):
+                    raise
+        else:
+            scale = max(38 - (precision - scale), min(scale, 6))
+        return _per_decimal(a, b, _PY_OPS[op], op, pa.decimal128(min(38, precision), scale))
+
+    return run
+
+
+def _per_decimal(
+    a: Value, b: Value, f: Callable[[Any, Any], Any], op: str, out_type: pa.Decimal128Type
+) -> Value:
+    """``f`` over the values of ``a`` and ``b`` (arrays or scalars) in Python's decimals, rounded half up to
+    ``out_type``'s scale; a value past its precision is ``op``'s overflow."""
     scalars = isinstance(a, pa.Scalar) and isinstance(b, pa.Scalar)
     n = 1 if scalars else len(b if isinstance(a, pa.Scalar) else a)
 
     def values(v: Value) -> list[Any]:
         return [v.as_py()] * n if isinstance(v, pa.Scalar) else v.to_pylist()
 
+    quantum = decimal.Decimal(1).scaleb(-out_type.scale)
+    limit = decimal.Decimal(10) ** (out_type.precision - out_type.scale)
     out: list[decimal.Decimal | None] = []
-    quantum = decimal.Decimal(1).scaleb(-scale)
     with decimal.localcontext() as ctx:
-        ctx.prec = 100  # beyond any DECIMAL(38) or BIGINT operand: the remainder is exact
+        ctx.prec = 200  # beyond any product of two DECIMAL(38) values: exact before the rounding
         for x, y in zip(values(a), values(b), strict=True):
             if x is None or y is None:
                 out.append(None)
-            elif y == 0:
-                raise ExecutionError("mod: divide by zero")
-            else:
-                out.append((decimal.Decimal(x) % decimal.Decimal(y)).quantize(quantum))
+                continue
+            v = f(decimal.Decimal(x), decimal.Decimal(y))
+            if isinstance(v, decimal.Decimal) and not v.is_nan():
+                v = v.quantize(quantum, decimal.ROUND_HALF_UP)
+                if abs(v) >= limit:
+                    raise ExecutionError(f"{op}: overflow (past {out_type})")
+            out.append(v)
     return pa.scalar(out[0], out_type) if scalars else pa.array(out, out_type)
 
 
@@ -478,9 +534,9 @@ _BOOL, _TEXT, _DOUBLE = pa.bool_(), pa.string(), pa.float64()
 # null_as follows Spark SQL: a NULL alone is DOUBLE in arithmetic, BOOLEAN in logic, STRING in string functions
 # (comparisons of two NULLs are NULL whatever the type; Arrow needs one).
 OPS: dict[str, OpSpec] = {
-    "add": OpSpec((2, 2), pc.add_checked, _DOUBLE),
-    "sub": OpSpec((2, 2), pc.subtract_checked, _DOUBLE),
-    "mul": OpSpec((2, 2), pc.multiply_checked, _DOUBLE),
+    "add": OpSpec((2, 2), _spark_decimal(pc.add_checked, "add"), _DOUBLE),
+    "sub": OpSpec((2, 2), _spark_decimal(pc.subtract_checked, "sub"), _DOUBLE),
+    "mul": OpSpec((2, 2), _spark_decimal(pc.multiply_checked, "mul"), _DOUBLE),
     "div": OpSpec((2, 2), _div, _DOUBLE),
     "mod": OpSpec((2, 2), _mod, _DOUBLE),
     "neg": OpSpec((1, 1), pc.negate_checked, _DOUBLE),

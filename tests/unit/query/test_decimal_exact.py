@@ -87,3 +87,26 @@ def test_the_average_of_decimals_is_exact(repartition: bool) -> None:
     ]
     thirds = pa.table({"c": pa.array([D("1.00"), D("1.00"), D("2.00")], pa.decimal128(5, 2))})
     assert run("SELECT avg(c) AS a FROM t", thirds, [2]) == [{"a": D("1.333333")}]  # Spark: 1.333333
+
+
+def test_decimal_arithmetic_past_38_digits_is_typed_as_spark_types_it() -> None:
+    """Spark caps the result at 38 digits and cuts the scale (keeping at least 6 places), where Arrow
+    refused the type: "Decimal precision out of range [1, 38]: 39" on every row, whatever the values."""
+    c = pa.array([D("12345678901234567890123.4567890123"), D("1.0000000001"), None], pa.decimal128(38, 10))
+    t = pa.table(
+        {"id": [0, 1, 2], "c": c, "s": pa.array([D("1.25"), D("2.50"), D("0")], pa.decimal128(10, 2))}
+    )
+    got = distributed(
+        parse_sql("SELECT id, c + c AS a, c - c AS z, s + s AS small FROM t ORDER BY id"), split(t, [1])
+    )
+    assert got is not None
+    assert got.schema.field("a").type == pa.decimal128(38, 9)  # Spark: decimal(38, 9)
+    assert got.schema.field("small").type == pa.decimal128(11, 2)  # within 38 digits: Arrow's, as Spark's
+    assert got.column("a").to_pylist() == [D("24691357802469135780246.913578025"), D("2.000000000"), None]
+    assert got.column("z").to_pylist() == [D("0E-9"), D("0E-9"), None]
+    assert got.column("small").to_pylist() == [D("2.50"), D("5.00"), D("0.00")]
+    doubled = run("SELECT id, c * 2 AS m FROM t ORDER BY id", t, [2])
+    assert [r["m"] for r in doubled] == [D("24691357802469135780246.913578"), D("2.000000"), None]
+    nines = pa.table({"c": pa.array([NINES], pa.decimal128(38, 0))})
+    with pytest.raises(QueryError, match=r"add: overflow \(past decimal128\(38, 0\)\)"):
+        run("SELECT c + c AS a FROM t", nines, [0])
