@@ -719,11 +719,16 @@ class PartitionStore:
         table = read_table(self.storage, segment_file(entry.segment_id))
         column = table.column(self.config.key[0])
         mask = pc.is_valid(column)  # keys are never null: an all-true mask of the right shape
+        # A NaN key sorts above every number, as Spark orders it: it goes to the range with no upper bound.
+        # Compared as IEEE values it was in no range, and the split dropped its row.
+        nan = pc.is_nan(column) if pa.types.is_floating(column.type) else None
         # Compared as values of the key's type: a timestamp or date key has no kernel for a plain int.
         if low is not None:
-            mask = pc.and_(mask, pc.greater_equal(column, pa.scalar(low, type=column.type)))
+            above = pc.greater_equal(column, pa.scalar(low, type=column.type))
+            mask = pc.and_(mask, above if nan is None else pc.or_(above, nan))
         if high is not None:
-            mask = pc.and_(mask, pc.less(column, pa.scalar(high, type=column.type)))
+            below = pc.less(column, pa.scalar(high, type=column.type))
+            mask = pc.and_(mask, below if nan is None else pc.and_(below, pc.invert(nan)))
         part = table.filter(mask)
         name = f"split-{target.replace('/', '~')}-r{receiver}-{entry.segment_id}"
         header = SegmentHeader(
