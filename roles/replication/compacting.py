@@ -194,6 +194,8 @@ class Compacting(Hooks):
             self._abandon_compaction(partition, why)
         if self.local.get(partition) is not rep or not rep.leads or not self._may_compact(rep):
             return False
+        if rep.lifecycle in (Lifecycle.UNLOAD, Lifecycle.UNLOAD_FINAL):
+            return False  # abandoned at its first step (``_void``): an OUT_OF_ORDER answer after a split
         self.compactions[partition] = _Running(rep, rep.term, Compaction(rep.store))
         self._emit(SetTimer(key=COMPACT_TIMER, at=self._now + STEP_GAP))
         return True
@@ -251,6 +253,13 @@ class Compacting(Hooks):
         if run is None or (rep is not None and run.rep is not rep):
             return
         del self.compactions[partition]
-        run.compaction.abort()
+        try:
+            run.compaction.abort()
+        except SimulatedCrash:
+            raise
+        except OSError as exc:  # a temporary left behind, which opening the store discards
+            log.warning(
+                "replication %s: %s: removing a compaction's file failed: %s", self.node, partition, exc
+            )
         self._count("compactions_abandoned")
         log.info("replication %s: %s: compaction abandoned: %s", self.node, partition, why)
