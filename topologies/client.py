@@ -61,7 +61,7 @@ from sparkbus.roles.client import (
 from sparkbus.roles.client.errors import OPERATION_TIMEOUT
 from sparkbus.roles.client.policy import Resolver, RetryPolicy, RetryReadPolicy
 from sparkbus.roles.query import Query
-from sparkbus.roles.query.api import LOAD_BATCH_ROWS
+from sparkbus.roles.query.api import load_batches
 from sparkbus.roles.query.plan import PlanNode
 from sparkbus.topologies.client_reply import Reply, as_table, chunk_record_batches
 from sparkbus.topologies.client_target import (
@@ -330,10 +330,8 @@ class Client:
         returns the table's row count there. Added to the rows already there, or in their place with
         ``replace``. Sent as one Arrow IPC stream per record batch of at most 65,536 rows, as the role takes
         them (a table of several chunks included); a table of no rows as one empty batch of its columns."""
-        batches = [bytes(encode_batch(b)) for b in data.to_batches(max_chunksize=LOAD_BATCH_ROWS)]
-        if not batches:
-            batches = [bytes(encode_batch(pa.RecordBatch.from_pylist([], schema=data.schema)))]
-        return int(self.call(Op.LOAD, {"table": table_name, "batches": batches, "replace": replace}))
+        args = {"table": table_name, "batches": load_batches(data), "replace": replace}
+        return int(self.call(Op.LOAD, args))
 
     def peek(self, view: str, **args: Any) -> pa.Table:
         """Read a view (or table) of the compute controller."""

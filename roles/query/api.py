@@ -163,6 +163,16 @@ def sql(
     return q.run(target)
 
 
+def load_batches(data: pa.Table, batch_rows: int = LOAD_BATCH_ROWS) -> list[bytes]:
+    """``data`` as ``load`` sends it: one encoded record batch of at most ``batch_rows`` rows each (the role
+    decodes exactly one batch from each, whatever ``data``'s chunks), a table of no rows as one empty batch
+    of its columns."""
+    if batch_rows <= 0:
+        raise ValueError("batch_rows must be positive")
+    batches = [bytes(encode_batch(b)) for b in data.to_batches(max_chunksize=batch_rows)]
+    return batches or [bytes(encode_batch(pa.RecordBatch.from_pylist([], schema=data.schema)))]
+
+
 def load(
     target: Target,
     table: str,
@@ -173,12 +183,7 @@ def load(
     timeout: float = 60.0,
 ) -> int:
     """Load ``data`` as this node's partition of ``table``; returns the partition's row count."""
-    if batch_rows <= 0:
-        raise ValueError("batch_rows must be positive")
-    batches = [bytes(encode_batch(b)) for b in data.to_batches(max_chunksize=batch_rows)]
-    if not batches:
-        batches = [bytes(encode_batch(pa.RecordBatch.from_pylist([], schema=data.schema)))]
-    args = {"table": table, "batches": batches, "replace": replace}
+    args = {"table": table, "batches": load_batches(data, batch_rows), "replace": replace}
     try:
         rows = target.call(ROLE, "load", args, timeout=timeout)
     except QueryError:

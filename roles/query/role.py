@@ -421,7 +421,7 @@ class QueryRole(PulledExchange):
             # leaving is).
             self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
             return
-        if scanned and (why := self._served_since(run, scanned)) is not None:
+        if run.served is not None and (why := self._served_since(run, scanned)) is not None:
             self._fail(q, ErrorCode.MEMBER_LEAVE, why, self.member, out)
             return
         try:
@@ -430,6 +430,8 @@ class QueryRole(PulledExchange):
         except SourcePending:
             # Read in steps by its publisher so that the loop keeps running: wait (the query's timeout
             # still bounds it) rather than fail the query with a transient MEMBER_LEAVE.
+            if run.served is None:  # what the other members' scans, run about now, took this node to serve
+                run.served = self.store.served(scanned)
             run.done = False
             self._source_waits[(q.id, id(run))] = (run, received)
             self.counters["source_waits"] += 1
@@ -478,11 +480,8 @@ class QueryRole(PulledExchange):
         scanned when it first ran: had the partitions this node serves changed since (a leadership moved
         while the rows were read), each coverage check would pass in its own moment and a partition be
         counted by no member, or by two."""
-        served = self.store.served(scanned)
-        if run.served is None:
-            run.served = served
-            return None
-        for table, before, now in zip(scanned, run.served, served, strict=True):
+        assert run.served is not None
+        for table, before, now in zip(scanned, run.served, self.store.served(scanned), strict=True):
             if before != now:
                 moved = sorted(before ^ now)
                 return (
