@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from sparkbus.codecs import DecodeError, decode_batch
 from sparkbus.roles.query import aggregate
 from sparkbus.roles.query import exchange as x
+from sparkbus.roles.query.casts import is_text
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, QueryError
 from sparkbus.roles.query.expressions import (
     Call,
@@ -83,7 +84,7 @@ class ScanSource:
         found = resolve(column, self.table.column_names)
         col = self.table.column(found) if found is not None else None
         rows = self.table.num_rows
-        if col is not None and rows >= self.min_rows and _is_text(col.type):
+        if col is not None and rows >= self.min_rows and is_text(col.type):
             arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             candidate = pc.dictionary_encode(arr)
             if len(candidate.dictionary) <= max(16, rows // 4):
@@ -104,10 +105,6 @@ class ScanSource:
                 self.positions.clear()
             self.positions[key] = found
         return found
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
 @dataclass(eq=False)

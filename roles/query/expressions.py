@@ -8,7 +8,8 @@ Semantics where SQL engines differ (chosen to match Spark SQL with ANSI mode, th
 next to): ``/`` always divides as float64 and division (or modulo) by zero is an error; ``%`` is Java's
 remainder; ``AND``/``OR`` use three-valued (Kleene) logic; comparisons with NULL are NULL; NaN equals NaN
 and is above every other double, and IN takes -0.0 for 0.0 (``_nan_aware``, ``normalised``); an untyped
-NULL takes its type from its context, and a BIGINT beside a DOUBLE is cast to DOUBLE (``_typed``).
+NULL takes its type from its context, and a BIGINT beside a DOUBLE is cast to DOUBLE (``_typed``); a STRING
+beside a number, date, timestamp or boolean is read as that type (``casts.coerced``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkbus.roles.query.casts import coerced, spark_type, to_boolean
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError
 
 Scalar = int | float | str | bool | None
@@ -431,78 +433,6 @@ def _any(*args: Value) -> Value:
     return functools.reduce(pc.or_kleene, args)
 
 
-#: what Spark SQL's CAST of a string to BOOLEAN trims first (``UTF8String.trimAll``: bytes up to the space,
-#: and DEL) and the values it then takes, in any case; any other string is an error (CAST_INVALID_INPUT)
-_TRIMMED = "".join(map(chr, range(33))) + chr(127)
-_TRUE_TEXT = pa.array(["t", "true", "y", "yes", "1"])
-_FALSE_TEXT = pa.array(["f", "false", "n", "no", "0"])
-
-
-def spark_type(t: pa.DataType) -> str:
-    """The name Spark SQL gives the type of Arrow type ``t`` (Arrow's null type is Spark's VOID)."""
-    names = {
-        pa.null(): "VOID",
-        pa.bool_(): "BOOLEAN",
-        pa.int8(): "TINYINT",
-        pa.int16(): "SMALLINT",
-        pa.int32(): "INT",
-        pa.int64(): "BIGINT",
-        pa.float32(): "FLOAT",
-        pa.float64(): "DOUBLE",
-        pa.string(): "STRING",
-        pa.large_string(): "STRING",
-        pa.date32(): "DATE",
-    }
-    if pa.types.is_timestamp(t):
-        return "TIMESTAMP"
-    return names.get(t, str(t).upper())
-
-
-def _per_value(kernel: Callable[[Value], Value]) -> Callable[[Value], Value]:
-    """``kernel`` (over arrays) applied to a scalar too, as a one-value array."""
-
-    def run(x: Value) -> Value:
-        if isinstance(x, pa.Scalar):
-            return kernel(pa.array([x.as_py()], x.type))[0]
-        return kernel(x)
-
-    return run
-
-
-@_per_value
-def _to_boolean(x: Value) -> Value:
-    """``CAST(x AS BOOLEAN)`` as Spark SQL (ANSI) casts: a number is TRUE unless it is 0 (NaN is TRUE), a
-    string is trimmed and read case-insensitively as t, true, y, yes, 1 or f, false, n, no, 0, NULL stays
-    NULL.
-
-    Raises:
-        ExecutionError: any other string (Spark's CAST_INVALID_INPUT), any other type.
-    """
-    t = x.type
-    if pa.types.is_boolean(t):
-        return x
-    if pa.types.is_null(t):
-        return x.cast(_BOOL)
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        return pc.not_equal(x, pa.scalar(decimal.Decimal(0) if pa.types.is_decimal(t) else 0, t))
-    if _is_text(t):
-        read = pc.utf8_lower(pc.utf8_trim(x, characters=_TRIMMED))
-        true, false = pc.is_in(read, value_set=_TRUE_TEXT), pc.is_in(read, value_set=_FALSE_TEXT)
-        bad = pc.and_(pc.is_valid(x), pc.invert(pc.or_(true, false)))
-        if pc.any(bad).as_py():
-            value = pc.filter(x, bad)[0].as_py()
-            raise ExecutionError(
-                f"the value {value!r} of the type STRING cannot be cast to BOOLEAN because it is malformed "
-                "(as Spark SQL's CAST_INVALID_INPUT)"
-            )
-        return pc.if_else(pc.is_valid(x), true, pa.scalar(None, _BOOL))
-    raise ExecutionError(f"cannot cast {spark_type(t)} to BOOLEAN")
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
-
-
 def _condition(x: Value) -> Value:
     """A WHERE condition whose type only its evaluation tells (a ``?``): it must be BOOLEAN, as Spark SQL
     requires of a filter (a ``?`` bound to None is an untyped NULL, Spark's VOID, which it refuses too).
@@ -558,7 +488,7 @@ OPS: dict[str, OpSpec] = {
     "upper": OpSpec((1, 1), _cased(pc.utf8_upper, str.upper), _TEXT),
     "length": OpSpec((1, 1), pc.utf8_length, _TEXT),
     "coalesce": OpSpec((1, 100), _coalesce),
-    "to_boolean": OpSpec((1, 1), _to_boolean),
+    "to_boolean": OpSpec((1, 1), to_boolean),
     "condition": OpSpec((1, 1), _condition),
 }
 
@@ -584,14 +514,15 @@ def _typed(args: Sequence[Value], null_as: pa.DataType | None = None) -> list[Va
 
 
 def apply(op: str, args: Sequence[Value]) -> Value:
-    """``op``'s kernel over evaluated arguments, typed first (``_typed``).
+    """``op``'s kernel over evaluated arguments, their strings read as the types beside them first
+    (``casts.coerced``), then typed (``_typed``).
 
     Raises:
         ExecutionError: a type mismatch, an overflow, a division by zero.
     """
     spec = OPS[op]
     try:
-        return spec.kernel(*_typed(args, spec.null_as))
+        return spec.kernel(*_typed(coerced(op, args), spec.null_as))
     except ExecutionError:
         raise
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
