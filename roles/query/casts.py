@@ -342,6 +342,21 @@ def _readable(t: pa.DataType) -> bool:
     )
 
 
+def _temporal(args: Sequence[Value]) -> Sequence[Value]:
+    """Compared DATEs and TIMESTAMPs in one type, as Spark compares them: a DATE beside a TIMESTAMP is its
+    midnight, a TIMESTAMP without a zone beside one with a zone is read in UTC (sparkbus's session time
+    zone), where Arrow compares neither."""
+    stamps = [a.type for a in args if pa.types.is_timestamp(a.type)]
+    if not stamps or all(a.type == stamps[0] or not pa.types.is_temporal(a.type) for a in args):
+        return args
+    zone = next((t.tz for t in stamps if t.tz is not None), None)
+    target = pa.timestamp("us", zone)
+    return [
+        _to_timestamp(a, target) if pa.types.is_date32(a.type) or pa.types.is_timestamp(a.type) else a
+        for a in args
+    ]
+
+
 def coerced(op: str, args: Sequence[Value]) -> Sequence[Value]:
     """``args`` of operator ``op`` with the implicit casts Spark SQL applies where a STRING meets another type
     (the module's docstring lists them); ``args`` itself when there is none to apply.
@@ -354,6 +369,8 @@ def coerced(op: str, args: Sequence[Value]) -> Sequence[Value]:
         if is_text(first.type) or pa.types.is_null(first.type):
             return args
         return [to_text(first), *args[1:]]
+    if op in _COMPARISONS:
+        args = _temporal(args)
     texts = [is_text(a.type) for a in args]
     if not any(texts):
         return args
@@ -369,3 +386,190 @@ def coerced(op: str, args: Sequence[Value]) -> Sequence[Value]:
         target = pa.int64() if integer else pa.float64()
         return [cast_text(a, target) if text else a for a, text in zip(args, texts, strict=True)]
     return args
+
+
+# ---------------------------------------------------------------- explicit casts
+
+#: the names a CAST's target is written as in a plan (``["call", "cast", [x, ["lit", name]]]``), and their
+#: Arrow types; a DECIMAL is written ``DECIMAL(p,s)``
+CAST_TYPES: dict[str, pa.DataType] = {
+    "TINYINT": pa.int8(),
+    "SMALLINT": pa.int16(),
+    "INT": pa.int32(),
+    "BIGINT": pa.int64(),
+    "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(),
+    "STRING": pa.string(),
+    "DATE": pa.date32(),
+    "TIMESTAMP": pa.timestamp("us", "UTC"),
+    "TIMESTAMP_NTZ": pa.timestamp("us"),
+}
+_DECIMAL_NAME = re.compile(r"DECIMAL\((\d{1,2}),(\d{1,2})\)")
+
+
+def cast_type(name: str) -> pa.DataType:
+    """The Arrow type of the CAST target ``name`` (a key of ``CAST_TYPES`` or ``DECIMAL(p,s)``).
+
+    Raises:
+        ExecutionError: no such target.
+    """
+    found = CAST_TYPES.get(name)
+    if found is not None:
+        return found
+    decimal_name = _DECIMAL_NAME.fullmatch(name)
+    if decimal_name:
+        precision, scale = int(decimal_name.group(1)), int(decimal_name.group(2))
+        if 1 <= precision <= 38 and scale <= precision:
+            return pa.decimal128(precision, scale)
+    raise ExecutionError(f"CAST to {name!r}: no such type (known: {', '.join(CAST_TYPES)}, DECIMAL(p,s))")
+
+
+def _overflow(value: object, source: pa.DataType, target: pa.DataType) -> ExecutionError:
+    return ExecutionError(
+        f"the value {value!r} of the type {spark_type(source)} cannot be cast to {spark_type(target)} due to an "
+        "overflow (as Spark SQL's CAST_OVERFLOW)"
+    )
+
+
+def _per_distinct(x: Value, f: Callable[[Any], Any], out: pa.DataType) -> Value:
+    """``f`` over each distinct non-NULL value of ``x`` (as Python values), NULL staying NULL."""
+    if isinstance(x, pa.Scalar):
+        return pa.scalar(None if not x.is_valid else f(x.as_py()), out)
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    distinct = pc.unique(x)
+    mapped = pa.array([None if v is None else f(v) for v in distinct.to_pylist()], out)
+    return pc.take(mapped, pc.index_in(x, value_set=distinct))
+
+
+def _to_integer(x: Value, target: pa.DataType) -> Value:
+    t = x.type
+    bits = target.bit_width - 1
+    low, high = -(1 << bits), (1 << bits) - 1
+
+    def whole(v: Any) -> int:
+        if isinstance(v, str):
+            try:
+                n = read_text(v, pa.int64())
+            except ExecutionError:
+                n = None
+            if not isinstance(n, int) or not low <= n <= high:
+                raise malformed(v, spark_type(target)) from None
+            return n
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            raise _overflow(v, t, target)
+        n = int(v)  # toward zero, as Spark truncates a DOUBLE or a DECIMAL
+        if not low <= n <= high:
+            raise _overflow(v, t, target)
+        return n
+
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        try:
+            return pc.cast(x, target)  # a safe cast: one that does not fit is refused
+        except pa.ArrowInvalid:
+            return _per_distinct(x, whole, target)  # names the value that overflows
+    if pa.types.is_floating(t) or pa.types.is_decimal(t) or is_text(t):
+        return _per_distinct(x, whole, target)
+    raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
+
+
+def _to_decimal(x: Value, target: pa.Decimal128Type) -> Value:
+    t = x.type
+    quantum = decimal.Decimal(1).scaleb(-target.scale)
+    limit = decimal.Decimal(10) ** (target.precision - target.scale)
+
+    def exact(v: Any) -> decimal.Decimal:
+        if isinstance(v, str):
+            d = read_text(v, target)
+        elif isinstance(v, float):
+            if math.isnan(v) or math.isinf(v):
+                raise _overflow(v, t, target)
+            d = decimal.Decimal(repr(v))
+        else:
+            d = decimal.Decimal(int(v) if isinstance(v, bool) else v)
+        assert isinstance(d, decimal.Decimal)
+        with decimal.localcontext() as ctx:
+            ctx.prec = 100
+            rounded = d.quantize(quantum, decimal.ROUND_HALF_UP)
+        if abs(rounded) >= limit:
+            raise ExecutionError(
+                f"the value {v!r} cannot be represented as {spark_type(target)} (as Spark SQL's "
+                "NUMERIC_VALUE_OUT_OF_RANGE)"
+            )
+        return rounded
+
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return _per_distinct(x, exact, target)
+    if pa.types.is_boolean(t) or is_text(t):
+        return _per_distinct(x, exact, target)
+    raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
+
+
+def _to_float(x: Value, target: pa.DataType) -> Value:
+    t = x.type
+    if is_text(t):
+        return pc.cast(cast_text(x, pa.float64()), target, safe=False)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t):
+        return pc.cast(x, target, safe=False)  # rounded as Spark rounds, never refused
+    raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
+
+
+def _to_date(x: Value) -> Value:
+    t = x.type
+    if is_text(t):
+        return cast_text(x, pa.date32())
+    if pa.types.is_date32(t):
+        return x
+    if pa.types.is_timestamp(t):
+        if t.tz is not None:  # the day in UTC, sparkbus's session time zone
+            x = pc.cast(x, pa.timestamp(t.unit))
+        return pc.cast(x, pa.date32())
+    raise ExecutionError(f"cannot cast {spark_type(t)} to DATE")
+
+
+def _to_timestamp(x: Value, target: pa.TimestampType) -> Value:
+    t = x.type
+    if is_text(t):
+        return cast_text(x, target)
+    if pa.types.is_date32(t):
+        return (
+            pc.cast(pc.cast(x, pa.timestamp("us")), target)
+            if target.tz is None
+            else pc.assume_timezone(pc.cast(x, pa.timestamp("us")), target.tz)
+        )
+    if pa.types.is_timestamp(t):
+        if (t.tz is None) == (target.tz is None):
+            return pc.cast(x, target)
+        if target.tz is None:  # the wall clock in UTC
+            return pc.cast(pc.cast(x, pa.timestamp(t.unit, "UTC")), pa.timestamp("us"))
+        return pc.cast(pc.assume_timezone(x, "UTC"), target)
+    raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
+
+
+def cast(x: Value, name: Value) -> Value:
+    """``CAST(x AS name)`` as Spark SQL's ANSI cast (``name`` a string scalar: ``cast_type``): a STRING is read
+    as ``read_text`` reads it; a DOUBLE or DECIMAL to an integer type is truncated toward zero; to a DECIMAL a
+    value is rounded half up at its scale; a value that does not fit is an error (CAST_OVERFLOW,
+    NUMERIC_VALUE_OUT_OF_RANGE); to STRING as ``to_text`` writes it; a TIMESTAMP to DATE is its day (in UTC
+    for a zoned one). NULL stays NULL.
+
+    Raises:
+        ExecutionError: a value that does not read or fit, a cast Spark refuses (a DATE to an integer).
+    """
+    target_name = name.as_py() if isinstance(name, pa.Scalar) else None
+    if not isinstance(target_name, str):
+        raise ExecutionError("CAST takes the name of a type as its second argument")
+    target = cast_type(target_name)
+    if pa.types.is_null(x.type):
+        return x.cast(target)
+    if pa.types.is_integer(target):
+        return _to_integer(x, target)
+    if pa.types.is_floating(target):
+        return _to_float(x, target)
+    if pa.types.is_decimal(target):
+        return _to_decimal(x, target)
+    if is_text(target):
+        return to_text(x)
+    if pa.types.is_date32(target):
+        return _to_date(x)
+    return _to_timestamp(x, target)

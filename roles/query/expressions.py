@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbus.roles.query.casts import coerced, spark_type, to_boolean
+from sparkbus.roles.query.casts import cast, coerced, spark_type, to_boolean
 from sparkbus.roles.query.errors import ErrorCode, ExecutionError, PlanError, QueryError
 
 Scalar = int | float | str | bool | None
@@ -489,6 +489,7 @@ OPS: dict[str, OpSpec] = {
     "length": OpSpec((1, 1), pc.utf8_length, _TEXT),
     "coalesce": OpSpec((1, 100), _coalesce),
     "to_boolean": OpSpec((1, 1), to_boolean),
+    "cast": OpSpec((2, 2), cast),
     "condition": OpSpec((1, 1), _condition),
 }
 

@@ -1,7 +1,8 @@
 """The SQL front end: one ``SELECT`` over one table, parsed with sqlglot (Spark dialect) into a logical plan.
 
 Supported: expressions (arithmetic, comparisons, AND/OR/NOT, IS [NOT] NULL, IN, BETWEEN, [NOT] LIKE, ABS,
-LOWER, UPPER, LENGTH, COALESCE, CAST(... AS BOOLEAN)), ``?`` parameters (numbered left to right), ``*`` or
+LOWER, UPPER, LENGTH, COALESCE, CAST (to BOOLEAN, the integer types, FLOAT, DOUBLE, DECIMAL(p,s), STRING, DATE,
+TIMESTAMP, TIMESTAMP_NTZ; ``DATE '...'`` and ``TIMESTAMP '...'`` literals)), ``?`` parameters (numbered left to right), ``*`` or
 ``t.*`` as the whole select list, WHERE (a BOOLEAN condition, as Spark requires), GROUP BY (expressions or
 select-list ordinals; a name is the table's column, else the select list's alias of that name, as in Spark;
 without the table's columns the alias, which the scan checks), HAVING (a condition that is no predicate is
@@ -98,7 +99,7 @@ _READS: dict[type[exp.Expr], frozenset[str]] = {
     exp.Between: frozenset({"this", "low", "high"}),
     exp.In: frozenset({"this", "expressions", "query"}),
     exp.Coalesce: frozenset({"this", "expressions", "is_nvl", "is_null"}),
-    # CAST(x AS BOOLEAN) (sqlglot reads Spark's CAST as TryCast, and TRY_CAST as one marked safe)
+    # CAST(x AS type) (sqlglot reads Spark's CAST as TryCast, and TRY_CAST as one marked safe)
     exp.Cast: frozenset({"this", "to"}),
     exp.TryCast: frozenset({"this", "to", "safe"}),
 }
@@ -115,6 +116,40 @@ _KINDS = {"null": "an untyped NULL (Spark's type VOID)", "number": "a number", "
 Hook = Callable[[exp.Expr], Expr | None]
 #: the column names of a table, or None when they are not known (``parse_sql``)
 Columns = Callable[[str], Sequence[str] | None]
+
+
+_CAST_NAMES = {
+    exp.DataType.Type.BOOLEAN: "BOOLEAN",
+    exp.DataType.Type.TINYINT: "TINYINT",
+    exp.DataType.Type.SMALLINT: "SMALLINT",
+    exp.DataType.Type.INT: "INT",
+    exp.DataType.Type.BIGINT: "BIGINT",
+    exp.DataType.Type.FLOAT: "FLOAT",
+    exp.DataType.Type.DOUBLE: "DOUBLE",
+    exp.DataType.Type.TEXT: "STRING",
+    exp.DataType.Type.VARCHAR: "STRING",
+    exp.DataType.Type.CHAR: "STRING",
+    exp.DataType.Type.DATE: "DATE",
+    exp.DataType.Type.TIMESTAMP: "TIMESTAMP",
+    exp.DataType.Type.TIMESTAMPTZ: "TIMESTAMP",
+    exp.DataType.Type.TIMESTAMPLTZ: "TIMESTAMP",
+    exp.DataType.Type.TIMESTAMPNTZ: "TIMESTAMP_NTZ",
+}
+
+
+def _cast_name(to: exp.DataType) -> str | None:
+    """The name ``casts.cast`` takes for the CAST target ``to`` (a DECIMAL as ``DECIMAL(p,s)``, Spark's
+    default DECIMAL(10,0)), None for a type that is not cast here."""
+    if to.this == exp.DataType.Type.DECIMAL:
+        digits = [
+            str(e.this.this) if isinstance(e, exp.DataTypeParam) and isinstance(e.this, exp.Literal) else ""
+            for e in to.expressions
+        ]
+        if len(digits) > 2 or not all(d.isdigit() for d in digits):
+            return None
+        precision, scale = int(digits[0]) if digits else 10, int(digits[1]) if len(digits) == 2 else 0
+        return f"DECIMAL({precision},{scale})" if 1 <= precision <= 38 and scale <= precision else None
+    return None if to.expressions else _CAST_NAMES.get(to.this)
 
 
 class _Ask(Exception):
@@ -194,6 +229,20 @@ def _having(outputs: dict[str, Expr], keys: list[Expr], then: Hook) -> Hook:
     return hook
 
 
+def _cast_kind(e: Call) -> str | None:
+    """``"number"`` or ``"string"`` for a ``cast`` to a number or to STRING, None for one to a DATE or a
+    TIMESTAMP."""
+    name = e.args[1].value if isinstance(e.args[1], Literal) else None
+    if name == "STRING":
+        return "string"
+    return (
+        "number"
+        if isinstance(name, str)
+        and (name.endswith("INT") or name in ("FLOAT", "DOUBLE") or name.startswith("DECIMAL"))
+        else None
+    )
+
+
 def _kind(e: Expr) -> str | None:
     """What ``e``'s value is, as far as the text tells without the table's columns or the parameters' values:
     ``"boolean"``, ``"null"`` (the untyped NULL, Spark's VOID), ``"number"``, ``"string"``; None when that
@@ -208,8 +257,10 @@ def _kind(e: Expr) -> str | None:
         return None
     if e.op in _BOOLEAN_OPS:
         return "boolean"
-    if e.op in _NUMBER_OPS:
+    if e.op in _NUMBER_OPS or (e.op == "cast" and _cast_kind(e) == "number"):
         return "number"
+    if e.op == "cast" and _cast_kind(e) == "string":
+        return "string"
     if e.op in _TEXT_OPS:
         return "string"
     if e.op == "coalesce":  # its arguments' common type: a typed one tells it, NULLs alone are NULL
@@ -521,15 +572,24 @@ class _Translator:
         return value
 
     def _cast(self, node: exp.Cast, hook: Hook | None) -> Expr:
-        """``CAST(x AS BOOLEAN)`` (Spark's ANSI cast, ``to_boolean``); a cast to any other type, and TRY_CAST,
-        are refused."""
+        """``CAST(x AS type)`` as Spark's ANSI cast: to BOOLEAN ``to_boolean``, to a number, STRING, DATE,
+        TIMESTAMP or DECIMAL(p,s) ``cast`` (``casts.cast``); ``DATE '...'`` and ``TIMESTAMP '...'`` literals are
+        such casts. TRY_CAST, and casts to other types (BINARY, nested types, intervals), are refused."""
         if node.args.get("safe"):
-            raise self.error("TRY_CAST is not supported (CAST(... AS BOOLEAN) is)", node)
+            raise self.error("TRY_CAST is not supported (CAST is)", node)
         to = node.args.get("to")
-        if not isinstance(to, exp.DataType) or to.this != exp.DataType.Type.BOOLEAN or to.expressions:
+        name = _cast_name(to) if isinstance(to, exp.DataType) else None
+        if name is None:
             target = to.sql(dialect="spark") if isinstance(to, exp.Expr) else "?"
-            raise self.error(f"CAST to {target} is not supported (CAST(... AS BOOLEAN) is)", node)
-        return Call(op="to_boolean", args=(self.expr(node.this, hook),))
+            raise self.error(
+                f"CAST to {target} is not supported (to BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, FLOAT, DOUBLE, "
+                "DECIMAL(p,s), STRING, DATE, TIMESTAMP and TIMESTAMP_NTZ are)",
+                node,
+            )
+        x = self.expr(node.this, hook)
+        if name == "BOOLEAN":
+            return Call(op="to_boolean", args=(x,))
+        return Call(op="cast", args=(x, Literal(value=name)))
 
     def _where(self, node: exp.Expr) -> Expr:
         """The WHERE condition, which must be a BOOLEAN, as Spark SQL requires (FILTER_NOT_BOOLEAN): one the

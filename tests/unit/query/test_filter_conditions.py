@@ -183,9 +183,13 @@ def test_cast_to_boolean_reads_numbers_and_strings_as_spark() -> None:
 @pytest.mark.parametrize(
     ("sql", "refusal"),
     [
-        ("SELECT CAST(x AS BIGINT) AS v FROM t", "CAST to BIGINT is not supported"),
+        ("SELECT CAST(x AS BINARY) AS v FROM t", "CAST to BINARY is not supported"),
+        ("SELECT CAST(x AS ARRAY<INT>) AS v FROM t", "CAST to ARRAY<INT> is not supported"),
+        ("SELECT CAST(x AS DECIMAL(39,0)) AS v FROM t", r"CAST to DECIMAL\(39, 0\) is not supported"),
+        ("SELECT CAST(x AS DECIMAL(5,6)) AS v FROM t", r"CAST to DECIMAL\(5, 6\) is not supported"),
         ("SELECT TRY_CAST(x AS BOOLEAN) AS v FROM t", "TRY_CAST is not supported"),
-        ("SELECT x FROM t WHERE CAST(NULL AS INT)", "CAST to INT is not supported"),
+        ("SELECT x FROM t WHERE CAST(NULL AS INT)", "is a number, not a BOOLEAN"),
+        ("SELECT x FROM t WHERE CAST(x AS STRING)", "is a STRING, not a BOOLEAN"),
     ],
 )
 def test_other_casts_are_refused(sql: str, refusal: str) -> None:

@@ -1,4 +1,5 @@
-"""A STRING beside a number, date, timestamp or boolean is read as that type, as Spark SQL 4 (ANSI) reads it.
+"""A STRING beside a number, date, timestamp or boolean is read as that type, as Spark SQL 4 (ANSI) reads it,
+and CAST(x AS type) (with the DATE '...' and TIMESTAMP '...' literals) casts as Spark's ANSI cast.
 
 Every expected answer and refusal below is what Spark 4.0 answered for the same query over the same rows
 (local mode, the default ANSI mode). Before, each of these failed with Arrow's "no kernel matching input
@@ -111,6 +112,83 @@ ANSWERED: list[tuple[str, list[object]]] = [
     ),
     ("SELECT x FROM t WHERE x LIKE '1%'", [1, 10]),
 ]
+#: explicit casts: (query, its values in any order) as Spark 4 answers them
+CASTS: list[tuple[str, list[object]]] = [
+    ("SELECT CAST(x AS INT) AS y FROM t", [1, 10, 20, None]),
+    ("SELECT CAST(x AS TINYINT) AS y FROM t", [1, 10, 20, None]),
+    ("SELECT CAST(f AS BIGINT) AS y FROM t", [1, 10, 2, None]),
+    ("SELECT CAST(-f AS INT) AS y FROM t", [-1, -10, -2, None]),
+    ("SELECT CAST(d AS INT) AS y FROM t", [1, 10, 3, None]),
+    ("SELECT CAST(s AS INT) AS y FROM t WHERE s <> 'a'", [1, 10]),
+    ("SELECT CAST(' 42 ' AS SMALLINT) AS y FROM t", [42] * 4),
+    ("SELECT CAST(b AS INT) AS y FROM t", [0, 1, 1, None]),
+    ("SELECT CAST(x AS DOUBLE) AS y FROM t", [1.0, 10.0, 20.0, None]),
+    ("SELECT CAST(x AS FLOAT) AS y FROM t", [1.0, 10.0, 20.0, None]),
+    ("SELECT CAST(d AS DOUBLE) AS y FROM t", [1.5, 10.0, 3.25, None]),
+    ("SELECT CAST('1e3' AS DOUBLE) AS y FROM t", [1000.0] * 4),
+    ("SELECT CAST(x AS DECIMAL(5,1)) AS y FROM t", [DEC("1.0"), DEC("10.0"), DEC("20.0"), None]),
+    ("SELECT CAST(f AS DECIMAL(4,2)) AS y FROM t", [DEC("1.00"), DEC("10.00"), DEC("2.50"), None]),
+    ("SELECT CAST(d AS DECIMAL(3,1)) AS y FROM t", [DEC("1.5"), DEC("10.0"), DEC("3.3"), None]),
+    ("SELECT CAST('-1.255' AS DECIMAL(4,2)) AS y FROM t", [DEC("-1.26")] * 4),
+    ("SELECT CAST(x AS DECIMAL) AS y FROM t", [DEC(1), DEC(10), DEC(20), None]),
+    ("SELECT CAST(x AS STRING) AS y FROM t", ["1", "10", "20", None]),
+    ("SELECT CAST(x AS VARCHAR(3)) AS y FROM t", ["1", "10", "20", None]),
+    ("SELECT CAST(f AS STRING) AS y FROM t", ["1.0", "10.0", "2.5", None]),
+    ("SELECT CAST(d AS STRING) AS y FROM t", ["1.50", "10.00", "3.25", None]),
+    ("SELECT CAST(dt AS STRING) AS y FROM t", ["2020-01-01", "2020-01-06", "2021-01-01", None]),
+    (
+        "SELECT CAST(ts AS STRING) AS y FROM t",
+        ["2020-01-01 05:00:00", "2020-01-06 00:00:00", "2021-01-01 00:00:00", None],
+    ),
+    ("SELECT CAST(b AS STRING) AS y FROM t", ["false", "true", "true", None]),
+    ("SELECT CAST(ts AS DATE) AS y FROM t", [D(2020, 1, 1), D(2020, 1, 6), D(2021, 1, 1), None]),
+    ("SELECT CAST('2020-01-06' AS DATE) AS y FROM t", [D(2020, 1, 6)] * 4),
+    ("SELECT CAST(dt AS TIMESTAMP_NTZ) AS y FROM t", [TS(2020, 1, 1), TS(2020, 1, 6), TS(2021, 1, 1), None]),
+    (
+        "SELECT CAST('2020-01-06 10:11:12.5' AS TIMESTAMP_NTZ) AS y FROM t",
+        [TS(2020, 1, 6, 10, 11, 12, 500000)] * 4,
+    ),
+    ("SELECT dt FROM t WHERE dt = DATE '2020-01-06'", [D(2020, 1, 6)]),
+    ("SELECT dt FROM t WHERE dt < DATE '2020-06-01'", [D(2020, 1, 1), D(2020, 1, 6)]),
+    ("SELECT ts FROM t WHERE ts < TIMESTAMP_NTZ '2020-01-02 00:00:00'", [TS(2020, 1, 1, 5)]),
+    (
+        "SELECT ts FROM t WHERE ts >= CAST(dt AS TIMESTAMP_NTZ)",
+        [TS(2020, 1, 1, 5), TS(2020, 1, 6), TS(2021, 1, 1)],
+    ),
+    ("SELECT dt FROM t WHERE dt < ts", [D(2020, 1, 1)]),
+    ("SELECT x FROM t WHERE x = CAST('10' AS BIGINT)", [10]),
+    ("SELECT CAST(NULL AS INT) AS y FROM t", [None] * 4),
+    ("SELECT sum(CAST(s AS INT)) AS y FROM t WHERE s <> 'a'", [11]),
+]
+#: explicit casts Spark 4 refuses, and the start of the refusal here
+CASTS_REFUSED: list[tuple[str, str]] = [
+    (
+        "SELECT CAST(x * 10 AS TINYINT) AS y FROM t",
+        "the value 200 of the type BIGINT cannot be cast to TINYINT due to an overflow",
+    ),
+    (
+        "SELECT CAST(s AS INT) AS y FROM t",
+        "the value 'a' of the type STRING cannot be cast to INT because it is malformed",
+    ),
+    (
+        "SELECT CAST('3000000000' AS INT) AS y FROM t",
+        "the value '3000000000' of the type STRING cannot be cast to INT because",
+    ),
+    ("SELECT CAST(f AS DECIMAL(2,1)) AS y FROM t", "the value 10.0 cannot be represented as DECIMAL(2,1)"),
+    ("SELECT CAST(x AS DECIMAL(1,0)) AS y FROM t", "the value 10 cannot be represented as DECIMAL(1,0)"),
+    (
+        "SELECT CAST(s AS DATE) AS y FROM t WHERE s = '1'",
+        "the value '1' of the type STRING cannot be cast to DATE because",
+    ),
+    (
+        "SELECT CAST(1e10 AS INT) AS y FROM t",
+        "the value 10000000000.0 of the type DOUBLE cannot be cast to INT due to an overflow",
+    ),
+    ("SELECT CAST(dt AS INT) AS y FROM t", "cannot cast DATE to INT"),
+    ("SELECT CAST(x AS DATE) AS y FROM t", "cannot cast BIGINT to DATE"),
+]
+
+
 #: (query, the string Spark 4 refuses to read, the type it would read it as)
 REFUSED: list[tuple[str, str, str]] = [
     ("SELECT x FROM t WHERE x = '10.0'", "10.0", "BIGINT"),
@@ -218,3 +296,41 @@ def test_writing_a_timestamp_drops_the_fraction_s_trailing_zeros() -> None:
     assert got.to_pylist() == ["2020-01-06 01:02:03.45", "2020-01-06 00:00:00", None]
     with pytest.raises(ExecutionError, match="cannot cast"):
         casts.to_text(pa.array([b"x"]))
+
+
+@pytest.mark.parametrize(("sql", "want"), CASTS)
+def test_cast_casts_as_spark_s_ansi_cast(sql: str, want: list[object]) -> None:
+    assert values(sql) == sorted(want, key=repr)
+
+
+@pytest.mark.parametrize(("sql", "refusal"), CASTS_REFUSED)
+def test_a_cast_spark_refuses_is_refused(sql: str, refusal: str) -> None:
+    with pytest.raises(ExecutionError) as caught:
+        values(sql)
+    assert refusal in str(caught.value)
+
+
+def test_the_types_of_casts_are_their_targets() -> None:
+    for text, name, arrow in [
+        ("1", "TINYINT", pa.int8()),
+        ("1", "SMALLINT", pa.int16()),
+        ("1", "DECIMAL(7,3)", pa.decimal128(7, 3)),
+        ("1", "FLOAT", pa.float32()),
+        ("2020-01-01", "TIMESTAMP", pa.timestamp("us", "UTC")),
+    ]:
+        got = distributed(parse_sql(f"SELECT CAST('{text}' AS {name}) AS y FROM t"), split(TABLE, [2]))
+        assert got is not None and got.schema.field(0).type == arrow, name
+
+
+def test_a_zoned_timestamp_compares_with_one_without_a_zone_read_in_utc() -> None:
+    got = distributed(
+        parse_sql("SELECT ts FROM t WHERE ts < TIMESTAMP '2020-01-01 05:00:01'"), split(TABLE, [2])
+    )
+    assert got is not None and got.column(0).to_pylist() == [TS(2020, 1, 1, 5)]
+
+
+def test_a_plan_s_cast_to_an_unknown_type_is_refused() -> None:
+    with pytest.raises(ExecutionError, match="CAST to 'INTERVAL': no such type"):
+        casts.cast(pa.array([1]), pa.scalar("INTERVAL"))
+    with pytest.raises(ExecutionError, match="the name of a type"):
+        casts.cast(pa.array([1]), pa.array(["INT"]))
