@@ -9,6 +9,8 @@ Implicit casts (``coerced``), as Spark 4 answers them (each checked against Spar
   as BIGINT (``i = '3000000000'`` of an INT column is false, not an error), decimals exactly.
 - Arithmetic (``+ - * / %``) with a STRING reads it as BIGINT beside an integer, else as DOUBLE
   (``x + '1'`` is a BIGINT, ``d + '1'`` of a DECIMAL a DOUBLE); ``-'5'`` and ``abs('-5')`` are DOUBLEs.
+- COALESCE with a STRING reads it as a comparison does, but beside a DECIMAL as a DOUBLE (and the DECIMAL
+  too): ``coalesce(x, '5')`` is a BIGINT, ``coalesce(d, '1')`` a DOUBLE.
 - The string functions (LENGTH, UPPER, LOWER, LIKE) read a number, DATE, TIMESTAMP or BOOLEAN as the text
   Spark's cast to STRING writes (``length(1.0)`` is 3: ``'1.0'``).
 
@@ -378,6 +380,18 @@ def coerced(op: str, args: Sequence[Value]) -> Sequence[Value]:
         other = next((a.type for a in args if _readable(a.type)), None)
         if other is None:
             return args
+        if pa.types.is_boolean(other):
+            return [to_boolean(a) if text else a for a, text in zip(args, texts, strict=True)]
+        return [cast_text(a, other) if text else a for a, text in zip(args, texts, strict=True)]
+    if op == "coalesce":  # as a comparison, but a DECIMAL beside a STRING is a DOUBLE, as in arithmetic
+        other = next((a.type for a in args if _readable(a.type)), None)
+        if other is None:
+            return args
+        if pa.types.is_decimal(other):
+            return [
+                pc.cast(cast_text(a, other) if text else a, pa.float64())
+                for a, text in zip(args, texts, strict=True)
+            ]
         if pa.types.is_boolean(other):
             return [to_boolean(a) if text else a for a, text in zip(args, texts, strict=True)]
         return [cast_text(a, other) if text else a for a, text in zip(args, texts, strict=True)]

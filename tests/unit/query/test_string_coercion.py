@@ -111,6 +111,20 @@ ANSWERED: list[tuple[str, list[object]]] = [
         ["2020-01-01 05:00:00", "2020-01-06 00:00:00", "2021-01-01 00:00:00", None],
     ),
     ("SELECT x FROM t WHERE x LIKE '1%'", [1, 10]),
+    ("SELECT coalesce(x, '5') AS c FROM t", [1, 10, 20, 5]),
+    ("SELECT coalesce('5', x) AS c FROM t", [5] * 4),
+    (
+        "SELECT coalesce(dt, '2020-02-02') AS c FROM t",
+        [D(2020, 1, 1), D(2020, 1, 6), D(2020, 2, 2), D(2021, 1, 1)],
+    ),
+    ("SELECT coalesce(f, '2.5') AS c FROM t", [1.0, 10.0, 2.5, 2.5]),
+    ("SELECT coalesce(s, 5) AS c FROM t WHERE s <> 'a' OR s IS NULL", [1, 10, 5]),
+    ("SELECT coalesce(d, '1') AS c FROM t", [1.0, 1.5, 10.0, 3.25]),
+    ("SELECT coalesce(b, 'yes') AS c FROM t", [False, True, True, True]),
+    (
+        "SELECT coalesce(ts, '2020-01-01') AS c FROM t",
+        [TS(2020, 1, 1), TS(2020, 1, 1, 5), TS(2020, 1, 6), TS(2021, 1, 1)],
+    ),
 ]
 #: explicit casts: (query, its values in any order) as Spark 4 answers them
 CASTS: list[tuple[str, list[object]]] = [
@@ -206,6 +220,8 @@ REFUSED: list[tuple[str, str, str]] = [
     ("SELECT dt FROM t WHERE dt = '2020-02-30'", "2020-02-30", "DATE"),
     ("SELECT ts FROM t WHERE ts < '2020-01-06Z'", "2020-01-06Z", "TIMESTAMP_NTZ"),
     ("SELECT b FROM t WHERE b = 'maybe'", "maybe", "BOOLEAN"),
+    ("SELECT coalesce(s, 5) AS c FROM t", "a", "BIGINT"),
+    ("SELECT coalesce(x, 'z') AS c FROM t", "z", "BIGINT"),
 ]
 
 
