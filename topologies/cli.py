@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from sparkbus.topologies import keys
 from sparkbus.topologies.cli_args import DEFAULT_TOPOLOGY, CommandError, _view_def, add_cluster_parsers
-from sparkbus.topologies.leaders import current_leaders, failing, leader_in_refusal, unanswered
+from sparkbus.topologies.leaders import (
+    current_leaders,
+    failing,
+    leader_in_refusal,
+    not_replicated,
+    unanswered,
+)
 
 # Each command imports what it needs (the launcher, the client, pyarrow, Rich, Spark) when it runs, so
 # ``sparkbus --help`` and ``sparkbus status`` do not pay for the others (docs/OPERATIONS.md, "Start-up time").
@@ -594,7 +600,8 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
     a leadership moving) is asked again until the deadline.
 
     Raises:
-        CommandError: a replica reports an error, or ``timeout`` seconds pass.
+        CommandError: a replica reports an error, or ``timeout`` seconds pass (naming, per partition, the
+            replicas its leader still waits on: ``not_replicated``).
     """
     from sparkbus.roles.client import ClientError  # noqa: PLC0415
     from sparkbus.roles.query import ErrorCode as QueryCode  # noqa: PLC0415
@@ -602,11 +609,12 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
 
     deadline = time.monotonic() + timeout
     done: set[str] = set()
+    unacked: dict[str, str] = {}  # partition -> the replicas its leader waits on, from the last answer
     while True:
         failed = ""
         try:
             status = client.sql(
-                f"SELECT partition, replicated, error FROM {REPLICAS_TABLE} WHERE leader = 1",
+                f"SELECT partition, replicated, error, unacked FROM {REPLICAS_TABLE} WHERE leader = 1",
                 timeout=max(0.1, deadline - time.monotonic()),  # the client's 30 s kept a load 66 s past 20
             ).to_pylist()
         except ClientError as exc:
@@ -618,12 +626,12 @@ def _until_replicated(client: Client, partitions: set[str], timeout: float, poll
             if errors:
                 raise CommandError(errors[0])
             done = {r["partition"] for r in status if r["replicated"]} & partitions
+            unacked = {r["partition"]: r.get("unacked") or "" for r in status}
             yield len(done)
             if done == partitions:
                 return
         if time.monotonic() >= deadline:
-            waiting = ", ".join(sorted(partitions - done))
-            raise CommandError(f"rows written, but not replicated within {timeout:g} s: {waiting}{failed}")
+            raise CommandError(not_replicated(timeout, partitions - done, unacked, failed))
         time.sleep(poll)
 
 

@@ -25,8 +25,9 @@ serves a table:
 * it publishes, in the node's catalog, each table (the rows of the partitions this node currently
   leads, so that a query over all nodes sees every row exactly once; a partition whose rows must be read
   again from its segments is read in steps over loop turns, ``serving.py``) and ``sparkbus_replicas``, one row
-  per local replica (rows, loaded, pending, replicated, error), which the driver queries to follow a
-  load.
+  per local replica (rows, loaded, pending, replicated, error, failing, and on a leader's row unacked: the
+  nodes of its other replicas that have not acked all its segments), which the driver and ``sparkbus load``
+  query to follow a load.
 
 Replicas live in ``$SPARKBUS_DATA_DIR/<cluster>/<node>``, one directory per node that a restarted node opens
 again (``NodeData``); without the variable, in a new temporary directory per start, which a restart does not
@@ -80,6 +81,7 @@ _REPLICAS_SCHEMA = pa.schema(
         ("replicated", pa.int64()),
         ("error", pa.string()),
         ("failing", pa.string()),
+        ("unacked", pa.string()),
     ]
 )
 
@@ -470,10 +472,18 @@ class ServingReplication(ReplicationRole):
         return None
 
     def _replicated(self, rep: LocalReplica) -> bool:
-        if rep.store.memtable_rows:
-            return False
-        others = {r.placement for r in rep.spec.replicas if r.node != self.node}
-        return all(others <= e.acked for e in self._candidates(rep))
+        return not rep.store.memtable_rows and not self._unacked(rep)
+
+    def _unacked(self, rep: LocalReplica) -> list[str]:
+        """The nodes of the other replicas of ``rep`` that have not acked every segment from its latest
+        major, sorted: published so that a load that times out waiting for replication can name the
+        replicas it waits on (a node down, or still catching up)."""
+        candidates = self._candidates(rep)
+        return sorted(
+            r.node
+            for r in rep.spec.replicas
+            if r.node != self.node and any(r.placement not in e.acked for e in candidates)
+        )
 
     def replicas_table(self) -> pa.Table:
         """One row per local replica: what it holds and whether its followers have all of it."""
@@ -495,18 +505,20 @@ class ServingReplication(ReplicationRole):
                     "replicated": int(rep.leads and not pending.get(p) and self._replicated(rep)),
                     "error": self.load_error or "",
                     "failing": self.failing.get(p, ""),
+                    "unacked": ", ".join(self._unacked(rep)) if rep.leads else "",
                 }
             )
         for p in sorted(self.unopened - self.local.keys()):  # placed here, its store cannot be opened
             rows_out.append(
                 dict.fromkeys(_REPLICAS_SCHEMA.names, 0)
                 | {"node": self.node, "partition": p, "error": self.load_error or ""}
-                | {"failing": self.failing.get(p, "cannot open")}
+                | {"failing": self.failing.get(p, "cannot open"), "unacked": ""}
             )
         if not rows_out:
             rows_out.append(
                 dict.fromkeys(_REPLICAS_SCHEMA.names, 0)
                 | {"node": self.node, "partition": "", "error": self.load_error or "", "failing": ""}
+                | {"unacked": ""}
             )
         return pa.Table.from_pylist(rows_out, schema=_REPLICAS_SCHEMA)
 

@@ -361,3 +361,16 @@ def test_files_of_a_partition_the_layout_does_not_have_are_kept_warned_about_and
         assert "b/0" not in again.draining and "b/0" not in again.local
     finally:
         again.close()
+
+
+def test_a_leader_names_the_replicas_that_have_not_acked_its_rows() -> None:
+    """``unacked`` on a leader's row of ``sparkbus_replicas``: what ``sparkbus load`` names when it times out
+    waiting for replication (s-1, the follower of a/0 and a/3, is down)."""
+    ids = [i for i in range(40) if i % 4 in (0, 3)]  # a/0 and a/3, led by s-0
+    sim, _ = cluster({"s-0": rows_for(ids)})
+    sim.crash("s-1")
+    sim.run_for(10.0)
+    status = sql(Target(sim, "s-0"), f"SELECT partition, replicated, unacked FROM {REPLICAS_TABLE}")
+    got = {r["partition"]: (r["replicated"], r["unacked"]) for r in status.to_pylist()}
+    assert got["a/0"] == got["a/3"] == (0, "s-1")
+    assert got["a/2"] == (1, "")  # led by s-2, followed by s-0: both up

@@ -17,6 +17,7 @@ from sparkbus.topologies.cli import (
     CommandError,
     current_leaders,
     leader_in_refusal,
+    not_replicated,
     routed_load,
     write_partition,
 )
@@ -69,6 +70,9 @@ class Cluster:
         self.refused = 0
         self.error = ""
         self.failing: list[dict[str, str]] = []  # sparkbus_replicas rows of replicas that fail
+        self.unacked: dict[
+            str, str
+        ] = {}  # partition -> the replicas that have not acked it: never replicated
 
     def sql(self, text: str, **_: Any) -> pa.Table:
         if "WHERE failing <> ''" in text:
@@ -76,8 +80,16 @@ class Cluster:
         assert "FROM sparkbus_replicas WHERE leader = 1" in text
         if "replicated" in text:
             self.polls_until_replicated -= 1
-            done = int(self.polls_until_replicated <= 0)
-            rows = [{"partition": p, "replicated": done, "error": self.error} for p in self.advertised]
+            done = self.polls_until_replicated <= 0
+            rows = [
+                {
+                    "partition": p,
+                    "replicated": int(done and not self.unacked.get(p)),
+                    "error": self.error,
+                    "unacked": self.unacked.get(p, ""),
+                }
+                for p in self.advertised
+            ]
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(
             [{"node": n, "partition": p} for p, n in self.advertised.items()]
@@ -226,6 +238,33 @@ def test_replica_errors_and_timeouts_end_the_wait() -> None:
     slow.polls_until_replicated = 10**9
     with pytest.raises(CommandError, match=r"not replicated within 0 s: orders/0, orders/1"):
         load(slow, orders(100), timeout=0.0)
+
+
+def test_a_timed_out_wait_names_the_replicas_each_partition_waits_on() -> None:
+    """store-1, the follower of orders/0 and orders/3, is down: the message names it (from the leaders'
+    ``unacked`` column), once for both, and says the rows are kept and what to do."""
+    down = Cluster(LAYOUT)
+    down.polls_until_replicated = 0
+    down.unacked = {"orders/0": "store-1", "orders/3": "store-1"}
+    with pytest.raises(CommandError) as err:
+        load(down, orders(100), timeout=0.0)
+    assert str(err.value) == (
+        "rows written, but not replicated within 0 s: orders/0, orders/3 (waiting on store-1). The rows are "
+        "stored durably on the leaders and counted: start store-1 if down (sparkbus status), or wait, and "
+        "the replicas catch up"
+    )
+
+
+def test_the_not_replicated_message_stays_short_for_many_partitions() -> None:
+    unacked = {f"t/{p}": "s-3" for p in range(100)} | {f"u/{p}": f"s-{p}, s-9" for p in range(6)}
+    message = not_replicated(20, unacked, unacked | {"t/0": ""}, " (the last status query failed: x)")
+    assert message == (
+        "rows written, but not replicated within 20 s: t/1, t/2, t/3, t/4, t/5, t/6, t/7, t/8 and 91 more "
+        "(waiting on s-3), u/0 (waiting on s-0, s-9), u/1 (waiting on s-1, s-9), u/2 (waiting on s-2, s-9), "
+        "and 4 more partitions (the last status query failed: x). The rows are "
+        "stored durably on the leaders and counted: start s-0, s-1, s-2, s-3, s-4, s-5, s-9 if down "
+        "(sparkbus status), or wait, and the replicas catch up"
+    )
 
 
 def test_which_tables_are_routed() -> None:

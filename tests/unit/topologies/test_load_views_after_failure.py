@@ -98,15 +98,18 @@ def test_rows_written_but_not_replicated_in_time_reach_the_views_table(
     csv: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entry = keyed(Cluster(LAYOUT))
-    entry.cluster.polls_until_replicated = 10**9  # a follower paused: never replicated within the timeout
+    entry.cluster.polls_until_replicated = 0
+    entry.cluster.unacked = {"orders/0": "store-1", "orders/3": "store-1"}  # their follower is down
     message = _failed(entry, csv, monkeypatch)
     assert message == (
-        "rows written, but not replicated within 0 s: orders/0, orders/1, orders/2, orders/3, orders/4, "
-        "orders/5; the 1,000 rows written went into the compute controller's table orders too, for views"
+        "rows written, but not replicated within 0 s: orders/0, orders/3 (waiting on store-1). The rows are "
+        "stored durably on the leaders and counted: start store-1 if down (sparkbus status), or wait, and "
+        "the replicas catch up; the 1,000 rows written went into the compute controller's table orders "
+        "too, for views"
     )
     assert stored_keys(entry.cluster) == entry.view_keys() == list(range(ROWS))
     # loading the file again, as the message allows, counts each row once
-    entry.cluster.polls_until_replicated = 0
+    entry.cluster.unacked = {}
     _load(entry, csv, monkeypatch)
     assert entry.view_keys() == list(range(ROWS))
 
@@ -201,8 +204,9 @@ def test_the_replication_wait_gives_up_at_its_deadline_or_on_another_error(
     message = _failed(left, csv, monkeypatch)
     assert message.startswith(
         "rows written, but not replicated within 0 s: orders/0, orders/1, orders/2, orders/3, orders/4, "
-        "orders/5 (the last status query failed: [1002 MEMBER_LEAVE] member store-0 left the cluster); "
-        "the 1,000 rows"
+        "orders/5 (the last status query failed: [1002 MEMBER_LEAVE] member store-0 left the cluster). The "
+        "rows are stored durably on the leaders and counted: start any replica that is down (sparkbus "
+        "status), or wait, and the replicas catch up; the 1,000 rows"
     ), message
     assert left.view_keys() == list(range(ROWS))
     other = keyed(Cluster(LAYOUT))
@@ -244,7 +248,7 @@ class _Status:
 
 def test_each_status_query_of_the_wait_is_given_only_what_is_left_of_the_timeout() -> None:
     client = _Status()
-    with pytest.raises(cli.CommandError, match=r"not replicated within 0.2 s: orders/0$"):
+    with pytest.raises(cli.CommandError, match=r"not replicated within 0.2 s: orders/0\. The rows are"):
         for _ in cli._until_replicated(client, {"orders/0"}, 0.2, 0.05):  # type: ignore[arg-type]
             pass
     assert client.timeouts and max(client.timeouts) <= 0.2, client.timeouts
