@@ -344,15 +344,19 @@ def _readable(t: pa.DataType) -> bool:
     )
 
 
+_UNITS = ["s", "ms", "us", "ns"]
+
+
 def _temporal(args: Sequence[Value]) -> Sequence[Value]:
     """Compared DATEs and TIMESTAMPs in one type, as Spark compares them: a DATE beside a TIMESTAMP is its
     midnight, a TIMESTAMP without a zone beside one with a zone is read in UTC (sparkbus's session time
     zone), where Arrow compares neither."""
     stamps = [a.type for a in args if pa.types.is_timestamp(a.type)]
-    if not stamps or all(a.type == stamps[0] or not pa.types.is_temporal(a.type) for a in args):
-        return args
+    dates = any(pa.types.is_date32(a.type) for a in args)
+    if not stamps or (not dates and len({t.tz is None for t in stamps}) == 1):
+        return args  # Arrow compares timestamps of one kind in any units
     zone = next((t.tz for t in stamps if t.tz is not None), None)
-    target = pa.timestamp("us", zone)
+    target = pa.timestamp(max((t.unit for t in stamps), key=_UNITS.index), zone)  # the finest: no value cut
     return [
         _to_timestamp(a, target) if pa.types.is_date32(a.type) or pa.types.is_timestamp(a.type) else a
         for a in args
@@ -542,21 +546,20 @@ def _to_date(x: Value) -> Value:
 
 
 def _to_timestamp(x: Value, target: pa.TimestampType) -> Value:
+    """``x`` (a STRING, DATE or TIMESTAMP) as a timestamp of ``target``'s type: a DATE is its midnight, a
+    zoneless TIMESTAMP given a zone is read in UTC, a zoned one losing its zone is its UTC wall clock (UTC
+    being sparkbus's session time zone); a finer unit is truncated."""
     t = x.type
     if is_text(t):
         return cast_text(x, target)
     if pa.types.is_date32(t):
-        return (
-            pc.cast(pc.cast(x, pa.timestamp("us")), target)
-            if target.tz is None
-            else pc.assume_timezone(pc.cast(x, pa.timestamp("us")), target.tz)
-        )
+        x, t = pc.cast(x, pa.timestamp("s")), pa.timestamp("s")
     if pa.types.is_timestamp(t):
-        if (t.tz is None) == (target.tz is None):
-            return pc.cast(x, target)
-        if target.tz is None:  # the wall clock in UTC
-            return pc.cast(pc.cast(x, pa.timestamp(t.unit, "UTC")), pa.timestamp("us"))
-        return pc.cast(pc.assume_timezone(x, "UTC"), target)
+        if t.tz is None and target.tz is not None:
+            x = pc.assume_timezone(x, "UTC")
+        elif t.tz is not None and target.tz is None:
+            x = pc.cast(x, pa.timestamp(t.unit))  # Arrow keeps the instant: its UTC wall clock
+        return pc.cast(x, target, safe=False)
     raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
 
 

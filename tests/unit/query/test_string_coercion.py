@@ -17,6 +17,7 @@ import pytest
 
 from sparkbus.roles.query import casts
 from sparkbus.roles.query.errors import ExecutionError
+from sparkbus.roles.query.expressions import apply
 from sparkbus.roles.query.sql import parse_sql
 
 from .helpers import distributed, split
@@ -350,3 +351,21 @@ def test_a_plan_s_cast_to_an_unknown_type_is_refused() -> None:
         casts.cast(pa.array([1]), pa.scalar("INTERVAL"))
     with pytest.raises(ExecutionError, match="the name of a type"):
         casts.cast(pa.array([1]), pa.array(["INT"]))
+
+
+def test_timestamps_of_other_units_and_dates_compare_without_losing_nanoseconds() -> None:
+    # Pandas gives nanosecond timestamps: one nanosecond past midnight is after a microsecond midnight, and a
+    # cast to one kind of timestamp must not refuse the nanoseconds it cannot keep.
+    ns = pa.array([1_577_836_800_000_000_001, None], pa.timestamp("ns"))
+    midnight = TS(2020, 1, 1)
+    assert apply("gt", [ns, pa.scalar(midnight, pa.timestamp("us"))]).to_pylist() == [True, None]
+    zoned = pa.scalar(midnight.replace(tzinfo=datetime.UTC), pa.timestamp("us", "UTC"))
+    assert apply("gt", [ns, zoned]).to_pylist() == [True, None]
+    assert apply("gt", [ns, pa.scalar("2020-01-01")]).to_pylist() == [True, None]
+    assert apply("eq", [pa.array([D(2020, 1, 1)]), pa.scalar(midnight, pa.timestamp("ns"))]).to_pylist() == [
+        True
+    ]
+    paris = pa.scalar(midnight.replace(tzinfo=datetime.UTC), pa.timestamp("us", "Europe/Paris"))
+    assert apply("eq", [pa.array([D(2020, 1, 1)]), paris]).to_pylist() == [True]  # the date's midnight in UTC
+    assert apply("cast", [ns, pa.scalar("TIMESTAMP_NTZ")]).to_pylist() == [midnight, None]
+    assert apply("cast", [ns, pa.scalar("DATE")]).to_pylist() == [D(2020, 1, 1), None]
