@@ -69,6 +69,9 @@ _TIMESTAMP = re.compile(
 )
 
 
+_is_bool = pa.types.is_boolean
+
+
 def is_text(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
@@ -303,6 +306,17 @@ def _timestamp_text(v: datetime.datetime) -> str:
     return text + f".{v.microsecond:06d}".rstrip("0") if v.microsecond else text
 
 
+def _per_distinct(x: Value, f: Callable[[Any], Any], out: pa.DataType) -> Value:
+    """``f`` over each distinct non-NULL value of ``x`` (as Python values), NULL staying NULL."""
+    if isinstance(x, pa.Scalar):
+        return pa.scalar(None if not x.is_valid else f(x.as_py()), out)
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    distinct = pc.unique(x)
+    mapped = pa.array([None if v is None else f(v) for v in distinct.to_pylist()], out)
+    return pc.take(mapped, pc.index_in(x, value_set=distinct))
+
+
 def to_text(x: Value) -> Value:
     """``x`` as Spark SQL's cast to STRING writes it: Arrow's cast for integers, decimals, dates and booleans
     (which write as Spark does), Java's form for floats, ``yyyy-MM-dd HH:mm:ss[.f]`` for timestamps.
@@ -313,19 +327,15 @@ def to_text(x: Value) -> Value:
     t = x.type
     if is_text(t):
         return x
-    if pa.types.is_null(t) or pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t):
-        return pc.cast(x, pa.string())
-    if pa.types.is_date32(t):
-        return pc.cast(x, pa.string())
-    if pa.types.is_floating(t) or pa.types.is_timestamp(t):
-        write: Callable[[Any], str] = _java_double if pa.types.is_floating(t) else _timestamp_text
-        if isinstance(x, pa.Scalar):
-            return pa.scalar(None if not x.is_valid else write(x.as_py()), pa.string())
-        if isinstance(x, pa.ChunkedArray):
-            x = x.combine_chunks()
-        distinct = pc.unique(x)
-        text = pa.array([None if v is None else write(v) for v in distinct.to_pylist()], pa.string())
-        return pc.take(text, pc.index_in(x, value_set=distinct))
+    if any(
+        f(t)
+        for f in (pa.types.is_null, pa.types.is_integer, pa.types.is_decimal, _is_bool, pa.types.is_date32)
+    ):
+        return pc.cast(x, pa.string())  # Arrow writes these as Spark does
+    if pa.types.is_floating(t):
+        return _per_distinct(x, _java_double, pa.string())
+    if pa.types.is_timestamp(t):
+        return _per_distinct(x, _timestamp_text, pa.string())
     raise ExecutionError(f"cannot cast {spark_type(t)} to STRING")
 
 
@@ -384,26 +394,25 @@ def coerced(op: str, args: Sequence[Value]) -> Sequence[Value]:
         other = next((a.type for a in args if _readable(a.type)), None)
         if other is None:
             return args
-        if pa.types.is_boolean(other):
-            return [to_boolean(a) if text else a for a, text in zip(args, texts, strict=True)]
-        return [cast_text(a, other) if text else a for a, text in zip(args, texts, strict=True)]
+        return _read_as(args, texts, other)
     if op == "coalesce":  # as a comparison, but a DECIMAL beside a STRING is a DOUBLE, as in arithmetic
         other = next((a.type for a in args if _readable(a.type)), None)
         if other is None:
             return args
-        if pa.types.is_decimal(other):
-            return [
-                pc.cast(cast_text(a, other) if text else a, pa.float64())
-                for a, text in zip(args, texts, strict=True)
-            ]
-        if pa.types.is_boolean(other):
-            return [to_boolean(a) if text else a for a, text in zip(args, texts, strict=True)]
-        return [cast_text(a, other) if text else a for a, text in zip(args, texts, strict=True)]
+        read = _read_as(args, texts, other)
+        return [pc.cast(a, pa.float64()) for a in read] if pa.types.is_decimal(other) else read
     if op in _ARITHMETIC or op in _UNARY_NUMERIC:
         integer = op in _ARITHMETIC and any(pa.types.is_integer(a.type) for a in args)
-        target = pa.int64() if integer else pa.float64()
-        return [cast_text(a, target) if text else a for a, text in zip(args, texts, strict=True)]
+        return _read_as(args, texts, pa.int64() if integer else pa.float64())
     return args
+
+
+def _read_as(args: Sequence[Value], texts: Sequence[bool], other: pa.DataType) -> list[Value]:
+    """``args`` with those that are STRINGs (``texts``) read as ``other`` (a BOOLEAN as CAST reads it)."""
+    read: Callable[[Value], Value] = (
+        to_boolean if pa.types.is_boolean(other) else lambda a: cast_text(a, other)
+    )
+    return [read(a) if text else a for a, text in zip(args, texts, strict=True)]
 
 
 # ---------------------------------------------------------------- explicit casts
@@ -447,17 +456,6 @@ def _overflow(value: object, source: pa.DataType, target: pa.DataType) -> Execut
         f"the value {value!r} of the type {spark_type(source)} cannot be cast to {spark_type(target)} due to an "
         "overflow (as Spark SQL's CAST_OVERFLOW)"
     )
-
-
-def _per_distinct(x: Value, f: Callable[[Any], Any], out: pa.DataType) -> Value:
-    """``f`` over each distinct non-NULL value of ``x`` (as Python values), NULL staying NULL."""
-    if isinstance(x, pa.Scalar):
-        return pa.scalar(None if not x.is_valid else f(x.as_py()), out)
-    if isinstance(x, pa.ChunkedArray):
-        x = x.combine_chunks()
-    distinct = pc.unique(x)
-    mapped = pa.array([None if v is None else f(v) for v in distinct.to_pylist()], out)
-    return pc.take(mapped, pc.index_in(x, value_set=distinct))
 
 
 def _to_integer(x: Value, target: pa.DataType) -> Value:
@@ -516,9 +514,9 @@ def _to_decimal(x: Value, target: pa.Decimal128Type) -> Value:
             )
         return rounded
 
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        return _per_distinct(x, exact, target)
-    if pa.types.is_boolean(t) or is_text(t):
+    if is_text(t) or any(
+        f(t) for f in (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, _is_bool)
+    ):
         return _per_distinct(x, exact, target)
     raise ExecutionError(f"cannot cast {spark_type(t)} to {spark_type(target)}")
 
